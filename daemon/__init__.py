@@ -1,0 +1,1 @@
+"""meshd.daemon: the product, which turns requests into committed tokens."""

@@ -1,0 +1,1 @@
+"""meshd.native: everything that touches llama.cpp, nothing about sockets or requests."""

@@ -1,0 +1,1 @@
+"""meshd.plugins: the proposer interface and every proposer, built-in or third-party."""

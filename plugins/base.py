@@ -1,0 +1,121 @@
+"""The one proposer interface: every source of draft tokens speaks it.
+
+Why one interface: the engine has exactly one path from "draft" to "committed" (the
+verify-commit-repair state machine in ``meshd.daemon.speculation``). Whether the draft
+came from the model's own MTP head, prompt lookup, a draft model or a third-party plugin
+must not matter to it, so all of them answer the same question in the same shape.
+
+A proposer is created per request (one instance per session) by a factory registered in
+``meshd.plugins.registry``. Per decode step the engine calls ``propose``; after the
+verify it calls ``observe`` with what was accepted; when the request ends, ``close``.
+Proposers never touch the runtime's state: what they may use from it (the native MTP
+head, a draft-model runtime) is handed to them as narrow interfaces in ``ProposerEnv``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+
+@attrs.frozen
+class Capabilities:
+    """What a proposer needs and offers; the engine checks these before using it."""
+
+    needs_mtp_head: bool = False
+    provides_probs: bool = False
+    max_len: int = 16
+
+
+@attrs.frozen
+class ProposalRequest:
+    """One decode step's question: continue ``tokens`` with up to ``max_len`` tokens.
+
+    ``tokens`` is the prompt followed by every committed token (read-only; do not keep a
+    reference past the call). ``deadline`` is a ``time.monotonic()`` instant after which
+    an answer is useless.
+    """
+
+    tokens: Sequence[int]
+    n_prompt: int
+    max_len: int
+    deadline: float
+
+
+@attrs.frozen
+class Proposal:
+    """Draft tokens, in order, optionally with the proposer's probability of each."""
+
+    tokens: tuple[int, ...]
+    probs: tuple[float, ...] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.probs is not None and len(self.probs) != len(self.tokens):
+            raise ValueError("probs must have one entry per token")
+
+
+@attrs.frozen
+class Outcome:
+    """What became of the last proposal after verification.
+
+    ``accepted`` drafted tokens were committed, followed by the target's own token
+    unless the commit was cut short; ``committed`` holds every token committed this step
+    (so a proposer that keeps an index can extend it).
+    """
+
+    proposed: int
+    accepted: int
+    committed: tuple[int, ...]
+
+
+@runtime_checkable
+class DraftHead(Protocol):
+    """A drafting head bound to one session (the native MTP context satisfies it)."""
+
+    def draft(self, k: int) -> tuple[list[int], list[float]]:
+        """Up to ``k`` greedy draft tokens continuing the committed sequence, with probs."""
+        ...
+
+
+@attrs.frozen
+class ProposerEnv:
+    """What the engine hands a proposer factory for one request.
+
+    ``mtp`` is the session's native MTP head when the model has one; ``resources`` holds
+    named shared objects the daemon set up (for instance a loaded draft model).
+    ``options`` are the proposer's own settings from config or the request.
+    """
+
+    vocab_size: int
+    eog_tokens: frozenset[int]
+    mtp: DraftHead | None = None
+    resources: Mapping[str, object] = attrs.field(factory=dict)
+    options: Mapping[str, object] = attrs.field(factory=dict)
+
+
+class Proposer(Protocol):
+    """One request's proposer."""
+
+    name: str
+    capabilities: Capabilities
+
+    def propose(self, request: ProposalRequest) -> Proposal | None:
+        """Draft tokens continuing ``request.tokens``, or None for "nothing to offer"."""
+        ...
+
+    def observe(self, outcome: Outcome) -> None:
+        """Learn what was accepted (trim internal state past the accepted prefix)."""
+        ...
+
+    def close(self) -> None:
+        """The request ended; release whatever this proposer holds."""
+        ...
+
+
+ProposerFactory = Callable[[ProposerEnv], Proposer]
+
+
+class ProposerUnavailable(Exception):
+    """A factory cannot serve this request (e.g. ``mtp`` on a model without an MTP head)."""

@@ -1,0 +1,1 @@
+"""meshd.protocol: the versioned wire contract between meshd and local tools and plugins."""

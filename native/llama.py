@@ -1,0 +1,58 @@
+"""The single import point of llama-cpp-python's low-level bindings.
+
+Why: the backend must be initialised exactly once per process and llama.cpp's logging
+(which goes straight to stderr from C) must be routed through Python; both are process
+wide, so they live here and nowhere else. We use only ``llama_cpp.llama_cpp`` and
+``llama_cpp.llama_cpp_ext``: the high-level ``llama_cpp.Llama`` never sets ``load_mtp`` or
+``n_rs_seq`` and ignores ``seq_rm`` failures, which corrupts recurrent models silently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import llama_cpp.llama_cpp as lc
+import llama_cpp.llama_cpp_ext as lcx
+
+__all__ = ["ensure_backend", "float_rows", "lc", "lcx"]
+
+_log = logging.getLogger("meshd.llama")
+_init_lock = threading.Lock()
+_initialised = False
+# ggml_log_level (ggml.h): 0 NONE, 1 DEBUG, 2 INFO, 3 WARN, 4 ERROR, 5 CONT (continuation).
+_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING,
+           4: logging.ERROR}
+
+
+@lc.llama_log_callback  # type: ignore[untyped-decorator]
+def _log_callback(level: int, text: bytes, _user: Any) -> None:
+    # llama.cpp logs a lot at INFO while loading; keep that at DEBUG.
+    pylevel = _LEVELS.get(level, logging.DEBUG)
+    if _log.isEnabledFor(pylevel):
+        _log.log(pylevel, "%s", text.decode("utf-8", "replace").rstrip())
+
+
+def ensure_backend() -> None:
+    """Initialise llama.cpp once per process and route its logs to ``meshd.llama``."""
+    global _initialised
+    with _init_lock:
+        if _initialised:
+            return
+        lc.llama_backend_init()
+        if not os.environ.get("MESHD_LLAMA_LOG_STDERR"):
+            lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        _initialised = True
+
+
+def float_rows(ptr: Any, n_rows: int, width: int) -> npt.NDArray[np.float32]:
+    """A *view* of ``n_rows x width`` floats at a llama.cpp pointer (copy before next call)."""
+    if not ptr:
+        raise ValueError("llama.cpp returned a NULL float pointer")
+    return np.ctypeslib.as_array(ptr, shape=(n_rows, width))

@@ -1,0 +1,167 @@
+"""A loaded GGUF model and what it can do (its capabilities), loaded once per process.
+
+Why capabilities are read, never assumed: speculation's repair path depends on them (an
+attention-only model trims its KV suffix, a recurrent one needs in-place rollback or a
+checkpoint), and llama.cpp silently clamps options it does not support.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import ModelLoadError
+from .llama import ensure_backend, lc
+from .tokenizer import Tokenizer
+
+ProgressCallback = Callable[[float], None]
+
+
+@attrs.frozen
+class ModelInfo:
+    """Static facts about a model, as reported to clients and used by the engine."""
+
+    path: str
+    architecture: str
+    description: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_layer_nextn: int
+    n_params: int
+    size_bytes: int
+    is_recurrent: bool
+    is_hybrid: bool
+    eog_tokens: frozenset[int]
+    bos_token: int | None
+    eos_token: int | None
+    has_chat_template: bool
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.n_layer_nextn >= 1
+
+    @property
+    def has_recurrent_state(self) -> bool:
+        """Recurrent or hybrid: rejected drafts cannot be removed by a KV trim alone."""
+        return self.is_recurrent or self.is_hybrid
+
+
+class Model:
+    """One GGUF model loaded through llama.cpp; shared read-only by every context."""
+
+    def __init__(self, handle: Any, info: ModelInfo, chat_template: str | None) -> None:
+        self._handle = handle
+        self.info = info
+        self.chat_template = chat_template
+        vocab = lc.llama_model_get_vocab(handle)
+        self.tokenizer = Tokenizer(vocab, info.n_vocab, bool(lc.llama_vocab_get_add_bos(vocab)))
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def handle(self) -> Any:
+        if self._closed:
+            raise ModelLoadError("the model has been closed")
+        return self._handle
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        n_gpu_layers: int = 0,
+        load_mtp: bool = True,
+        on_progress: ProgressCallback | None = None,
+    ) -> Model:
+        """Load ``path``. ``load_mtp`` loads the MTP (nextn) blocks when the file has them."""
+        p = Path(path)
+        if not p.is_file():
+            raise ModelLoadError(f"model file not found: {p}")
+        ensure_backend()
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.load_mtp = load_mtp
+        keep: list[Any] = []
+        if on_progress is not None:
+            def _progress(progress: float, _user: Any) -> bool:
+                on_progress(float(progress))
+                return True
+
+            cb = lc.llama_progress_callback(_progress)
+            keep.append(cb)
+            params.progress_callback = cb
+        handle = lc.llama_model_load_from_file(str(p).encode(), params)
+        if not handle:
+            raise ModelLoadError(f"llama.cpp could not load {p} (see the meshd.llama log)")
+        try:
+            info, template = _read_info(handle, p)
+        except Exception:
+            lc.llama_model_free(handle)
+            raise
+        return cls(handle, info, template)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                lc.llama_model_free(self._handle)
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def meta(self, key: str) -> str | None:
+        return _meta(self.handle, key)
+
+
+def _meta(handle: Any, key: str) -> str | None:
+    size = 256
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = lc.llama_model_meta_val_str(handle, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n < size:
+            return buf.value.decode("utf-8", "replace")
+        size = n + 1
+
+
+def _read_info(handle: Any, path: Path) -> tuple[ModelInfo, str | None]:
+    vocab = lc.llama_model_get_vocab(handle)
+    n_vocab = lc.llama_vocab_n_tokens(vocab)
+    eog = frozenset(t for t in range(n_vocab) if lc.llama_vocab_is_eog(vocab, t))
+    desc = ctypes.create_string_buffer(256)
+    lc.llama_model_desc(handle, desc, 256)
+    tmpl_ptr = lc.llama_model_chat_template(handle, None)
+    template = tmpl_ptr.decode("utf-8", "replace") if tmpl_ptr else None
+    bos = lc.llama_vocab_bos(vocab)
+    eos = lc.llama_vocab_eos(vocab)
+    info = ModelInfo(
+        path=str(path),
+        architecture=_meta(handle, "general.architecture") or "unknown",
+        description=desc.value.decode("utf-8", "replace"),
+        n_vocab=n_vocab,
+        n_ctx_train=lc.llama_model_n_ctx_train(handle),
+        n_embd=lc.llama_model_n_embd(handle),
+        n_layer=lc.llama_model_n_layer(handle),
+        n_layer_nextn=lc.llama_model_n_layer_nextn(handle),
+        n_params=lc.llama_model_n_params(handle),
+        size_bytes=lc.llama_model_size(handle),
+        is_recurrent=bool(lc.llama_model_is_recurrent(handle)),
+        is_hybrid=bool(lc.llama_model_is_hybrid(handle)),
+        eog_tokens=eog,
+        bos_token=bos if bos >= 0 else None,
+        eos_token=eos if eos >= 0 else None,
+        has_chat_template=template is not None,
+    )
+    return info, template

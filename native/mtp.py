@@ -1,0 +1,176 @@
+"""The model's own multi-token-prediction (MTP, "nextn") head as a draft source.
+
+A second llama.cpp context of type MTP on the same model object. Its entry at position p
+is (token x_p, target hidden h_{p-1}) and its logits predict x_{p+1}. So after every target
+forward (prefill chunks, verify windows, replays) we feed it the same tokens and positions,
+each paired with the previous row's target hidden state; the first row of a sequence
+pairs with the carried ``pending_h`` (the last target row of the previous forward).
+
+Why we keep ``pre_verify_h`` and the window's hidden rows: after a verify with n rows kept
+the new ``pending_h`` is the kept window's last row, and when nothing of the window is kept
+(restore-and-replay) it is the one from before the window (llama-server loses that one).
+Every MTP draft entry is an output: qwen35's MTP graph reads the hidden state before it
+drops non-output rows, so masked reads would return wrong rows otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import NativeError, RuntimeStateError
+from .llama import float_rows, lc, lcx
+
+if TYPE_CHECKING:
+    from .context import FloatArray, Row, TargetContext
+
+
+def _embd(row: FloatArray) -> lc.llama_embd:
+    return lc.llama_embd(
+        row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[0]
+    )
+
+
+class MtpSession:
+    """Per-sequence MTP state: the carried hidden rows, and drafting."""
+
+    def __init__(self, owner: MtpContext, seq_id: int) -> None:
+        self.owner = owner
+        self.seq_id = seq_id
+        n = owner.n_embd
+        self.pending_h = np.zeros(n, dtype=np.float32)
+        self.pre_verify_h = np.zeros(n, dtype=np.float32)
+        self.window_h = np.zeros((0, n), dtype=np.float32)
+        self.stale = False
+        self.drafts = 0
+
+    def trim(self, keep_to: int, kept_rows: int | None) -> None:
+        """Follow a target repair: drop MTP KV >= keep_to and pick the carried hidden row."""
+        with self.owner.target.lock:
+            lc.llama_memory_seq_rm(self.owner.memory, self.seq_id, keep_to, -1)
+        if keep_to == 0:
+            self.pending_h[:] = 0.0
+            self.stale = False
+        elif kept_rows is None:
+            self.stale = True  # cut outside the last window: the hidden row is unknown
+        elif kept_rows == 0:
+            self.pending_h = self.pre_verify_h.copy()
+        else:
+            self.pending_h = self.window_h[kept_rows - 1].copy()
+
+    def draft(self, last: int, pos0: int, k: int) -> tuple[list[int], list[float]]:
+        """Up to ``k`` greedy drafts after ``last`` (at ``pos0``), with their probabilities."""
+        if k <= 0 or self.stale:
+            return [], []
+        owner = self.owner
+        tokens: list[int] = []
+        probs: list[float] = []
+        h = self.pending_h
+        tok = last
+        with owner.target.lock:
+            try:
+                for i in range(k):
+                    lc.llama_batch_ext_clear(owner.batch)
+                    idx = lc.llama_batch_ext_add_token(owner.batch, self.seq_id, tok)
+                    if idx < 0:
+                        raise NativeError(f"MTP batch rejected token {tok} ({idx})")
+                    pos = (lc.llama_pos * 1)(pos0 + i)
+                    lc.llama_batch_ext_set_pos(owner.batch, idx, pos)
+                    if not lc.llama_batch_ext_set_embd_token(owner.batch, idx, _embd(h)):
+                        raise NativeError("MTP batch rejected the hidden row")
+                    lc.llama_batch_ext_set_output_logits(owner.batch, idx, True)
+                    rc = lc.llama_process(owner.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, owner.batch)
+                    if rc != 0:
+                        raise RuntimeStateError(
+                            f"MTP draft decode failed ({rc})", seq_id=self.seq_id,
+                            positions=(pos0 + i, pos0 + i + 1),
+                        )
+                    logits = float_rows(lc.llama_get_logits_ith(owner.ctx, 0), 1, owner.n_vocab)[0]
+                    d = int(logits.argmax())
+                    z = logits - logits[d]
+                    probs.append(float(1.0 / np.exp(z).sum()))
+                    tokens.append(d)
+                    h = float_rows(
+                        lcx.llama_get_embeddings_nextn_ith(owner.ctx, 0), 1, owner.n_embd
+                    )[0].copy()
+                    tok = d
+            finally:
+                lc.llama_memory_seq_rm(owner.memory, self.seq_id, pos0, -1)
+        self.drafts += 1
+        return tokens, probs
+
+
+class MtpContext:
+    """The MTP companion of a target context (same model, same sequences)."""
+
+    def __init__(self, target: TargetContext, threads: int) -> None:
+        self.target = target
+        cfg = target.config
+        params = lc.llama_context_default_params()
+        params.n_ctx = cfg.n_ctx_seq * cfg.n_seq_max
+        params.n_batch = cfg.n_batch
+        params.n_ubatch = cfg.n_batch
+        params.n_seq_max = cfg.n_seq_max
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.n_rs_seq = 0
+        params.kv_unified = False
+        params.no_perf = True
+        params.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
+        ctx = lc.llama_init_from_model(target.model.handle, params)
+        if not ctx:
+            raise NativeError("llama.cpp could not create the MTP context")
+        self.ctx = ctx
+        lcx.llama_set_embeddings_nextn(ctx, True, True)
+        self.memory = lc.llama_get_memory(ctx)
+        self.batch = lc.llama_batch_ext_init(ctx)
+        self.n_embd = target.n_embd
+        self.n_vocab = target.n_vocab
+        self._sessions: dict[int, MtpSession] = {}
+
+    def session(self, seq_id: int) -> MtpSession:
+        s = MtpSession(self, seq_id)
+        self._sessions[seq_id] = s
+        return s
+
+    def clear(self, seq_id: int) -> None:
+        lc.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+        self._sessions.pop(seq_id, None)
+
+    def close(self) -> None:
+        lc.llama_batch_ext_free(self.batch)
+        lc.llama_free(self.ctx)
+
+    def catch_up(self, rows: Sequence[Row], hidden: FloatArray) -> None:
+        """Feed the MTP context what the target just decoded (no outputs)."""
+        batch = self.batch
+        lc.llama_batch_ext_clear(batch)
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for k, r in enumerate(rows):
+            sess = self._sessions.get(r.seq_id)
+            if sess is None:
+                continue
+            first.setdefault(r.seq_id, k)
+            last[r.seq_id] = k
+            idx = lc.llama_batch_ext_add_token(batch, r.seq_id, r.token)
+            if idx < 0:
+                raise NativeError(f"MTP catch-up batch rejected token {r.token} ({idx})")
+            lc.llama_batch_ext_set_pos(batch, idx, (lc.llama_pos * 1)(r.pos))
+            h = sess.pending_h if k == first[r.seq_id] else hidden[k - 1]
+            if not lc.llama_batch_ext_set_embd_token(batch, idx, _embd(np.ascontiguousarray(h))):
+                raise NativeError("MTP catch-up batch rejected a hidden row")
+        if not first:
+            return
+        rc = lc.llama_process(self.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+        if rc != 0:
+            raise RuntimeStateError(f"MTP catch-up decode failed ({rc})")
+        for seq_id, beg in first.items():
+            sess = self._sessions[seq_id]
+            end = last[seq_id]
+            sess.pre_verify_h = sess.pending_h
+            sess.window_h = hidden[beg:end + 1]
+            sess.pending_h = hidden[end].copy()

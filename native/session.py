@@ -1,0 +1,380 @@
+"""A runtime session: one request's sequence in the shared target context.
+
+The session knows positions and states, never requests: it offers prefill, decode,
+verify and the repair primitives the speculation state machine chooses between:
+
+* ``trim(keep_to)`` - drop the attention KV suffix (``seq_rm``; attention-only models);
+* ``rollback_in_place(keep_to)`` - recurrent/hybrid models with ``n_rs_seq > 0``: llama.cpp
+  keeps per-token snapshots of the last decode, so ``seq_rm`` rolls back in O(1). It is
+  only exact right after the window's forward, by at most ``rows - 1`` tokens, once: we
+  refuse anything else (llama.cpp would "succeed" and restore a stale state);
+* ``checkpoint()`` before a verify + ``restore_and_replay(keep_to, replay)`` - save the
+  recurrent part of the sequence's state (PARTIAL_ONLY), put it back, drop the attention
+  suffix, and re-decode the accepted tokens;
+* ``retire()`` - every verified row was committed: free the checkpoint, nothing to undo.
+
+Every primitive checks llama.cpp's return value; a failure raises ``RuntimeStateError``
+naming the sequence and positions and marks the session unusable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import numpy as np
+
+from .context import FloatArray, Row, TargetContext
+from .errors import CapacityError, RollbackRefused, RuntimeStateError, SessionUnusable
+from .llama import lc
+
+if TYPE_CHECKING:
+    from .mtp import MtpSession
+
+
+@attrs.define
+class SessionCounters:
+    """What one session cost (reported in request stats)."""
+
+    target_forwards: int = 0
+    rows_verified: int = 0
+    prefill_tokens: int = 0
+    checkpoints: int = 0
+    checkpoint_bytes: int = 0
+    checkpoint_ms: float = 0.0
+    rollbacks_in_place: int = 0
+    trims: int = 0
+    restores: int = 0
+    replayed_tokens: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    verify_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return attrs.asdict(self)
+
+
+@attrs.define
+class _Checkpoint:
+    data: ctypes.Array[ctypes.c_uint8]
+    n_past: int
+
+
+class RuntimeSession:
+    """One sequence of a ``TargetContext``. Not thread-safe by itself: the context lock is."""
+
+    def __init__(self, context: TargetContext, seq_id: int) -> None:
+        self.context = context
+        self.seq_id = seq_id
+        self.n_past = 0  # tokens in the KV / state; the next position to write
+        self.counters = SessionCounters()
+        self._checkpoint: _Checkpoint | None = None
+        self._last_forward_id = -1
+        self._last_rows = 0
+        self._rolled_back = False
+        self._unusable: str | None = None
+        self._closed = False
+        self.mtp: MtpSession | None = (
+            context.mtp.session(seq_id) if context.mtp is not None else None
+        )
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def recurrent(self) -> bool:
+        return self.context.recurrent
+
+    @property
+    def rollback_window(self) -> int:
+        return self.context.rollback_window
+
+    @property
+    def has_checkpoint(self) -> bool:
+        return self._checkpoint is not None
+
+    @property
+    def usable(self) -> bool:
+        return self._unusable is None and not self._closed
+
+    def _check(self) -> None:
+        if self._closed:
+            raise SessionUnusable("session is closed", seq_id=self.seq_id)
+        if self._unusable is not None:
+            raise SessionUnusable(f"session unusable: {self._unusable}", seq_id=self.seq_id)
+
+    def _fail(self, message: str, positions: tuple[int, int] | None = None) -> RuntimeStateError:
+        self._unusable = message
+        return RuntimeStateError(message, seq_id=self.seq_id, positions=positions)
+
+    def close(self) -> None:
+        """Hand the sequence slot back (idempotent; safe on every exit path)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._checkpoint = None
+        self.context.release_slot(self.seq_id)
+
+    def __enter__(self) -> RuntimeSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ forwards
+
+    def _ensure_room(self, n: int) -> None:
+        if self.n_past + n > self.context.config.n_ctx_seq:
+            raise CapacityError(
+                f"sequence {self.seq_id} would grow to {self.n_past + n} tokens, over its "
+                f"context of {self.context.config.n_ctx_seq}"
+            )
+
+    def _rows(self, tokens: Sequence[int], outputs: Iterable[bool]) -> list[Row]:
+        n_vocab = self.context.n_vocab
+        rows = []
+        for i, (tok, out) in enumerate(zip(tokens, outputs, strict=True)):
+            if not 0 <= tok < n_vocab:
+                raise ValueError(f"token id {tok} outside the vocabulary [0, {n_vocab})")
+            rows.append(Row(tok, self.n_past + i, self.seq_id, out))
+        return rows
+
+    def _note_forward(self, n_rows: int) -> None:
+        self._last_forward_id = self.context.forward_id
+        self._last_rows = n_rows
+        self._rolled_back = False
+        self.n_past += n_rows
+        self.counters.target_forwards += 1
+
+    def prefill(self, tokens: Sequence[int]) -> FloatArray:
+        """Decode a prompt in ``n_batch`` chunks; returns the last row's logits (a copy)."""
+        self._check()
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        self._ensure_room(len(tokens))
+        t0 = time.perf_counter()
+        chunk = self.context.config.n_batch
+        logits: FloatArray | None = None
+        with self.context.lock:
+            for start in range(0, len(tokens), chunk):
+                part = tokens[start:start + chunk]
+                last = start + len(part) == len(tokens)
+                rows = self._rows(part, [False] * (len(part) - 1) + [last])
+                try:
+                    out, _ = self.context.forward(rows)
+                except RuntimeStateError as exc:
+                    raise self._fail(str(exc), (self.n_past, self.n_past + len(part))) from exc
+                self._note_forward(len(part))
+                if last:
+                    logits = out[0]
+        self.counters.prefill_tokens += len(tokens)
+        self.counters.prefill_ms += (time.perf_counter() - t0) * 1e3
+        assert logits is not None
+        return logits
+
+    def decode(self, token: int) -> FloatArray:
+        """Decode one token; returns its logits row (a copy)."""
+        t0 = time.perf_counter()
+        out = self.verify([token])
+        self.counters.rows_verified -= 1
+        dt = (time.perf_counter() - t0) * 1e3
+        self.counters.verify_ms -= dt
+        self.counters.decode_ms += dt
+        return out[0]
+
+    def verify(self, tokens: Sequence[int]) -> FloatArray:
+        """One batched forward over ``[last, d0..dk-1]``, every row an output.
+
+        Returns the logits rows (k+1, n_vocab). Row i predicts the token after
+        ``tokens[i]``. The window stays in the state until ``retire``/a repair.
+        """
+        self._check()
+        self._ensure_room(len(tokens))
+        t0 = time.perf_counter()
+        rows = self._rows(tokens, [True] * len(tokens))
+        try:
+            logits, _ = self.context.forward(rows)
+        except RuntimeStateError as exc:
+            raise self._fail(str(exc), (self.n_past, self.n_past + len(tokens))) from exc
+        self._note_forward(len(tokens))
+        self.counters.rows_verified += len(tokens)
+        self.counters.verify_ms += (time.perf_counter() - t0) * 1e3
+        return logits
+
+    # ------------------------------------------------------------------ repair
+
+    def checkpoint(self) -> int:
+        """Save the recurrent part of this sequence's state before a verify; returns bytes."""
+        self._check()
+        t0 = time.perf_counter()
+        ctx = self.context.ctx
+        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        with self.context.lock:
+            size = lc.llama_state_seq_get_size_ext(ctx, self.seq_id, flags)
+            buf = (ctypes.c_uint8 * max(size, 1))()
+            written = lc.llama_state_seq_get_data_ext(ctx, buf, size, self.seq_id, flags)
+        if size == 0 or written != size:
+            raise self._fail(f"state checkpoint failed ({written} of {size} bytes)")
+        self._checkpoint = _Checkpoint(buf, self.n_past)
+        self.counters.checkpoints += 1
+        self.counters.checkpoint_bytes += size
+        self.counters.checkpoint_ms += (time.perf_counter() - t0) * 1e3
+        return int(size)
+
+    def retire(self) -> None:
+        """Every verified row was committed: drop the checkpoint, keep the state."""
+        self._checkpoint = None
+
+    def trim(self, keep_to: int) -> None:
+        """Drop KV entries at positions >= ``keep_to`` (attention-only state)."""
+        self._check()
+        if not 0 <= keep_to <= self.n_past:
+            raise ValueError(f"trim to {keep_to} outside [0, {self.n_past}]")
+        if keep_to == self.n_past:
+            self._checkpoint = None
+            return
+        if self.recurrent:
+            raise self._fail(
+                "a KV trim cannot undo a recurrent state; use rollback or restore",
+                (keep_to, self.n_past),
+            )
+        if not self.context.seq_rm(self.seq_id, keep_to, -1):
+            raise self._fail("llama_memory_seq_rm refused a suffix trim", (keep_to, self.n_past))
+        self._after_cut(keep_to)
+        self.counters.trims += 1
+
+    def can_rollback_in_place(self, keep_to: int) -> bool:
+        """True iff an in-place rollback to ``keep_to`` is exact right now."""
+        r = self.n_past - keep_to
+        return (
+            self.recurrent
+            and self.rollback_window > 0
+            and not self._rolled_back
+            and self._last_forward_id == self.context.forward_id
+            and 1 <= r <= min(self.rollback_window, self._last_rows - 1)
+        )
+
+    def rollback_in_place(self, keep_to: int) -> None:
+        """Roll a recurrent/hybrid state back to ``keep_to`` using llama.cpp's snapshots."""
+        self._check()
+        if not self.can_rollback_in_place(keep_to):
+            raise RollbackRefused(
+                "in-place rollback refused: only right after the window's forward, by at "
+                f"most min(n_rs_seq={self.rollback_window}, rows-1={self._last_rows - 1}) "
+                "tokens, once",
+                seq_id=self.seq_id, positions=(keep_to, self.n_past),
+            )
+        if not self.context.seq_rm(self.seq_id, keep_to, -1):
+            raise self._fail("llama.cpp refused the in-place rollback", (keep_to, self.n_past))
+        self._rolled_back = True
+        self._after_cut(keep_to)
+        self.counters.rollbacks_in_place += 1
+
+    def restore_and_replay(self, keep_to: int, replay: Sequence[int]) -> None:
+        """Put the pre-verify checkpoint back, drop the suffix, re-decode ``replay``."""
+        self._check()
+        ckpt = self._checkpoint
+        if ckpt is None:
+            raise self._fail("restore requested without a checkpoint", (keep_to, self.n_past))
+        if keep_to != ckpt.n_past + len(replay):
+            raise ValueError(
+                f"replay of {len(replay)} tokens from {ckpt.n_past} does not reach {keep_to}"
+            )
+        ctx = self.context.ctx
+        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        with self.context.lock:
+            n = lc.llama_state_seq_set_data_ext(
+                ctx, ckpt.data, len(ckpt.data), self.seq_id, flags
+            )
+            if n == 0:
+                raise self._fail("llama_state_seq_set_data_ext failed", (ckpt.n_past, self.n_past))
+            if not self.context.seq_rm(self.seq_id, ckpt.n_past, -1):
+                raise self._fail("could not drop the attention suffix after restore",
+                                 (ckpt.n_past, self.n_past))
+            self._checkpoint = None
+            self._after_cut(ckpt.n_past)
+            if replay:
+                rows = self._rows(replay, [False] * len(replay))
+                try:
+                    self.context.forward(rows)
+                except RuntimeStateError as exc:
+                    raise self._fail(str(exc), (self.n_past, keep_to)) from exc
+                self._note_forward(len(replay))
+                self._rolled_back = True  # a replay is no verify window to roll back
+        self.counters.restores += 1
+        self.counters.replayed_tokens += len(replay)
+
+    def discard(self) -> None:
+        """Forget the whole sequence (used when a finished request cannot be repaired)."""
+        self.context.seq_rm(self.seq_id, -1, -1)
+        if self.mtp is not None:
+            self.mtp.trim(0, None)
+        self.n_past = 0
+        self._checkpoint = None
+        self._unusable = "discarded"
+
+    def _after_cut(self, keep_to: int) -> None:
+        kept = self._kept_rows_from_window(keep_to)
+        self.n_past = keep_to
+        if self.mtp is not None:
+            self.mtp.trim(keep_to, kept)
+
+    def _kept_rows_from_window(self, keep_to: int) -> int | None:
+        """How many rows of the last window survive (for the MTP's pending hidden state)."""
+        start = self.n_past - self._last_rows
+        kept = keep_to - start
+        return kept if 0 <= kept <= self._last_rows else None
+
+    # ------------------------------------------------------------------ memory
+
+    def state_bytes(self) -> int:
+        """Bytes of this sequence's KV + recurrent state (as llama.cpp would save them)."""
+        with self.context.lock:
+            return int(lc.llama_state_seq_get_size_ext(self.context.ctx, self.seq_id, 0))
+
+    def checkpoint_bytes(self) -> int:
+        return len(self._checkpoint.data) if self._checkpoint is not None else 0
+
+
+def argmax_rows(logits: FloatArray) -> list[int]:
+    return [int(i) for i in np.asarray(logits).argmax(axis=-1).reshape(-1)]
+
+
+def verify_many(items: Sequence[tuple[RuntimeSession, Sequence[int]]]) -> list[FloatArray]:
+    """Verify windows (or single decode steps) of several sessions in ONE forward.
+
+    Returns each session's logits rows, in the order given. Each session must be
+    repaired (or retired) before the next forward that includes it.
+    """
+    if not items:
+        return []
+    ctx = items[0][0].context
+    if any(s.context is not ctx for s, _ in items):
+        raise ValueError("verify_many needs sessions of one context")
+    if len({s.seq_id for s, _ in items}) != len(items):
+        raise ValueError("a session may appear once per forward")
+    t0 = time.perf_counter()
+    rows: list[Row] = []
+    for session, tokens in items:
+        session._check()
+        session._ensure_room(len(tokens))
+        rows += session._rows(tokens, [True] * len(tokens))
+    with ctx.lock:
+        try:
+            logits, _ = ctx.forward(rows)
+        except RuntimeStateError as exc:
+            for session, tokens in items:
+                session._fail(str(exc), (session.n_past, session.n_past + len(tokens)))
+            raise
+        out = []
+        start = 0
+        dt = (time.perf_counter() - t0) * 1e3
+        for session, tokens in items:
+            out.append(logits[start:start + len(tokens)])
+            start += len(tokens)
+            session._note_forward(len(tokens))
+            session.counters.rows_verified += len(tokens)
+            session.counters.verify_ms += dt
+    return out

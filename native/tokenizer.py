@@ -1,0 +1,86 @@
+"""Tokenizer over a loaded model's vocabulary, and UTF-8-safe streaming of token pieces.
+
+Why the assembler: one token's bytes can end in the middle of a multi-byte character
+(byte-level BPE splits emoji and CJK text across tokens). A stream that decodes each
+token on its own emits replacement characters; we hold the incomplete tail back until
+the next token completes it, so a client never sees half a code point.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from .llama import lc
+
+
+class Tokenizer:
+    """Text <-> token ids for one model. Thread-safe (llama.cpp's vocab is read-only)."""
+
+    def __init__(self, vocab: Any, n_vocab: int, add_bos: bool) -> None:
+        self._vocab = vocab
+        self.n_vocab = n_vocab
+        self.add_bos = add_bos
+        self._pieces: dict[tuple[int, bool], bytes] = {}
+        self._lock = threading.Lock()
+
+    def tokenize(self, text: str, *, add_special: bool = True,
+                 parse_special: bool = False) -> list[int]:
+        """Token ids of ``text`` (with BOS etc. when ``add_special``)."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(
+                self._vocab, data, len(data), buf, cap, add_special, parse_special
+            )
+            if n < 0:
+                raise ValueError(f"tokenization failed ({n}) for a text of {len(data)} bytes")
+        return list(buf[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The raw bytes of one token (may be an incomplete UTF-8 sequence)."""
+        key = (token, special)
+        cached = self._pieces.get(key)
+        if cached is not None:
+            return cached
+        if not 0 <= token < self.n_vocab:
+            raise ValueError(f"token id {token} outside the vocabulary [0, {self.n_vocab})")
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
+            if n >= 0:
+                out = buf.raw[:n]
+                break
+            size = -n
+        with self._lock:
+            self._pieces[key] = out
+        return out
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        """Text of a token sequence (invalid UTF-8 becomes U+FFFD)."""
+        return b"".join(self.piece(t, special=special) for t in tokens).decode(
+            "utf-8", "replace"
+        )
+
+
+class Utf8Assembler:
+    """Feed token bytes, get text that never ends in half a code point."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, data: bytes) -> str:
+        """Text completed by ``data``; an incomplete trailing sequence is held back."""
+        return self._decoder.decode(data, final=False)
+
+    def flush(self) -> str:
+        """Whatever is held back at the end (an unfinished sequence becomes U+FFFD)."""
+        return self._decoder.decode(b"", final=True)

@@ -15,11 +15,10 @@ import os
 import threading
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 import llama_cpp.llama_cpp as lc
 import llama_cpp.llama_cpp_ext as lcx
+import numpy as np
+import numpy.typing as npt
 
 __all__ = ["ensure_backend", "float_rows", "lc", "lcx"]
 

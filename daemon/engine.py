@@ -1,0 +1,388 @@
+"""The generation engine: applies speculation's decisions to one runtime session.
+
+One token's walk: gate -> proposer.propose -> (checkpoint) -> session.verify ->
+speculation.decide -> repair -> proposer.observe -> commit (events out). There is exactly
+one place that decides (``speculation.decide``) and this is the one place that applies;
+every proposer goes through the same path, and ``--proposer off`` is the same path with
+empty drafts (zero-length windows), so "identical to plain decoding" is structural.
+
+The engine is synchronous and does no I/O of its own: the daemon runs ``step`` (or the
+split ``plan``/``decide_window``/``apply`` used for batching several sessions in one
+forward) on a worker thread; ``meshd generate`` runs it directly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import attrs
+
+from meshd.native.model import ModelInfo
+from meshd.native.session import RuntimeSession
+from meshd.native.tokenizer import Tokenizer, Utf8Assembler
+from meshd.plugins.adaptive import AdaptiveK, CostCurve
+from meshd.plugins.base import Outcome, ProposalRequest, Proposer
+
+from .sampling import GREEDY, FloatArray, Sampler, SamplingParams
+from .speculation import Decision, FinishReason, RepairCaps, RepairKind, decide, needs_checkpoint
+from .stopping import StopMatcher
+
+#: How long a proposer may take to answer before its draft counts as late.
+PROPOSER_DEADLINE_S = 0.050
+
+
+@attrs.define
+class GenerationStats:
+    """What one request did; the ``done`` frame and ``meshd generate --json`` carry it."""
+
+    emitted: int = 0
+    prompt_tokens: int = 0
+    target_forwards: int = 0
+    verify_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = attrs.field(factory=list)
+    drafted_per_position: list[int] = attrs.field(factory=list)
+    rollbacks_in_place: int = 0
+    trims: int = 0
+    checkpoints: int = 0
+    checkpoint_bytes: int = 0
+    restores: int = 0
+    wall_ms: float = 0.0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    verify_ms: float = 0.0
+    propose_ms: float = 0.0
+    refusals: dict[str, int] = attrs.field(factory=dict)
+    proposer_faults: dict[str, int] = attrs.field(factory=dict)
+
+    def refuse(self, reason: str) -> None:
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
+    def fault(self, kind: str) -> None:
+        self.proposer_faults[kind] = self.proposer_faults.get(kind, 0) + 1
+
+    def as_dict(self) -> dict[str, object]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class TokenEvent:
+    """Committed tokens and the text they released (text may lag behind tokens)."""
+
+    tokens: tuple[int, ...]
+    text: str
+
+
+@attrs.frozen
+class Window:
+    """One planned verify window: ``[last, *draft]`` at positions ``base..``."""
+
+    last: int
+    base: int
+    draft: tuple[int, ...]
+
+
+@attrs.frozen
+class SpeculationSettings:
+    """Per-request speculation: ``draft_max`` bounds k; ``adaptive`` lets cost decide."""
+
+    draft_max: int = 8
+    adaptive: bool = True
+
+
+class MtpHead:
+    """The session's MTP context bound to the engine's current ``last`` token."""
+
+    def __init__(self, session: RuntimeSession) -> None:
+        if session.mtp is None:
+            raise ValueError("session has no MTP context")
+        self._mtp = session.mtp
+        self._session = session
+        self.last = -1
+
+    def draft(self, k: int) -> tuple[list[int], list[float]]:
+        return self._mtp.draft(self.last, self._session.n_past, k)
+
+
+class Generation:
+    """One request's generation on one runtime session."""
+
+    def __init__(
+        self,
+        *,
+        session: RuntimeSession,
+        info: ModelInfo,
+        tokenizer: Tokenizer,
+        prompt: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams = GREEDY,
+        stop: Sequence[str] = (),
+        proposer: Proposer | None = None,
+        curve: CostCurve | None = None,
+        settings: SpeculationSettings = SpeculationSettings(),
+        mtp_head: MtpHead | None = None,
+        show_special: bool = False,
+    ) -> None:
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        self.session = session
+        self.info = info
+        self.tokenizer = tokenizer
+        self.prompt = list(prompt)
+        self.tokens: list[int] = list(prompt)  # prompt + committed (read-only for proposers)
+        self.max_tokens = max_tokens
+        self.sampler = Sampler(sampling)
+        self.stopper = StopMatcher(stop)
+        self.assembler = Utf8Assembler()
+        self.proposer = proposer
+        self.settings = settings
+        self.mtp_head = mtp_head
+        self.show_special = show_special
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        self.adaptive: AdaptiveK | None = None
+        if proposer is not None and settings.adaptive and curve is not None:
+            self.adaptive = AdaptiveK(curve, k_max=settings.draft_max)
+        self.finish: FinishReason | None = None
+        self.error: BaseException | None = None
+        self.last = -1
+        self.committed: list[int] = []
+        self._started = False
+        self._serial_decodes = 0
+        self._cancel_at: int | None = None
+        self._cancel_lock = threading.Lock()
+        self._t0 = time.perf_counter()
+        self._text = ""
+        self._pending_text: list[str] = []
+
+    # ------------------------------------------------------------------ control
+
+    def cancel(self, at_emitted: int | None = None) -> None:
+        """Stop at the next step boundary (or once ``at_emitted`` tokens are committed)."""
+        with self._cancel_lock:
+            at = len(self.committed) if at_emitted is None else at_emitted
+            self._cancel_at = at if self._cancel_at is None else min(self._cancel_at, at)
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
+
+    @property
+    def text(self) -> str:
+        """Text released so far (stop strings and held-back text excluded)."""
+        return self._text
+
+    # ------------------------------------------------------------------ steps
+
+    def start(self) -> list[TokenEvent]:
+        """Prefill the prompt and commit the first token (a zero-length window)."""
+        if self._started:
+            raise RuntimeError("generation already started")
+        self._started = True
+        logits = self.session.prefill(self.prompt)
+        window = Window(self.prompt[-1], len(self.prompt) - 1, ())
+        decision = self.decide_window(window, logits[None, :])
+        events = self.apply(window, decision)
+        self._serial_decodes = 0  # the prefill is no serial decode (recurrent warm-up gate)
+        return events
+
+    def step(self) -> list[TokenEvent]:
+        """One decode step (plan, verify, decide, repair, commit)."""
+        window = self.plan()
+        logits = self.session.verify([window.last, *window.draft])
+        decision = self.decide_window(window, logits)
+        return self.apply(window, decision)
+
+    def run(self) -> Iterator[TokenEvent]:
+        """Generate to the end, yielding events as tokens are committed."""
+        try:
+            if not self._started:
+                yield from self.start()
+            while not self.done:
+                yield from self.step()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.proposer is not None:
+            try:
+                self.proposer.close()
+            except Exception:
+                self.stats.fault("close_error")
+            self.proposer = None
+        self.stats.wall_ms = (time.perf_counter() - self._t0) * 1e3
+        c = self.session.counters
+        self.stats.target_forwards = c.target_forwards
+        self.stats.rollbacks_in_place = c.rollbacks_in_place
+        self.stats.trims = c.trims
+        self.stats.checkpoints = c.checkpoints
+        self.stats.checkpoint_bytes = c.checkpoint_bytes
+        self.stats.restores = c.restores
+        self.stats.prefill_ms = c.prefill_ms
+        self.stats.decode_ms = c.decode_ms
+        self.stats.verify_ms = c.verify_ms
+
+    # ------------------------------------------------------------------ plan
+
+    def _gate(self) -> int:
+        """How many draft tokens this step may use (0 = plain decode), counting refusals."""
+        if self.proposer is None:
+            return 0
+        remaining = self.max_tokens - len(self.committed)
+        room = self.session.context.config.n_ctx_seq - self.session.n_past - 1
+        k_max = min(self.settings.draft_max, remaining - 1, room)
+        if not self.sampler.params.exact_verifiable:
+            self.stats.refuse("unseeded_sampling")
+            return 0
+        if self.session.recurrent and self._serial_decodes == 0:
+            self.stats.refuse("recurrent_warmup")
+            return 0
+        if k_max <= 0:
+            self.stats.refuse("budget")
+            return 0
+        if self.adaptive is not None:
+            k = min(self.adaptive.next_k(), k_max)
+            if k == 0:
+                self.stats.refuse("cost_model")
+            return k
+        return k_max
+
+    def plan(self) -> Window:
+        """Choose this step's window: ask the proposer for up to k drafts (gated)."""
+        if self.done:
+            raise RuntimeError("generation finished")
+        k = self._gate()
+        draft: tuple[int, ...] = ()
+        if k > 0 and self.proposer is not None:
+            draft = self._propose(self.proposer, k)
+        if self.adaptive is not None and k > 0 and not draft:
+            self.adaptive.observe(0, 0)
+        caps = RepairCaps(self.session.recurrent, self.session.rollback_window, False)
+        if needs_checkpoint(len(draft), caps):
+            self.session.checkpoint()
+        return Window(self.last, self.session.n_past, draft)
+
+    def _propose(self, proposer: Proposer, k: int) -> tuple[int, ...]:
+        t0 = time.perf_counter()
+        request = ProposalRequest(
+            tokens=self.tokens, n_prompt=len(self.prompt), max_len=k,
+            deadline=time.monotonic() + PROPOSER_DEADLINE_S,
+        )
+        if self.mtp_head is not None:
+            self.mtp_head.last = self.last
+        try:
+            proposal = proposer.propose(request)
+        except Exception:
+            self.stats.fault("error")
+            return ()
+        finally:
+            self.stats.propose_ms += (time.perf_counter() - t0) * 1e3
+        if time.monotonic() > request.deadline:
+            self.stats.fault("late")
+        if proposal is None or not proposal.tokens:
+            self.stats.refuse("proposer_empty")
+            return ()
+        tokens = proposal.tokens
+        n_vocab = self.info.n_vocab
+        if any(not isinstance(t, int) or not 0 <= t < n_vocab for t in tokens):
+            self.stats.fault("invalid_token")
+            return ()
+        if len(tokens) > k:
+            self.stats.fault("too_long")
+            tokens = tokens[:k]
+        return tuple(tokens)
+
+    # ------------------------------------------------------------------ decide/apply
+
+    def decide_window(self, window: Window, logits: FloatArray) -> Decision:
+        """Pure decision for a verified window (text assembly runs in ``stop_after``)."""
+        predictions = self.sampler.match_rows(logits, window.draft)
+        caps = RepairCaps(
+            self.session.recurrent, self.session.rollback_window, self.session.has_checkpoint
+        )
+        with self._cancel_lock:
+            cancel_at = self._cancel_at
+        cancelled_at = None if cancel_at is None else max(0, cancel_at - len(self.committed))
+        self._pending_text = []
+        return decide(
+            last=window.last,
+            base=window.base,
+            draft=window.draft,
+            predictions=predictions,
+            remaining=self.max_tokens - len(self.committed),
+            eog=self.info.eog_tokens,
+            caps=caps,
+            cancelled_at=cancelled_at,
+            stop_after=self._stop_after,
+        )
+
+    def _stop_after(self, _j: int, token: int) -> bool:
+        text = self.assembler.push(self.tokenizer.piece(token, special=self.show_special))
+        result = self.stopper.push(text)
+        self._pending_text.append(result.text)
+        return result.stopped
+
+    def apply(self, window: Window, decision: Decision) -> list[TokenEvent]:
+        """Repair the state first, then commit (so an emit failure leaves a clean state)."""
+        repair = decision.repair
+        s = self.session
+        kind = repair.kind
+        if kind is RepairKind.RETIRE:
+            s.retire()
+        elif kind is RepairKind.TRIM:
+            s.trim(repair.keep_to)
+        elif kind is RepairKind.ROLLBACK_IN_PLACE:
+            s.rollback_in_place(repair.keep_to)
+        elif kind is RepairKind.RESTORE_AND_REPLAY:
+            s.restore_and_replay(repair.keep_to, repair.replay)
+        else:
+            s.discard()
+        k = len(window.draft)
+        if k == 0:
+            self._serial_decodes += 1
+        else:
+            st = self.stats
+            st.verify_calls += 1
+            st.drafted += k
+            st.accepted += decision.accepted
+            while len(st.drafted_per_position) < k:
+                st.drafted_per_position.append(0)
+                st.accepted_per_position.append(0)
+            for i in range(k):
+                st.drafted_per_position[i] += 1
+            for i in range(decision.accepted):
+                st.accepted_per_position[i] += 1
+            if self.adaptive is not None:
+                self.adaptive.observe(k, decision.matched)
+        if self.proposer is not None and k > 0:
+            try:
+                self.proposer.observe(Outcome(k, decision.accepted, decision.committed))
+            except Exception:
+                self.stats.fault("observe_error")
+        # Commit.
+        self.tokens.extend(decision.committed)
+        self.committed.extend(decision.committed)
+        self.stats.emitted = len(self.committed)
+        if decision.committed:
+            self.last = decision.committed[-1]
+        texts = self._pending_text
+        events = [
+            TokenEvent((tok,), texts[j] if j < len(texts) else "")
+            for j, tok in enumerate(decision.committed)
+        ]
+        if decision.finish is None and s.n_past + 1 > s.context.config.n_ctx_seq:
+            self.finish = FinishReason.LENGTH
+        else:
+            self.finish = decision.finish
+        if self.finish is not None and self.finish is not FinishReason.STOP:
+            tail = self.stopper.push(self.assembler.flush()).text
+            tail += self.stopper.flush()
+            if tail:
+                events.append(TokenEvent((), tail))
+        for ev in events:
+            self._text += ev.text
+        return events

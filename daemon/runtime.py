@@ -1,0 +1,201 @@
+"""One loaded model ready to serve: model, shared context, proposers, cost curve.
+
+Why a separate object: ``meshd generate`` (one request, in-process) and ``meshd serve``
+(many requests over a socket) must produce token-for-token the same output, so both build
+their generations here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import jinja2.sandbox
+
+from meshd.native.calibrate import measure_row_costs
+from meshd.native.context import ContextConfig, TargetContext
+from meshd.native.default_model import default_model_path
+from meshd.native.model import Model
+from meshd.native.session import RuntimeSession
+from meshd.plugins.adaptive import CostCurve
+from meshd.plugins.base import Proposer, ProposerEnv
+from meshd.plugins.registry import Registry, default_registry
+
+from .engine import Generation, MtpHead, SpeculationSettings
+from .sampling import GREEDY, SamplingParams
+
+
+class RequestError(ValueError):
+    """The request cannot be served as asked (bad proposer name, prompt too long, ...)."""
+
+
+@attrs.frozen
+class RuntimeConfig:
+    model_path: str | None = None
+    n_ctx_seq: int = 4096
+    n_seq_max: int = 1
+    n_batch: int = 512
+    draft_max: int = 8
+    threads: int | None = None
+    calibrate: bool = True
+    default_proposer: str = "auto"
+
+
+def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None) -> Path:
+    st = model_path.stat()
+    key = json.dumps([str(model_path), st.st_size, st.st_mtime_ns, config.draft_max,
+                      threads, os.cpu_count()])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "meshd" / "costs" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+class ModelRuntime:
+    """A model loaded once, shared by every request on it."""
+
+    def __init__(self, config: RuntimeConfig = RuntimeConfig(),
+                 registry: Registry | None = None) -> None:
+        self.config = config
+        path = Path(config.model_path) if config.model_path else default_model_path()
+        self.model = Model.load(path)
+        try:
+            ctx_config = ContextConfig(
+                n_ctx_seq=min(config.n_ctx_seq, self.model.info.n_ctx_train or config.n_ctx_seq),
+                n_seq_max=config.n_seq_max, n_batch=config.n_batch,
+                draft_max=config.draft_max, n_threads=config.threads,
+            )
+            self.context = TargetContext(self.model, ctx_config)
+        except Exception:
+            self.model.close()
+            raise
+        self.registry = registry if registry is not None else default_registry()
+        self.curve: CostCurve | None = None
+        if config.calibrate and config.draft_max > 0:
+            self.curve = self._load_or_measure_curve(path, ctx_config)
+        self._template: Any = None
+
+    def _load_or_measure_curve(self, path: Path, ctx_config: ContextConfig) -> CostCurve:
+        cache = _cost_cache_path(path, ctx_config, self.config.threads)
+        try:
+            costs = json.loads(cache.read_text())["costs"]
+            return CostCurve.sanitized(costs)
+        except (OSError, ValueError, KeyError):
+            pass
+        costs = measure_row_costs(self.context, ctx_config.draft_max)
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"costs": costs}))
+            tmp.replace(cache)
+        except OSError:
+            pass
+        return CostCurve.sanitized(costs)
+
+    def close(self) -> None:
+        self.context.close()
+        self.model.close()
+
+    def __enter__(self) -> ModelRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ prompts
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """Render chat messages with the GGUF's own template (jinja2, sandboxed)."""
+        source = self.model.chat_template
+        if source is None:
+            raise RequestError("this model has no chat template; send a plain prompt")
+        if self._template is None:
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader()
+            )
+
+            def raise_exception(message: str) -> None:
+                raise RequestError(f"chat template: {message}")
+
+            env.globals["raise_exception"] = raise_exception
+            self._template = env.from_string(source)
+        tok = self.model.tokenizer
+        info = self.model.info
+        bos = tok.piece(info.bos_token, special=True).decode() if info.bos_token is not None else ""
+        eos = tok.piece(info.eos_token, special=True).decode() if info.eos_token is not None else ""
+        return str(self._template.render(
+            messages=list(messages), add_generation_prompt=True, bos_token=bos, eos_token=eos,
+        ))
+
+    def tokenize_prompt(self, text: str, *, chat: bool) -> list[int]:
+        return self.model.tokenizer.tokenize(text, add_special=not chat, parse_special=chat)
+
+    # ------------------------------------------------------------------ generations
+
+    def resolve_proposer(self, name: str | None) -> str | None:
+        name = name or self.config.default_proposer
+        if name == "off":
+            return None
+        if name == "auto":
+            return "mtp" if self.model.info.has_mtp else "ngram"
+        return name
+
+    def make_proposer(self, name: str | None, session: RuntimeSession,
+                      options: Mapping[str, object] | None = None,
+                      ) -> tuple[Proposer | None, MtpHead | None]:
+        resolved = self.resolve_proposer(name)
+        if resolved is None:
+            return None, None
+        head = MtpHead(session) if session.mtp is not None else None
+        env = ProposerEnv(
+            vocab_size=self.model.info.n_vocab, eog_tokens=self.model.info.eog_tokens,
+            mtp=head, options=dict(options or {}),
+        )
+        if resolved not in self.registry:
+            raise RequestError(
+                f"unknown proposer {resolved!r}; available: off, auto, "
+                f"{', '.join(self.registry.names())}"
+            )
+        try:
+            return self.registry.create(resolved, env), head
+        except Exception as exc:
+            raise RequestError(str(exc)) from exc
+
+    def generation(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams = GREEDY,
+        stop: Sequence[str] = (),
+        proposer: str | None = None,
+        draft_max: int | None = None,
+        adaptive: bool = True,
+        proposer_options: Mapping[str, object] | None = None,
+    ) -> Generation:
+        """A ready-to-start generation on a fresh session (closed when it finishes)."""
+        if not prompt:
+            raise RequestError("the prompt is empty")
+        need = len(prompt) + 1
+        if need > self.context.config.n_ctx_seq:
+            raise RequestError(
+                f"prompt of {len(prompt)} tokens does not fit the context of "
+                f"{self.context.config.n_ctx_seq} tokens"
+            )
+        k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
+        session = self.context.open_session(reserve=need)
+        try:
+            prop, head = self.make_proposer(proposer, session, proposer_options)
+            return Generation(
+                session=session, info=self.model.info, tokenizer=self.model.tokenizer,
+                prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                proposer=prop if k > 0 else None, curve=self.curve,
+                settings=SpeculationSettings(draft_max=k, adaptive=adaptive),
+                mtp_head=head,
+            )
+        except Exception:
+            session.close()
+            raise

@@ -1,0 +1,303 @@
+"""The speculation decision: verify, commit, repair. Sans-I/O, in the style of h11.
+
+Every decode step the engine holds a committed sequence whose last committed token,
+``last``, is *not* yet in the model's state (KV cache and/or recurrent state); it
+would sit at position ``base``. A proposer drafts ``d_0 .. d_{k-1}``; one batched
+target forward over ``[last, d_0 .. d_{k-1}]`` (``k + 1`` rows at positions
+``base .. base + k``) yields the target's own next token after each row,
+``p_0 .. p_k``. This module turns those facts into one :class:`Decision`: which tokens
+are committed, why the request finished (if it did), and how to repair the model
+state so that it holds exactly the committed history and nothing else.
+
+Nothing here touches llama.cpp, threads, clocks or sockets, so every rule can be
+tested exhaustively; the engine only applies what :func:`decide` returns.
+
+The core correctness invariant is the repair rule: the window wrote ``k + 1``
+entries, and after ``n`` commits the state must keep exactly the first ``n`` of them
+(``last, d_0 .. d_{n-2}``; the final committed token becomes the new ``last`` and is
+fed by the next window). Retiring the window while any row was not committed would
+leave rejected drafts in the state, and the model would then condition every later
+token on text the user never saw. Hence: retire iff every verified row was committed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence, Set
+
+from attrs import field, frozen
+
+__all__ = [
+    "Decision",
+    "FinishReason",
+    "Repair",
+    "RepairCaps",
+    "RepairKind",
+    "StopAfter",
+    "UnrepairableWindow",
+    "decide",
+    "needs_checkpoint",
+]
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request stopped producing tokens.
+
+    Values equal meshd.protocol's ``FinishReason`` values (which adds ``error``), so the
+    engine maps one to the other with ``protocol.FinishReason(reason.value)``.
+    """
+
+    STOP = "stop"
+    """A stop string completed on the committed token (that token is committed)."""
+    LENGTH = "length"
+    """The request's token budget ran out before the next candidate."""
+    EOG = "eog"
+    """The target produced an end-of-generation token (committed; the engine decides
+    whether its text is shown)."""
+    CANCELLED = "cancelled"
+    """The client went away or asked to stop."""
+
+
+class RepairKind(enum.Enum):
+    """How the engine brings the model state back to the committed history."""
+
+    RETIRE = "retire"
+    """Every verified row was committed: keep the state, free the pre-verify
+    checkpoint (if any), remove nothing."""
+    TRIM = "trim"
+    """Attention-only KV: drop positions ``>= keep_to`` (``llama_memory_seq_rm``)."""
+    ROLLBACK_IN_PLACE = "rollback_in_place"
+    """Recurrent (or hybrid) state: roll back the last ``remove`` tokens in place,
+    right after the window's decode. The same call drops the attention suffix of a
+    hybrid model."""
+    RESTORE_AND_REPLAY = "restore_and_replay"
+    """Recurrent state that cannot roll back far enough: restore the pre-verify
+    checkpoint (state at ``base``, ``last`` not yet fed) and re-decode ``replay``."""
+    DISCARD = "discard"
+    """The state is unusable and the request is over; drop the sequence."""
+
+
+@frozen
+class RepairCaps:
+    """What the runtime session can do to undo a verify window.
+
+    ``recurrent``: the model has recurrent (SSM / linear-attention) state that a KV
+    trim cannot undo. ``rollback_window``: how many trailing tokens the runtime can
+    roll back in place right after a decode (0 when it cannot). ``checkpointed``: a
+    copy of the state from before this window's decode exists.
+    """
+
+    recurrent: bool
+    rollback_window: int = field(default=0)
+    checkpointed: bool = field(default=False)
+
+    @rollback_window.validator
+    def _check_window(self, _attribute: object, value: int) -> None:
+        if value < 0:
+            raise ValueError(f"rollback_window must be >= 0, got {value}")
+
+
+@frozen
+class Repair:
+    """One repair instruction.
+
+    ``keep_to`` is always ``base + n`` (the first position to remove, equivalently the
+    number of positions the state keeps) and ``remove`` is always ``k + 1 - n``, for
+    every kind, so the engine (and its logs) can rely on them; ``replay`` is non-empty
+    only for :attr:`RepairKind.RESTORE_AND_REPLAY` with ``n >= 1``.
+    """
+
+    kind: RepairKind
+    keep_to: int
+    remove: int
+    replay: tuple[int, ...] = ()
+
+
+@frozen
+class Decision:
+    """The outcome of one verify window.
+
+    ``committed``: tokens to append to the committed sequence, in order (a prefix of
+    ``d_0 .. d_{a-1}, p_a``). ``accepted``: how many of them are drafted tokens.
+    ``matched``: how many leading drafts the target agreed with (``a``), whether or
+    not the walk got to commit them; this is the proposer's acceptance statistic.
+    ``finish``: why the request ended, or None if it continues. ``repair``: what to do
+    to the model state. ``verified_rows``: rows the window wrote (``k + 1``).
+    """
+
+    committed: tuple[int, ...]
+    accepted: int
+    matched: int
+    finish: FinishReason | None
+    repair: Repair
+    verified_rows: int
+
+    @property
+    def draft_len(self) -> int:
+        """``k``, the number of drafted tokens in the window."""
+        return self.verified_rows - 1
+
+
+class UnrepairableWindow(RuntimeError):
+    """A recurrent state cannot be repaired and the request has not finished.
+
+    The engine must never reach this: :func:`needs_checkpoint` tells it, before the
+    decode, when to snapshot the state so that every non-finishing outcome is
+    repairable. Raising (instead of returning DISCARD) keeps a live request from
+    silently continuing on a state that still holds rejected drafts.
+    """
+
+
+StopAfter = Callable[[int, int], bool]
+"""``stop_after(j, token)``: does committing candidate ``j`` (0-based within the
+window), whose token is ``token``, complete a stop string?"""
+
+
+def needs_checkpoint(k: int, caps: RepairCaps) -> bool:
+    """Must the engine snapshot the state before decoding a window of ``k`` drafts?
+
+    Non-cancelled outcomes remove ``r = k + 1 - n`` rows with ``1 <= n <= k + 1``, so
+    ``0 <= r <= k``. An in-place rollback handles ``1 <= r <= min(rollback_window, k)``
+    (llama.cpp can roll back at most ``len(window) - 1`` tokens right after the
+    window's decode), so every such outcome is repairable without a checkpoint iff
+    ``k <= rollback_window``. Attention-only KV can always trim, and ``k == 0`` (a
+    plain decode step) removes nothing unless it commits nothing, which only a
+    finish (cancel or exhausted budget) does: then the state may simply be discarded.
+
+    ``caps.checkpointed`` is ignored: this is asked before the checkpoint exists.
+    """
+    if k < 0:
+        raise ValueError(f"draft length must be >= 0, got {k}")
+    return caps.recurrent and k > 0 and k > caps.rollback_window
+
+
+def decide(
+    *,
+    last: int,
+    base: int,
+    draft: Sequence[int],
+    predictions: Sequence[int],
+    remaining: int,
+    eog: Set[int],
+    caps: RepairCaps,
+    cancelled_at: int | None = None,
+    stop_after: StopAfter | None = None,
+) -> Decision:
+    """Decide what one verify window commits and how to repair the model state.
+
+    ``predictions[i]`` is the target's next token after row ``i``; it may be shorter
+    than ``k + 1`` (seeded sampling draws row by row and may stop at the first
+    mismatch), but it must cover every candidate the walk reaches.
+
+    The walk goes over candidates ``d_0 .. d_{a-1}, p_a`` one at a time. Before
+    candidate ``j``: if ``cancelled_at`` is set and ``j >= cancelled_at`` the request is
+    CANCELLED; if ``j >= remaining`` it is LENGTH; neither commits candidate ``j``. After
+    committing it: a token in ``eog`` is EOG; else ``stop_after(j, token)`` true is STOP.
+    Any finish ends the walk. ``stop_after`` is called exactly once per committed
+    non-EOG token, in order, and never for an uncommitted one, so a stateful stop
+    matcher behind it stays in step with the committed text.
+
+    A set ``cancelled_at`` always finishes the request: if the walk runs out of
+    candidates before reaching it (and nothing else finished it), the finish is still
+    CANCELLED. The index only bounds how much of the window is committed; the engine
+    never needs another step just to learn that the request was cancelled.
+
+    Raises ValueError on inconsistent inputs and :class:`UnrepairableWindow` when a
+    recurrent state cannot be repaired for a request that has not finished.
+    """
+    k = len(draft)
+    if base < 0:
+        raise ValueError(f"base must be >= 0, got {base}")
+    if remaining < 0:
+        raise ValueError(f"remaining must be >= 0, got {remaining}")
+    if cancelled_at is not None and cancelled_at < 0:
+        raise ValueError(f"cancelled_at must be >= 0, got {cancelled_at}")
+    if not predictions:
+        raise ValueError("predictions is empty: the window's first row is always verified")
+    if len(predictions) > k + 1:
+        raise ValueError(
+            f"{len(predictions)} predictions for a window of {k + 1} rows (k={k})"
+        )
+
+    matched = 0
+    for i in range(min(k, len(predictions))):
+        if draft[i] != predictions[i]:
+            break
+        matched += 1
+
+    committed: list[int] = []
+    finish: FinishReason | None = None
+    for j in range(matched + 1):
+        if cancelled_at is not None and j >= cancelled_at:
+            finish = FinishReason.CANCELLED
+            break
+        if j >= remaining:
+            finish = FinishReason.LENGTH
+            break
+        if j < matched:
+            token = draft[j]
+        else:
+            if len(predictions) <= j:
+                raise ValueError(
+                    f"the walk needs prediction row {j} (the target's token after "
+                    f"{j} accepted drafts) but only {len(predictions)} were given"
+                )
+            token = predictions[j]
+        committed.append(token)
+        if token in eog:
+            finish = FinishReason.EOG
+            break
+        if stop_after is not None and stop_after(j, token):
+            finish = FinishReason.STOP
+            break
+    if finish is None and cancelled_at is not None:
+        finish = FinishReason.CANCELLED
+
+    n = len(committed)
+    repair = _repair(last=last, base=base, draft=draft, n=n, caps=caps, finish=finish)
+    return Decision(
+        committed=tuple(committed),
+        accepted=min(n, matched),
+        matched=matched,
+        finish=finish,
+        repair=repair,
+        verified_rows=k + 1,
+    )
+
+
+def _repair(
+    *,
+    last: int,
+    base: int,
+    draft: Sequence[int],
+    n: int,
+    caps: RepairCaps,
+    finish: FinishReason | None,
+) -> Repair:
+    """Pick the cheapest repair that leaves the state holding ``last, d_0 .. d_{n-2}``.
+
+    The window wrote ``k + 1`` rows and ``n`` tokens were committed, so the first ``n``
+    rows stay (all committed tokens but the final one are drafts, and the final one is
+    the next window's ``last``) and ``r = k + 1 - n`` trailing rows go.
+    """
+    k = len(draft)
+    remove = k + 1 - n
+    keep_to = base + n
+    if remove == 0:
+        return Repair(RepairKind.RETIRE, keep_to, 0)
+    if not caps.recurrent:
+        return Repair(RepairKind.TRIM, keep_to, remove)
+    # llama.cpp trap: an in-place rollback right after a decode may undo at most
+    # len(window) - 1 tokens, so r == k + 1 (nothing committed) never rolls back.
+    if remove <= caps.rollback_window and remove <= k:
+        return Repair(RepairKind.ROLLBACK_IN_PLACE, keep_to, remove)
+    if caps.checkpointed:
+        replay = (last, *draft[: n - 1]) if n >= 1 else ()
+        return Repair(RepairKind.RESTORE_AND_REPLAY, keep_to, remove, replay)
+    if finish is None:
+        raise UnrepairableWindow(
+            f"recurrent state: {remove} of {k + 1} rows to undo, rollback window "
+            f"{caps.rollback_window}, no checkpoint, and the request continues "
+            "(needs_checkpoint() should have been honoured before the decode)"
+        )
+    return Repair(RepairKind.DISCARD, keep_to, remove)

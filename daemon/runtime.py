@@ -153,6 +153,7 @@ class ModelRuntime:
         env = ProposerEnv(
             vocab_size=self.model.info.n_vocab, eog_tokens=self.model.info.eog_tokens,
             mtp=head, options=dict(options or {}),
+            resources={"cost_curve": self.curve} if self.curve is not None else {},
         )
         if resolved not in self.registry:
             raise RequestError(
@@ -193,7 +194,10 @@ class ModelRuntime:
                 session=session, info=self.model.info, tokenizer=self.model.tokenizer,
                 prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
                 proposer=prop if k > 0 else None, curve=self.curve,
-                settings=SpeculationSettings(draft_max=k, adaptive=adaptive),
+                settings=SpeculationSettings(
+                    draft_max=k,
+                    adaptive=adaptive and not (prop and prop.capabilities.decides_length),
+                ),
                 mtp_head=head,
             )
         except Exception:

@@ -176,13 +176,10 @@ class RuntimeSession:
 
     def decode(self, token: int) -> FloatArray:
         """Decode one token; returns its logits row (a copy)."""
-        t0 = time.perf_counter()
-        out = self.verify([token])
-        self.counters.rows_verified -= 1
-        dt = (time.perf_counter() - t0) * 1e3
-        self.counters.verify_ms -= dt
-        self.counters.decode_ms += dt
-        return out[0]
+        logits, ms = self._window([token])
+        self.counters.decode_ms += ms
+        row: FloatArray = logits[0]
+        return row
 
     def verify(self, tokens: Sequence[int]) -> FloatArray:
         """One batched forward over ``[last, d0..dk-1]``, every row an output.
@@ -190,6 +187,12 @@ class RuntimeSession:
         Returns the logits rows (k+1, n_vocab). Row i predicts the token after
         ``tokens[i]``. The window stays in the state until ``retire``/a repair.
         """
+        logits, ms = self._window(tokens)
+        self.counters.rows_verified += len(tokens)
+        self.counters.verify_ms += ms
+        return logits
+
+    def _window(self, tokens: Sequence[int]) -> tuple[FloatArray, float]:
         self._check()
         self._ensure_room(len(tokens))
         t0 = time.perf_counter()
@@ -199,9 +202,7 @@ class RuntimeSession:
         except RuntimeStateError as exc:
             raise self._fail(str(exc), (self.n_past, self.n_past + len(tokens))) from exc
         self._note_forward(len(tokens))
-        self.counters.rows_verified += len(tokens)
-        self.counters.verify_ms += (time.perf_counter() - t0) * 1e3
-        return logits
+        return logits, (time.perf_counter() - t0) * 1e3
 
     # ------------------------------------------------------------------ repair
 

@@ -27,6 +27,9 @@ class Capabilities:
     needs_mtp_head: bool = False
     provides_probs: bool = False
     max_len: int = 16
+    #: The proposer chooses its own draft length from the cost curve (e.g. composite):
+    #: the engine then asks for up to ``draft_max`` and does not gate it a second time.
+    decides_length: bool = False
 
 
 @attrs.frozen

@@ -1,0 +1,187 @@
+"""Proposer discovery: one registry for built-in and third-party proposers.
+
+Why entry points for built-ins too: if ``mtp``/``ngram``/``composite`` were wired in by
+import, the third-party path would be a second, less-tested code path. Instead every
+proposer, ours included, is a factory named in the ``meshd.proposers`` entry-point group
+(see ``[project.entry-points."meshd.proposers"]`` in pyproject.toml), so the path a
+plugin takes is the path the built-ins exercise on every start.
+
+A plugin that fails to import must not take the daemon down with it: :meth:`Registry.load`
+records the failure in :attr:`Registry.errors` (and logs it) and carries on.
+Factories may also be registered programmatically (:meth:`Registry.register`), e.g. by
+tests or by the daemon for proposers that need objects only it can build.
+
+Not here yet: ``draft`` (a separate draft model) needs a native draft-model runtime
+handed in through ``ProposerEnv.resources``; the lead adds it as one more entry point.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from collections.abc import Mapping
+
+from .base import Proposer, ProposerEnv, ProposerFactory, ProposerUnavailable
+
+#: The entry-point group every proposer factory is published under.
+GROUP = "meshd.proposers"
+
+log = logging.getLogger(__name__)
+
+
+class UnknownProposer(LookupError):
+    """No proposer of that name is registered; the message lists the available ones."""
+
+    def __init__(self, name: str, available: list[str], errors: Mapping[str, str]) -> None:
+        self.name = name
+        self.available = available
+        msg = f"unknown proposer {name!r}; available: {', '.join(available) or '(none)'}"
+        if name in errors:
+            msg += f" ({name!r} failed to load: {errors[name]})"
+        super().__init__(msg)
+
+
+class ProposerFailed(RuntimeError):
+    """A factory raised something other than :class:`ProposerUnavailable`."""
+
+
+_REQUIRED = ("name", "capabilities", "propose", "observe", "close")
+
+
+class Registry:
+    """Name -> factory. Create with :meth:`load` (entry points) or empty for tests."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, ProposerFactory] = {}
+        self._origins: dict[str, str] = {}
+        #: name -> "where: what went wrong" for plugins that could not be loaded.
+        self.errors: dict[str, str] = {}
+
+    @classmethod
+    def load(cls, group: str = GROUP) -> Registry:
+        """Discover every factory in the entry-point ``group``; failures go to ``errors``.
+
+        Loads eagerly so a broken plugin is reported at start-up, not on the first
+        request that names it. The first distribution to claim a name wins; later claims
+        are reported as errors rather than silently shadowing it.
+        """
+        registry = cls()
+        for ep in importlib.metadata.entry_points(group=group):
+            origin = f"{ep.value}"
+            if ep.name in registry._factories:
+                registry._error(
+                    ep.name, f"{origin}: duplicate name, keeping {registry._origins[ep.name]}"
+                )
+                continue
+            try:
+                factory = ep.load()
+            except Exception as exc:  # a plugin's import may fail in any way
+                registry._error(ep.name, f"{origin}: {type(exc).__name__}: {exc}")
+                continue
+            if not callable(factory):
+                registry._error(ep.name, f"{origin}: not callable")
+                continue
+            registry._factories[ep.name] = factory
+            registry._origins[ep.name] = origin
+        return registry
+
+    def _error(self, name: str, message: str) -> None:
+        log.warning("proposer plugin %r not loaded: %s", name, message)
+        self.errors[name] = message
+
+    def register(self, name: str, factory: ProposerFactory, *, replace: bool = False) -> None:
+        """Add a factory under ``name`` (``replace=True`` to override an existing one)."""
+        if not name:
+            raise ValueError("proposer name must be non-empty")
+        if not callable(factory):
+            raise TypeError(f"factory for {name!r} is not callable")
+        if name in self._factories and not replace:
+            raise ValueError(f"proposer {name!r} already registered ({self._origins[name]})")
+        self._factories[name] = factory
+        self._origins[name] = getattr(factory, "__qualname__", repr(factory))
+        self.errors.pop(name, None)
+
+    def names(self) -> list[str]:
+        """Names that can be created, sorted."""
+        return sorted(self._factories)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._factories
+
+    def create(self, name: str, env: ProposerEnv) -> Proposer:
+        """A new proposer for one request.
+
+        Raises :class:`UnknownProposer` for an unregistered name,
+        :class:`ProposerUnavailable` when the factory declines this request (passed
+        through: it is an expected answer, e.g. ``mtp`` on a model without a head), and
+        :class:`ProposerFailed` when the factory breaks or returns something that is not
+        a proposer.
+        """
+        factory = self._factories.get(name)
+        if factory is None:
+            raise UnknownProposer(name, self.names(), self.errors)
+        try:
+            proposer = factory(env)
+        except ProposerUnavailable:
+            raise
+        except Exception as exc:
+            raise ProposerFailed(
+                f"proposer {name!r} ({self._origins[name]}) failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        missing = [attr for attr in _REQUIRED if not hasattr(proposer, attr)]
+        if missing:
+            raise ProposerFailed(
+                f"proposer {name!r} ({self._origins[name]}) returned {type(proposer).__name__}"
+                f" without {', '.join(missing)}"
+            )
+        return proposer
+
+
+_default: Registry | None = None
+
+
+def default_registry() -> Registry:
+    """The process-wide registry loaded from entry points (loaded once, on first use)."""
+    global _default
+    if _default is None:
+        _default = Registry.load()
+    return _default
+
+
+# Option helpers shared by the built-in factories: ``ProposerEnv.options`` comes from
+# config files and requests, so values are checked here and a bad one is reported by key.
+
+
+def int_option(options: Mapping[str, object], key: str, default: int, *, minimum: int = 0) -> int:
+    """``options[key]`` as an int >= ``minimum`` (bools are rejected), else ``default``."""
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"option {key!r} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"option {key!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def float_option(
+    options: Mapping[str, object],
+    key: str,
+    default: float,
+    *,
+    minimum: float = float("-inf"),
+    maximum: float = float("inf"),
+) -> float:
+    """``options[key]`` as a float in ``[minimum, maximum]``, else ``default``."""
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"option {key!r} must be a number, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"option {key!r} must be in [{minimum}, {maximum}], got {value}")
+    return float(value)
+
+
+def bool_option(options: Mapping[str, object], key: str, default: bool) -> bool:
+    """``options[key]`` as a bool, else ``default``."""
+    value = options.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"option {key!r} must be true or false, got {value!r}")
+    return value

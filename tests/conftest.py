@@ -1,0 +1,40 @@
+"""Shared fixtures: the real llama.cpp runtime with small real and synthetic models.
+
+Models are loaded once per test session (loading is the slow part); every test opens
+its own sessions and must close them, which the slot-leak check below enforces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from meshd.native.context import ContextConfig, TargetContext
+from meshd.native.default_model import default_model_path
+from meshd.native.model import Model
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Iterator[Model]:
+    """The embedded default model: SmolLM2-135M-Instruct, Q4_1 (quantized)."""
+    model = Model.load(default_model_path())
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="session")
+def smol_ctx(smollm2: Model) -> Iterator[TargetContext]:
+    """A 4-slot shared context on SmolLM2 (2048 tokens per session)."""
+    ctx = TargetContext(smollm2, ContextConfig(n_ctx_seq=2048, n_seq_max=4, draft_max=8))
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_slots(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test must hand back every session slot it took on shared contexts."""
+    yield
+    if "smol_ctx" in request.fixturenames:
+        ctx: TargetContext = request.getfixturevalue("smol_ctx")
+        assert ctx.free_slots == ctx.config.n_seq_max, "a test leaked a session slot"

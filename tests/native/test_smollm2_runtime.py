@@ -1,0 +1,139 @@
+"""The native layer against the real, quantized default model (SmolLM2-135M Q4_1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshd.native.context import TargetContext
+from meshd.native.errors import CapacityError, RuntimeStateError
+from meshd.native.model import Model
+from meshd.native.session import verify_many
+from meshd.native.tokenizer import Utf8Assembler
+
+
+def greedy(ctx: TargetContext, prompt: list[int], n: int) -> list[int]:
+    with ctx.open_session() as s:
+        tok = int(s.prefill(prompt).argmax())
+        out = [tok]
+        for _ in range(n - 1):
+            tok = int(s.decode(tok).argmax())
+            out.append(tok)
+    return out
+
+
+def test_quantized_model_loads_and_decodes(smollm2: Model, smol_ctx: TargetContext) -> None:
+    """AMX regression: a quantized model must decode (ggml's AMX mat-mul SIGILLs here)."""
+    assert "Q4_1" in smollm2.info.description
+    tok = smollm2.tokenizer
+    prompt = tok.tokenize("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                          "<|im_start|>assistant\n", parse_special=True)
+    text = tok.detokenize(greedy(smol_ctx, prompt, 12))
+    assert "Paris" in text
+
+
+def test_model_capabilities(smollm2: Model) -> None:
+    info = smollm2.info
+    assert info.architecture == "llama"
+    assert info.n_vocab == 49152
+    assert not info.has_mtp and not info.has_recurrent_state
+    assert info.eos_token in info.eog_tokens
+    assert info.has_chat_template
+
+
+def test_tokenizer_round_trip(smollm2: Model) -> None:
+    tok = smollm2.tokenizer
+    texts = ["Hello, world!", "héllo wörld — ünïcödé", "日本語のテキスト 😀🚀", "  spaces\n\ttabs"]
+    for text in texts:
+        assert tok.detokenize(tok.tokenize(text, add_special=False)) == text
+
+
+def test_streaming_never_emits_half_a_code_point(smollm2: Model) -> None:
+    tok = smollm2.tokenizer
+    text = "Emoji 😀🚀 and CJK 日本語 and accents é à ü"
+    ids = tok.tokenize(text, add_special=False)
+    pieces = [tok.piece(t) for t in ids]
+    # The test only means something if some token splits a character.
+    assert any(_incomplete_utf8(p) for p in pieces)
+    asm = Utf8Assembler()
+    out = [asm.push(p) for p in pieces] + [asm.flush()]
+    assert all("\ufffd" not in chunk for chunk in out)
+    assert "".join(out) == text
+
+
+def _incomplete_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def test_verify_rows_match_serial_decoding(smollm2: Model, smol_ctx: TargetContext) -> None:
+    prompt = smollm2.tokenizer.tokenize("def fibonacci(n):\n    ")
+    ref = greedy(smol_ctx, prompt, 9)
+    with smol_ctx.open_session() as s:
+        first = int(s.prefill(prompt).argmax())
+        assert first == ref[0]
+        rows = s.verify(ref[:8])  # [last, d0..d6] with drafts = the true continuation
+        assert [int(i) for i in rows.argmax(axis=1)] == ref[1:9]
+
+
+def test_trim_leaves_no_trace(smollm2: Model, smol_ctx: TargetContext) -> None:
+    """After a verify with rejected drafts and a trim, logits equal a fresh context's."""
+    prompt = smollm2.tokenizer.tokenize("The quick brown fox")
+    ref = greedy(smol_ctx, prompt, 4)
+    with smol_ctx.open_session() as s, smol_ctx.open_session() as fresh:
+        s.prefill(prompt)
+        s.verify([ref[0], ref[1], 1234, 999, 4321])  # two right, three wrong
+        s.trim(len(prompt) + 2)
+        got = s.decode(ref[2])
+        fresh.prefill([*prompt, ref[0], ref[1]])
+        want = fresh.decode(ref[2])
+    assert int(got.argmax()) == int(want.argmax()) == ref[3]
+    np.testing.assert_allclose(got, want, atol=2e-2)
+
+
+def test_two_sessions_in_one_forward_match_each_alone(
+    smollm2: Model, smol_ctx: TargetContext
+) -> None:
+    tok = smollm2.tokenizer
+    pa, pb = tok.tokenize("Once upon a time"), tok.tokenize("import numpy as np\n")
+    ra, rb = greedy(smol_ctx, pa, 5), greedy(smol_ctx, pb, 5)
+    with smol_ctx.open_session() as a, smol_ctx.open_session() as b:
+        a.prefill(pa)
+        b.prefill(pb)
+        la, lb = verify_many([(a, ra[:4]), (b, rb[:3])])
+    assert [int(i) for i in la.argmax(axis=1)] == ra[1:5]
+    assert [int(i) for i in lb.argmax(axis=1)] == rb[1:4]
+
+
+def test_slots_are_pooled_and_capacity_is_refused(smol_ctx: TargetContext) -> None:
+    sessions = [smol_ctx.open_session() for _ in range(smol_ctx.config.n_seq_max)]
+    try:
+        with pytest.raises(CapacityError, match="slots"):
+            smol_ctx.open_session()
+    finally:
+        for s in sessions:
+            s.close()
+    with pytest.raises(CapacityError, match="context"):
+        smol_ctx.open_session(reserve=smol_ctx.config.n_ctx_seq + 1)
+    with smol_ctx.open_session() as s, pytest.raises(CapacityError):
+        s.prefill([1] * (smol_ctx.config.n_ctx_seq + 1))
+
+
+def test_bad_token_is_a_clear_error(smol_ctx: TargetContext) -> None:
+    with smol_ctx.open_session() as s, pytest.raises(ValueError, match="vocabulary"):
+        s.prefill([10**7])
+
+
+def test_trim_on_attention_model_and_rollback_refused(
+    smollm2: Model, smol_ctx: TargetContext
+) -> None:
+    with smol_ctx.open_session() as s:
+        s.prefill(smollm2.tokenizer.tokenize("abc def"))
+        s.verify([1, 2, 3])
+        # No recurrent state here: in-place rollback is not a thing, trim is.
+        assert not s.can_rollback_in_place(s.n_past - 1)
+        with pytest.raises(RuntimeStateError):
+            s.rollback_in_place(s.n_past - 1)

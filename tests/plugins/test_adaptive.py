@@ -1,0 +1,277 @@
+"""Adaptive draft length: the objective, the curve repairs, the policy and its probes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshd.plugins.adaptive import (
+    AcceptanceTracker,
+    AdaptiveK,
+    CostCurve,
+    Explorer,
+    choose_k,
+    expected_committed,
+    ratios,
+    speedup_limit,
+)
+
+from .fakes import Q4_1, Q8_0
+
+prob = st.floats(0.0, 1.0)
+accs = st.lists(prob, min_size=1, max_size=10)
+increments = st.lists(st.floats(0.0, 3.0), min_size=1, max_size=10)
+
+
+@st.composite
+def curves(draw: st.DrawFn) -> CostCurve:
+    steps = draw(increments)
+    return CostCurve(tuple(itertools.accumulate([1.0, *steps])))
+
+
+# --- the machine.md examples -----------------------------------------------------------
+
+
+def test_machine_examples() -> None:
+    assert Q4_1.costs[:4] == (1.0, 1.75, 2.32, 3.40) and Q4_1.cost(7) == 5.40
+    assert Q4_1.cost(5) == pytest.approx(4.40)  # interpolated between 4 and 8 rows
+    assert choose_k(Q4_1, 0.4, 8) == 0
+    assert choose_k(Q8_0, 0.9, 8) >= 2
+    # The physical limits quoted in machine.md: ~1.4x for Q4_1, ~2.1x for Q8_0.
+    k, r = speedup_limit(Q4_1)
+    assert k == 7 and r == pytest.approx(8 / 5.40)
+    k, r = speedup_limit(Q8_0)
+    assert k == 4 and r == pytest.approx(5 / 2.36)
+    assert speedup_limit(Q4_1, 0.0) == (0, 1.0)
+
+
+def test_margin_keeps_noise_from_switching_speculation_on() -> None:
+    curve = CostCurve((1.0, 1.5))
+    # E(1) = 1 + a; with a = 0.52 the ratio is 1.0133: better than 1, not by 2%.
+    assert speedup_limit(curve, 0.52)[0] == 1
+    assert choose_k(curve, 0.52, 4) == 0
+    assert choose_k(curve, 0.52, 4, margin=1.0) == 1
+    assert choose_k(curve, 0.6, 4) == 1
+
+
+def test_choose_k_is_capped_by_k_max_and_the_curve() -> None:
+    free = CostCurve((1.0,) * 6)
+    assert choose_k(free, 0.9, 3) == 3
+    assert choose_k(free, 0.9, 50) == 5
+    assert choose_k(free, 0.9, 0) == 0
+    assert choose_k(Q8_0, 0.99, 2, draft_cost=0.0) == 2
+    # A draft that costs as much as a decode per token never pays.
+    assert choose_k(Q8_0, 1.0, 4, draft_cost=1.0) == 0
+
+
+# --- expected_committed ----------------------------------------------------------------
+
+
+@given(acc=accs, k=st.integers(0, 12))
+def test_expected_committed_is_the_mean_of_committed_tokens(acc: list[float], k: int) -> None:
+    """Against the distribution itself: accepted = a with probability
+    prod_{i<a} acc[i] * (1 - acc[a]) (or prod of all k for a = k); commits a + 1."""
+    a_at = [acc[min(i, len(acc) - 1)] for i in range(k)]
+    mean = 0.0
+    for a in range(k + 1):
+        p = math.prod(a_at[:a]) * (1.0 - a_at[a] if a < k else 1.0)
+        mean += p * (a + 1)
+    assert expected_committed(acc, k) == pytest.approx(mean)
+    assert 1.0 <= expected_committed(acc, k) <= k + 1 + 1e-12
+
+
+def test_expected_committed_basics() -> None:
+    assert expected_committed(0.5, 0) == 1.0
+    assert expected_committed(0.5, 2) == 1.75
+    assert expected_committed([1.0, 0.0, 1.0], 3) == 2.0
+    assert expected_committed([0.5], 3) == 1.875  # short lists repeat their last value
+    with pytest.raises(ValueError):
+        expected_committed([], 1)
+    with pytest.raises(ValueError):
+        expected_committed(0.5, -1)
+
+
+# --- choose_k properties ---------------------------------------------------------------
+
+
+def brute_best(curve: CostCurve, acc: list[float], k_max: int) -> float:
+    top = min(k_max, curve.max_k)
+    return max(expected_committed(acc, k) / curve.cost(k) for k in range(top + 1))
+
+
+@settings(max_examples=200)
+@given(curve=curves(), acc=accs, k_max=st.integers(0, 12))
+def test_choose_k_maximises_the_ratio(curve: CostCurve, acc: list[float], k_max: int) -> None:
+    k = choose_k(curve, acc, k_max, margin=1.0)
+    assert 0 <= k <= min(k_max, curve.max_k)
+    best = brute_best(curve, acc, k_max)
+    got = expected_committed(acc, k) / curve.cost(k)
+    assert got == pytest.approx(best, rel=1e-12)
+    strict = choose_k(curve, acc, k_max)
+    assert strict == (k if best > 1.02 else 0)
+
+
+@settings(max_examples=200)
+@given(steps=st.lists(st.floats(1.0, 3.0), min_size=1, max_size=10), acc=accs)
+def test_no_speculation_when_verify_costs_as_much_as_decoding_each_row(
+    steps: list[float], acc: list[float]
+) -> None:
+    curve = CostCurve(tuple(itertools.accumulate([1.0, *steps])))  # c(k) >= k + 1
+    assert choose_k(curve, acc, 12) == 0
+    assert choose_k(curve, acc, 12, margin=1.0 + 1e-9) == 0
+
+
+@settings(max_examples=300)
+@given(
+    curve=curves(),
+    low=accs,
+    bumps=st.lists(st.floats(0.0, 1.0), min_size=10, max_size=10),
+    k_max=st.integers(0, 12),
+)
+def test_higher_acceptance_never_chooses_a_smaller_k(
+    curve: CostCurve, low: list[float], bumps: list[float], k_max: int
+) -> None:
+    """True for this objective: E(k+1)/E(k) = 1 + 1/sum_{j<=k} 1/prod_{i=j..k} acc_i
+    increases with every acc_i, so the ratio has increasing differences in (k, acc)
+    (Topkis). Exact float ties may still flip, so a decrease must be a tie."""
+    high = [a + (1.0 - a) * b for a, b in zip(low, bumps, strict=False)]
+    k_low, k_high = choose_k(curve, low, k_max), choose_k(curve, high, k_max)
+    if k_high < k_low:
+        rs = ratios(curve, high, k_max)
+        assert rs[k_high] == pytest.approx(rs[k_low], rel=1e-9)
+
+
+# --- CostCurve ---------------------------------------------------------------------------
+
+
+def test_curve_repairs_noisy_measurements() -> None:
+    curve = CostCurve.sanitized([0.97, 0.95, 1.6, 1.5, 2.0])
+    assert curve.costs == (1.0, 1.0, 1.6, 1.6, 2.0)
+    timed = CostCurve.from_times(0.010, {2: 0.0175, 4: 0.034, 3: 0.0232})
+    assert timed.costs == pytest.approx((1.0, 1.75, 2.32, 3.40))
+    dip = CostCurve.from_row_costs({1: 0.9, 2: 1.8, 3: 1.7, 5: 2.7})
+    assert dip.costs == pytest.approx((1.0, 1.8, 1.8, 2.25, 2.7))
+    assert CostCurve.from_row_costs({}).costs == (1.0,)
+
+
+@given(points=st.dictionaries(st.integers(1, 12), st.floats(0.01, 20.0), max_size=8))
+def test_measured_curves_are_always_valid(points: dict[int, float]) -> None:
+    curve = CostCurve.from_row_costs(points)
+    assert curve.costs[0] == 1.0
+    assert all(b >= a for a, b in itertools.pairwise(curve.costs))
+    assert curve.max_k == max([1, *points]) - 1
+
+
+def test_curve_validation() -> None:
+    for bad in [(), (2.0,), (1.0, 0.9), (1.0, math.nan), (1.0, -1.0)]:
+        with pytest.raises(ValueError):
+            CostCurve(bad)
+    with pytest.raises(ValueError):
+        CostCurve.sanitized([1.0, math.inf])
+    with pytest.raises(ValueError):
+        CostCurve.from_row_costs({0: 1.0})
+    with pytest.raises(ValueError):
+        CostCurve.from_times(0.0, {2: 1.0})
+    with pytest.raises(ValueError):
+        Q8_0.cost(Q8_0.max_k + 1)
+
+
+# --- AcceptanceTracker -------------------------------------------------------------------
+
+
+def test_tracker_learns_per_position_rates() -> None:
+    tracker = AcceptanceTracker(decay=1.0)
+    assert tracker.acceptances(3) == (0.5, 0.5, 0.5)
+    # 4 drafts each time; position 0 always accepted, position 1 accepted half the time.
+    for i in range(200):
+        tracker.update(4, 1 if i % 2 else 4)
+    acc = tracker.acceptances(4)
+    assert acc[0] == pytest.approx(1.0, abs=0.01)
+    assert acc[1] == pytest.approx(0.5, abs=0.01)
+    assert acc[2] == pytest.approx(1.0, abs=0.02) and acc[3] == pytest.approx(1.0, abs=0.02)
+
+
+def test_tracker_prior_carries_down_the_positions_and_decay_forgets() -> None:
+    tracker = AcceptanceTracker(prior=0.5, prior_weight=2.0, decay=0.9)
+    for _ in range(50):  # one-token probes, all accepted
+        tracker.update(1, 1)
+    acc = tracker.acceptances(3)
+    assert acc[0] > 0.9 and acc[1] == acc[0] and acc[2] == acc[0]  # untested: inherit
+    for _ in range(50):
+        tracker.update(1, 0)
+    assert tracker.acceptance(0) < 0.1  # old evidence faded
+
+
+def test_tracker_censoring_and_bounds() -> None:
+    tracker = AcceptanceTracker(decay=1.0)
+    tracker.update(3, 1, censored=True)  # cut short after one: position 1 not rejected
+    tracker.update(0, 0)  # no evidence
+    assert tracker.updates == 1
+    assert tracker.acceptance(1) == tracker.acceptance(0) > 0.5
+    with pytest.raises(ValueError):
+        tracker.update(2, 3)
+    small = AcceptanceTracker(max_positions=2, decay=1.0)
+    small.update(5, 5)
+    assert len(small.acceptances(6)) == 6 and small.acceptances(6)[5] == small.acceptance(1)
+    for kwargs in [{"prior": 1.0}, {"prior_weight": 0.0}, {"decay": 0.0}, {"max_positions": 0}]:
+        with pytest.raises(ValueError):
+            AcceptanceTracker(**kwargs)  # type: ignore[arg-type]
+
+
+# --- exploration and the controller ------------------------------------------------------
+
+
+def test_explorer_schedule_backs_off_and_resets() -> None:
+    ex = Explorer(every=4, max_every=16)
+    assert [ex.idle_step() for _ in range(4)] == [False, False, False, True]
+    assert ex.idle_step()  # stays due until a probe is issued
+    ex.probed()
+    ex.probe_result(0)
+    assert ex.interval == 8
+    ex.probe_result(0)
+    ex.probe_result(0)
+    assert ex.interval == 16
+    ex.probe_result(1)
+    assert ex.interval == 4
+    ex.probe_result(0)
+    ex.speculated()
+    assert (ex.interval, ex.idle) == (4, 0)
+    off = Explorer(every=0)
+    assert not any(off.idle_step() for _ in range(1000))
+    with pytest.raises(ValueError):
+        Explorer(every=8, max_every=4)
+
+
+def test_adaptive_k_probes_when_off_and_recovers() -> None:
+    ctl = AdaptiveK(Q4_1, explorer=Explorer(every=8, max_every=64))
+    ks = [ctl.next_k() for _ in range(8)]
+    assert ks == [0] * 7 + [1]  # the 8th plain step becomes a one-token probe
+    ctl.observe(1, 0)  # failed probe: back off to 16
+    ks = [ctl.next_k() for _ in range(16)]
+    assert ks == [0] * 15 + [1]
+    ctl.observe(0, 0)  # proposer had nothing: the probe stays due
+    assert ctl.next_k() == 1
+    # A proposer that is always right: probes raise the estimates until it pays.
+    steps = 0
+    while True:
+        k = ctl.next_k()
+        steps += 1
+        if k > 1:
+            break
+        ctl.observe(k, k)
+        assert steps < 200
+    assert k >= 2  # speculation switched on by evidence alone
+
+
+def test_adaptive_k_stays_off_for_a_bad_proposer() -> None:
+    ctl = AdaptiveK(Q8_0, AcceptanceTracker(prior=0.3))
+    issued = 0
+    for _ in range(2000):
+        k = ctl.next_k()
+        issued += k > 0
+        ctl.observe(k, 0)
+    assert issued < 2000 * 0.02  # backed-off probes only

@@ -225,6 +225,7 @@ class Generation:
         self.stats.prefill_ms = c.prefill_ms
         self.stats.decode_ms = c.decode_ms
         self.stats.verify_ms = c.verify_ms
+        self.session.close()
 
     # ------------------------------------------------------------------ plan
 

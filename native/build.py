@@ -6,7 +6,8 @@ install time, and the right CMake flags depend on the machine:
 * x86 CPUs that advertise AMX crash (SIGILL in ``ggml_backend_amx_mul_mat``) as soon as a
   quantized model decodes; the native build must keep AMX off (``-mno-amx-int8``).
 * CUDA builds must name GPU architectures the *installed* toolkit can compile for:
-  Blackwell (100/120, 103/121) only exists from CUDA 12.8 on.
+  Blackwell (100/120) only exists from CUDA 12.8 on (103/121 from 12.9), and CUDA 13
+  no longer compiles for Pascal (61).
 * pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS, so a wheel built once with
   other flags is silently reused. We keep our own wheel cache keyed by the flags.
 
@@ -35,6 +36,7 @@ LLAMA_CPP_VERSION = "0.3.36"
 
 AMX_OFF = ["-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8"]
 PRE_BLACKWELL_ARCHS = ["61", "75", "80", "86", "87", "89", "90"]
+CUDA13_MIN_ARCH = 75  # CUDA 13.0 dropped Maxwell, Pascal and Volta
 
 Runner = Callable[[Sequence[str]], str | None]
 
@@ -86,13 +88,16 @@ def cuda_architectures(version: tuple[int, int]) -> list[str]:
     """GPU architectures a toolkit of ``version`` can compile for.
 
     < 12.8: up to Hopper. 12.8+: add Blackwell 100 and 120. 12.9+ and 13.x also know the
-    103 and 121 variants.
+    103 and 121 variants. 13.0 removed offline compilation below Turing (``nvcc fatal:
+    Unsupported gpu architecture 'compute_61'``), so 13.x drops Pascal's 61.
     """
     archs = list(PRE_BLACKWELL_ARCHS)
     if version >= (12, 8):
         archs += ["100", "120"]
     if version >= (12, 9):
         archs += ["103", "121"]
+    if version >= (13, 0):
+        archs = [a for a in archs if int(a) >= CUDA13_MIN_ARCH]
     return sorted(archs, key=int)
 
 
@@ -245,6 +250,8 @@ def is_current(profile: BuildProfile, python: str, prefix: str) -> bool:
     try:
         recorded = json.loads(marker_path(prefix).read_text())
     except (OSError, ValueError):
+        return False
+    if not isinstance(recorded, dict):
         return False
     return bool(
         recorded.get("key") == profile.key() and installed_version(python) == LLAMA_CPP_VERSION

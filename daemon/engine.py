@@ -40,6 +40,7 @@ class GenerationStats:
     emitted: int = 0
     prompt_tokens: int = 0
     target_forwards: int = 0
+    prefill_forwards: int = 0
     verify_calls: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -217,6 +218,7 @@ class Generation:
         self.stats.wall_ms = (time.perf_counter() - self._t0) * 1e3
         c = self.session.counters
         self.stats.target_forwards = c.target_forwards
+        self.stats.prefill_forwards = c.prefill_forwards
         self.stats.rollbacks_in_place = c.rollbacks_in_place
         self.stats.trims = c.trims
         self.stats.checkpoints = c.checkpoints
@@ -375,10 +377,12 @@ class Generation:
             TokenEvent((tok,), texts[j] if j < len(texts) else "")
             for j, tok in enumerate(decision.committed)
         ]
-        if decision.finish is None and s.n_past + 1 > s.context.config.n_ctx_seq:
+        self.finish = decision.finish
+        if self.finish is None and (
+            len(self.committed) >= self.max_tokens  # the budget ended exactly on a window
+            or s.n_past + 1 > s.context.config.n_ctx_seq  # the context is full
+        ):
             self.finish = FinishReason.LENGTH
-        else:
-            self.finish = decision.finish
         if self.finish is not None and self.finish is not FinishReason.STOP:
             tail = self.stopper.push(self.assembler.flush()).text
             tail += self.stopper.flush()

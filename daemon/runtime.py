@@ -44,6 +44,7 @@ class RuntimeConfig:
     threads: int | None = None
     calibrate: bool = True
     default_proposer: str = "auto"
+    in_place_rollback: bool = True
 
 
 def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None) -> Path:
@@ -67,6 +68,7 @@ class ModelRuntime:
                 n_ctx_seq=min(config.n_ctx_seq, self.model.info.n_ctx_train or config.n_ctx_seq),
                 n_seq_max=config.n_seq_max, n_batch=config.n_batch,
                 draft_max=config.draft_max, n_threads=config.threads,
+                in_place_rollback=config.in_place_rollback,
             )
             self.context = TargetContext(self.model, ctx_config)
         except Exception:

@@ -197,10 +197,11 @@ def decide(
     non-EOG token, in order, and never for an uncommitted one, so a stateful stop
     matcher behind it stays in step with the committed text.
 
-    A set ``cancelled_at`` always finishes the request: if the walk runs out of
-    candidates before reaching it (and nothing else finished it), the finish is still
-    CANCELLED. The index only bounds how much of the window is committed; the engine
-    never needs another step just to learn that the request was cancelled.
+    ``cancelled_at`` is relative to this window: 0 means "cancelled now" (nothing more
+    is committed); a larger index lets the request run until that many tokens of the
+    window are committed, so "cancel once N tokens are out" lands exactly on token N
+    even when N falls in a later window. A walk that ends before reaching the index
+    does not finish the request on its account.
 
     Raises ValueError on inconsistent inputs and :class:`UnrepairableWindow` when a
     recurrent state cannot be repaired for a request that has not finished.
@@ -250,8 +251,6 @@ def decide(
         if stop_after is not None and stop_after(j, token):
             finish = FinishReason.STOP
             break
-    if finish is None and cancelled_at is not None:
-        finish = FinishReason.CANCELLED
 
     n = len(committed)
     repair = _repair(last=last, base=base, draft=draft, n=n, caps=caps, finish=finish)

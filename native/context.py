@@ -49,6 +49,8 @@ class ContextConfig:
     draft_max: int = 8
     n_threads: int | None = None
     use_mtp: bool = True
+    #: Let recurrent models roll back in place (``n_rs_seq``); off forces checkpoints.
+    in_place_rollback: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx_seq < 16 or self.n_seq_max < 1 or self.draft_max < 0:
@@ -106,7 +108,9 @@ class TargetContext:
         params.n_threads_batch = threads
         params.kv_unified = False
         params.no_perf = True
-        params.n_rs_seq = config.draft_max if info.has_recurrent_state else 0
+        params.n_rs_seq = (
+            config.draft_max if info.has_recurrent_state and config.in_place_rollback else 0
+        )
         ctx = lc.llama_init_from_model(model.handle, params)
         if not ctx:
             raise CapacityError(

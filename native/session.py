@@ -40,6 +40,7 @@ class SessionCounters:
     """What one session cost (reported in request stats)."""
 
     target_forwards: int = 0
+    prefill_forwards: int = 0
     rows_verified: int = 0
     prefill_tokens: int = 0
     checkpoints: int = 0
@@ -167,6 +168,7 @@ class RuntimeSession:
                 except RuntimeStateError as exc:
                     raise self._fail(str(exc), (self.n_past, self.n_past + len(part))) from exc
                 self._note_forward(len(part))
+                self.counters.prefill_forwards += 1
                 if last:
                     logits = out[0]
         self.counters.prefill_tokens += len(tokens)

@@ -179,7 +179,7 @@ def oracle(s: Scenario) -> Expected:
         finish = FinishReason.EOG if candidates[e] in s.eog else FinishReason.STOP
     elif s.remaining <= a and s.remaining < cancel:
         finish = FinishReason.LENGTH
-    elif s.cancelled_at is not None:
+    elif cancel <= a:  # the walk reaches the cancellation index
         finish = FinishReason.CANCELLED
     else:
         finish = None
@@ -222,7 +222,8 @@ def check(s: Scenario) -> Decision | None:
     assert d.accepted == min(n, d.matched) <= k
     assert d.verified_rows == k + 1 and d.draft_len == k
     if s.cancelled_at is not None:
-        assert d.finish is not None, "a cancel always finishes the request"
+        if s.cancelled_at <= d.matched:
+            assert d.finish is not None, "a reached cancel always finishes the request"
         assert n <= s.cancelled_at
     assert n <= s.remaining
     if d.finish is None:
@@ -407,9 +408,13 @@ def test_cancellation_at_every_index(k: int, a: int, checkpointed: bool) -> None
             caps = RepairCaps(recurrent, window, checkpointed)
             s = _scenario(k, a, cancelled_at=cancel, caps=caps)
             d = check(s)
+            if cancel > a:
+                # The walk ends before the index: the request goes on to a later window.
+                assert d is None or (d.finish is None and len(d.committed) == a + 1)
+                continue
             assert d is not None, "a cancelled request is never unrepairable"
             assert d.finish is FinishReason.CANCELLED
-            assert len(d.committed) == min(cancel, a + 1)
+            assert len(d.committed) == cancel
             if cancel == 0:
                 assert d.committed == ()
                 assert d.repair.kind is not RepairKind.RETIRE
@@ -552,13 +557,19 @@ def test_cancel_wins_over_length_at_same_index() -> None:
     assert d.committed == (2,) and d.finish is FinishReason.CANCELLED
 
 
-def test_cancel_past_the_window_still_finishes() -> None:
+def test_cancel_past_the_window_waits_for_a_later_window() -> None:
     d = decide(
         last=1, base=0, draft=[2, 3], predictions=[2, 3, 4], remaining=10, eog=set(),
         caps=RepairCaps(False), cancelled_at=3,
     )
-    assert d.committed == (2, 3, 4) and d.finish is FinishReason.CANCELLED
+    assert d.committed == (2, 3, 4) and d.finish is None
     assert d.repair.kind is RepairKind.RETIRE
+    d = decide(
+        last=1, base=0, draft=[2, 3], predictions=[2, 3, 4], remaining=10, eog=set(),
+        caps=RepairCaps(False), cancelled_at=2,
+    )
+    assert d.committed == (2, 3) and d.finish is FinishReason.CANCELLED
+    assert d.repair.kind is RepairKind.TRIM and d.repair.keep_to == 2
 
 
 def test_rollback_trap_and_window() -> None:

@@ -1,0 +1,308 @@
+"""The scheduler: admits requests into session slots and steps them together.
+
+Why one loop for all sessions: the decode steps and verify windows of every active
+request go into ONE llama.cpp forward per iteration (continuous batching), which is far
+cheaper than one forward each. Every active request advances once per iteration, so
+nobody starves; waiting requests are admitted first-come first-served as slots free up,
+and the queue is bounded (``Busy`` beyond it).
+
+Concurrency: the loop is one task owned by the server's task group (structured
+concurrency). Every llama.cpp call runs in a worker thread through one capacity limiter
+per model, so the event loop never blocks: health checks answer while tokens are
+generated. Results reach each request through its own memory stream, so a slow client
+never holds up the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+import attrs
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from meshd.native.errors import CapacityError, NativeError
+from meshd.native.session import verify_many
+
+from .engine import Generation, GenerationStats, TokenEvent, Window
+from .runtime import ModelRuntime, RequestError
+from .sampling import GREEDY, SamplingParams
+from .speculation import Decision, FinishReason, RepairKind
+
+
+class Busy(Exception):
+    """The wait queue is full; the client should retry later."""
+
+
+@attrs.frozen
+class GenRequest:
+    """A generation request in engine terms (token ids, not text)."""
+
+    prompt: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = GREEDY
+    stop: tuple[str, ...] = ()
+    proposer: str | None = None
+    draft_max: int | None = None
+
+
+@attrs.frozen
+class Finished:
+    """The last event of a request."""
+
+    finish: FinishReason
+    stats: GenerationStats
+    proposer: str | None
+
+
+@attrs.frozen
+class Failed:
+    """The request failed; ``kind`` is "request" (bad input) or "model" (runtime)."""
+
+    kind: str
+    message: str
+
+
+Event = TokenEvent | Finished | Failed
+
+
+class RequestHandle:
+    """The caller's side of one request: an event stream plus cancel()."""
+
+    def __init__(self, request: GenRequest, send: MemoryObjectSendStream[Event],
+                 receive: MemoryObjectReceiveStream[Event]) -> None:
+        self.request = request
+        self.events = receive
+        self._send = send
+        self.generation: Generation | None = None
+        self.cancelled = False
+        self.proposer: str | None = None
+        self.submitted = time.monotonic()
+
+    def cancel(self) -> None:
+        """Stop at the next step boundary (a cut window is trimmed, never retired)."""
+        self.cancelled = True
+        if self.generation is not None:
+            self.generation.cancel()
+
+
+@attrs.define
+class ProposerTotals:
+    requests: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = attrs.field(factory=list)
+
+
+@attrs.define
+class SchedulerStats:
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    rejected_busy: int = 0
+    tokens: int = 0
+    forwards: int = 0
+    steps: int = 0
+    proposers: dict[str, ProposerTotals] = attrs.field(factory=dict)
+
+
+class Scheduler:
+    """Owns one ModelRuntime's sessions; ``run`` is the engine loop."""
+
+    def __init__(self, runtime: ModelRuntime, *, max_queue: int = 64) -> None:
+        self.runtime = runtime
+        self.max_queue = max_queue
+        self.limiter = anyio.CapacityLimiter(1)
+        self._waiting: collections.deque[RequestHandle] = collections.deque()
+        self._active: list[RequestHandle] = []
+        self._wakeup = anyio.Event()
+        self.stats = SchedulerStats()
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, request: GenRequest) -> RequestHandle:
+        """Queue a request; raises Busy when the queue is full."""
+        if len(self._waiting) >= self.max_queue:
+            self.stats.rejected_busy += 1
+            raise Busy(f"{len(self._waiting)} requests are already waiting")
+        send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=math.inf)
+        handle = RequestHandle(request, send, receive)
+        self._waiting.append(handle)
+        self.stats.requests += 1
+        self._wakeup.set()
+        return handle
+
+    async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a blocking llama.cpp call on a worker thread, one at a time per model."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    # ------------------------------------------------------------------ loop
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """The engine loop; runs until cancelled by its owner."""
+        task_status.started()
+        try:
+            while True:
+                await self._admit()
+                if not self._active:
+                    if not self._waiting:
+                        self._wakeup = anyio.Event()
+                        await self._wakeup.wait()
+                    continue
+                await self._step()
+                await anyio.lowlevel.checkpoint()
+        finally:
+            with anyio.CancelScope(shield=True):
+                for handle in [*self._active, *self._waiting]:
+                    if handle.generation is not None:
+                        await self.run_sync(handle.generation.close)  # idempotent
+                    self._finish(handle, Failed("model", "the server is shutting down"))
+                self._active.clear()
+                self._waiting.clear()
+
+    async def _admit(self) -> None:
+        ctx = self.runtime.context
+        while self._waiting and ctx.free_slots > 0:
+            handle = self._waiting.popleft()
+            if handle.cancelled:
+                self._finish(handle, Finished(FinishReason.CANCELLED, GenerationStats(), None))
+                continue
+            req = handle.request
+            try:
+                gen = self.runtime.generation(
+                    req.prompt, max_tokens=req.max_tokens, sampling=req.sampling,
+                    stop=req.stop, proposer=req.proposer, draft_max=req.draft_max,
+                )
+            except (RequestError, CapacityError, ValueError) as exc:
+                self._finish(handle, Failed("request", str(exc)))
+                continue
+            handle.generation = gen
+            handle.proposer = self.runtime.resolve_proposer(req.proposer)
+            self._active.append(handle)  # owned from here on, also if we are cancelled
+            try:
+                events = await self.run_sync(gen.start)
+            except NativeError as exc:
+                self._active.remove(handle)
+                await self.run_sync(gen.close)
+                self._finish(handle, Failed("model", str(exc)))
+                continue
+            self.stats.forwards += 1
+            self._deliver(handle, events)
+            if handle.cancelled:
+                gen.cancel()
+            if await self._maybe_done(handle):
+                self._active.remove(handle)
+
+    async def _step(self) -> None:
+        active = list(self._active)
+        results = await self.run_sync(_step_all, [h.generation for h in active])
+        self.stats.steps += 1
+        self.stats.forwards += 1
+        for handle, result in zip(active, results, strict=True):
+            if isinstance(result, BaseException):
+                gen = handle.generation
+                assert gen is not None
+                await self.run_sync(gen.close)
+                self._active.remove(handle)
+                self._finish(handle, Failed("model", str(result)))
+                continue
+            self._deliver(handle, result)
+            if await self._maybe_done(handle):
+                self._active.remove(handle)
+
+    def _deliver(self, handle: RequestHandle, events: Sequence[TokenEvent]) -> None:
+        for ev in events:
+            self.stats.tokens += len(ev.tokens)
+            try:
+                handle._send.send_nowait(ev)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                handle.cancel()  # nobody is listening any more
+                return
+
+    async def _maybe_done(self, handle: RequestHandle) -> bool:
+        gen = handle.generation
+        assert gen is not None
+        if not gen.done:
+            return False
+        await self.run_sync(gen.close)  # releases the slot
+        assert gen.finish is not None
+        self._account(handle.proposer, gen.stats)
+        self._finish(handle, Finished(gen.finish, gen.stats, handle.proposer))
+        return True
+
+    def _account(self, proposer: str | None, st: GenerationStats) -> None:
+        if proposer is None:
+            return
+        tot = self.stats.proposers.setdefault(proposer, ProposerTotals())
+        tot.requests += 1
+        tot.drafted += st.drafted
+        tot.accepted += st.accepted
+        for i, n in enumerate(st.accepted_per_position):
+            if i >= len(tot.accepted_per_position):
+                tot.accepted_per_position.append(0)
+            tot.accepted_per_position[i] += n
+
+    def _finish(self, handle: RequestHandle, event: Finished | Failed) -> None:
+        if isinstance(event, Failed):
+            self.stats.failed += 1
+        elif event.finish is FinishReason.CANCELLED:
+            self.stats.cancelled += 1
+        else:
+            self.stats.completed += 1
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            handle._send.send_nowait(event)
+        handle._send.close()
+
+
+def _step_all(gens: Sequence[Generation | None]) -> list[list[TokenEvent] | BaseException]:
+    """One iteration for every active generation: ONE forward for all their windows.
+
+    Runs on a worker thread. Repairs that decode (restore-and-replay) go after the
+    in-place ones, because an in-place rollback is only exact before any other forward.
+    """
+    out: list[list[TokenEvent] | BaseException] = [[] for _ in gens]
+    planned: list[tuple[int, Generation, Window]] = []
+    for i, gen in enumerate(gens):
+        assert gen is not None
+        try:
+            planned.append((i, gen, gen.plan()))
+        except Exception as exc:
+            out[i] = exc
+    if not planned:
+        return out
+    try:
+        logits = verify_many([(g.session, [w.last, *w.draft]) for _, g, w in planned])
+    except Exception as exc:
+        for i, _, _ in planned:
+            out[i] = exc
+        return out
+    decided: list[tuple[int, Generation, Window, Decision]] = []
+    for (i, gen, window), rows in zip(planned, logits, strict=True):
+        try:
+            decided.append((i, gen, window, gen.decide_window(window, rows)))
+        except Exception as exc:
+            out[i] = exc
+    decided.sort(key=lambda t: t[3].repair.kind is RepairKind.RESTORE_AND_REPLAY)
+    for i, gen, window, decision in decided:
+        try:
+            out[i] = gen.apply(window, decision)
+        except Exception as exc:
+            out[i] = exc
+    return out

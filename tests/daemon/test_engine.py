@@ -1,0 +1,303 @@
+"""The merge gate: speculation never changes the token stream, for every proposer.
+
+Runs the real engine on the real llama.cpp runtime: synthetic models (attention-only
+llama, hybrid recurrent qwen35 with an MTP head, attention-only mimo2 with an MTP head)
+whose logits have clear margins, so identity with ``--proposer off`` must be exact, and the
+quantized SmolLM2 on fixed prompts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshd.daemon.engine import Generation
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.sampling import SamplingParams
+from meshd.daemon.speculation import FinishReason
+from meshd.native import testmodels
+from meshd.plugins.adaptive import CostCurve
+from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
+from meshd.plugins.registry import Registry, default_registry
+
+# "qwen35-ckpt": the hybrid model with in-place rollback off, so every rejected draft is
+# repaired by restoring a checkpoint and replaying the accepted tokens.
+SYNTHETIC = ["llama", "qwen35", "qwen35-ckpt", "mimo2"]
+PROPOSERS = {"llama": ["ngram", "composite"], "qwen35": ["mtp", "ngram", "composite"],
+             "qwen35-ckpt": ["mtp", "ngram"], "mimo2": ["mtp", "ngram", "composite"]}
+# The synthetic models rarely repeat a bigram (by design), so let n-gram lookup match
+# single tokens: its drafts are then often wrong, which exercises every repair path.
+OPTIONS: dict[str, dict[str, object]] = {
+    "ngram": {"min_n": 1},
+    "composite": {"ngram": {"min_n": 1}},
+}
+_runtimes: dict[tuple[str, float], ModelRuntime] = {}
+
+
+def runtime(kind: str, acceptance: float = 0.9) -> ModelRuntime:
+    key = (kind, acceptance)
+    if key not in _runtimes:
+        arch, _, variant = kind.partition("-")
+        path = None if arch == "smollm2" else str(
+            testmodels.test_model_path(arch, acceptance=acceptance))
+        _runtimes[key] = ModelRuntime(
+            RuntimeConfig(model_path=path, n_ctx_seq=1024, n_seq_max=2, draft_max=8,
+                          calibrate=False, in_place_rollback=variant != "ckpt"),
+            registry=default_registry(),
+        )
+        # A cheap-verify cost curve (like F32/F16 models) so the composite speculates.
+        _runtimes[key].curve = CostCurve.sanitized([1.0 + 0.15 * k for k in range(9)])
+    return _runtimes[key]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_runtimes() -> Iterator[None]:
+    yield
+    for rt in _runtimes.values():
+        assert rt.context.free_slots == rt.context.config.n_seq_max, "leaked session slot"
+        rt.close()
+    _runtimes.clear()
+
+
+def generate(
+    rt: ModelRuntime, prompt: Sequence[int], *, proposer: str = "off", k: int = 0,
+    max_tokens: int = 64, sampling: SamplingParams | None = None, stop: Sequence[str] = (),
+    cancel_at: int | None = None,
+) -> Generation:
+    gen = rt.generation(prompt, max_tokens=max_tokens, sampling=sampling or SamplingParams(),
+                        stop=stop, proposer=proposer, draft_max=k, adaptive=False,
+                        proposer_options=OPTIONS.get(proposer))
+    if cancel_at is not None:
+        gen.cancel(at_emitted=cancel_at)
+    for _ in gen.run():
+        pass
+    assert rt.context.free_slots == rt.context.config.n_seq_max
+    return gen
+
+
+def prompt_for(rt: ModelRuntime, text: str) -> list[int]:
+    return rt.model.tokenizer.tokenize(text, add_special=True)
+
+
+texts = st.text(alphabet="abcdefghij klmnop\n", min_size=1, max_size=40)
+
+
+@pytest.mark.parametrize("kind", SYNTHETIC)
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(text=texts, k=st.integers(1, 8), max_tokens=st.integers(1, 120), data=st.data())
+def test_identity_greedy(
+    kind: str, text: str, k: int, max_tokens: int, data: st.DataObject
+) -> None:
+    rt = runtime(kind)
+    prompt = prompt_for(rt, text)
+    ref = generate(rt, prompt, max_tokens=max_tokens)
+    proposer = data.draw(st.sampled_from(PROPOSERS[kind]), label="proposer")
+    got = generate(rt, prompt, proposer=proposer, k=k, max_tokens=max_tokens)
+    assert got.committed == ref.committed
+    assert got.finish == ref.finish
+    assert got.text == ref.text
+
+
+@pytest.mark.parametrize("kind", SYNTHETIC)
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_identity_every_proposer(kind: str, k: int) -> None:
+    rt = runtime(kind)
+    prompt = prompt_for(rt, "abc abc abc def")
+    ref = generate(rt, prompt, max_tokens=100)
+    assert len(ref.committed) > 10
+    for proposer in PROPOSERS[kind]:
+        got = generate(rt, prompt, proposer=proposer, k=k, max_tokens=100)
+        assert got.committed == ref.committed, proposer
+        assert got.stats.verify_calls > 0, f"{proposer} never speculated: the test is void"
+
+
+@pytest.mark.parametrize("kind", SYNTHETIC)
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 8), temp=st.floats(0.3, 1.5))
+def test_identity_seeded_sampling(kind: str, seed: int, k: int, temp: float) -> None:
+    rt = runtime(kind)
+    prompt = prompt_for(rt, "sampled text")
+    sp = SamplingParams(temperature=temp, seed=seed, top_k=40, top_p=0.95)
+    ref = generate(rt, prompt, max_tokens=80, sampling=sp)
+    for proposer in PROPOSERS[kind]:
+        got = generate(rt, prompt, proposer=proposer, k=k, max_tokens=80, sampling=sp)
+        assert got.committed == ref.committed, proposer
+
+
+def test_unseeded_sampling_is_not_speculated() -> None:
+    rt = runtime("llama")
+    gen = generate(rt, prompt_for(rt, "abc"), proposer="ngram", k=4, max_tokens=30,
+                   sampling=SamplingParams(temperature=0.8))
+    assert gen.stats.verify_calls == 0
+    assert gen.stats.refusals.get("unseeded_sampling", 0) >= 1
+
+
+@pytest.mark.parametrize("kind", SYNTHETIC)
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(cancel_at=st.integers(0, 60), k=st.integers(1, 8))
+def test_cancellation_point(kind: str, cancel_at: int, k: int) -> None:
+    rt = runtime(kind)
+    prompt = prompt_for(rt, "cancel me please")
+    ref = generate(rt, prompt, max_tokens=60)
+    got = generate(rt, prompt, proposer=PROPOSERS[kind][0], k=k, max_tokens=60,
+                   cancel_at=cancel_at)
+    assert got.committed == ref.committed[:cancel_at]
+    if cancel_at < len(ref.committed):
+        assert got.finish is FinishReason.CANCELLED
+    # A cut commit never retires the window: the repair trimmed or rolled back.
+    assert got.session.usable is False  # closed
+
+
+def test_mtp_forwards_at_full_acceptance() -> None:
+    """qwen35 at acceptance 1.0, k=3: about one target forward per 4 tokens."""
+    rt = runtime("qwen35", acceptance=1.0)
+    n = 120
+    gen = generate(rt, prompt_for(rt, "full acceptance"), proposer="mtp", k=3, max_tokens=n)
+    assert len(gen.committed) == n
+    decode_forwards = gen.stats.target_forwards - gen.stats.prefill_forwards
+    assert decode_forwards <= math.ceil(n / 4) + 1
+    assert gen.stats.accepted >= 0.9 * gen.stats.drafted
+
+
+@pytest.mark.parametrize("kind", ["qwen35", "qwen35-ckpt"])
+def test_mtp_zero_acceptance_commits_one_token_per_step(kind: str) -> None:
+    rt = runtime(kind, acceptance=0.0)
+    prompt = prompt_for(rt, "zero acceptance")
+    ref = generate(rt, prompt, max_tokens=80)
+    gen = generate(rt, prompt, proposer="mtp", k=3, max_tokens=80)
+    assert gen.committed == ref.committed
+    st = gen.stats
+    assert st.accepted == 0 and st.verify_calls > 20
+    # Every window committed exactly one token: one decode forward per token.
+    assert st.target_forwards - st.prefill_forwards - st.restores == len(gen.committed) - 1
+    # ... and every rejected window was undone, in place or from a checkpoint.
+    if kind == "qwen35":
+        assert st.rollbacks_in_place == st.verify_calls and st.checkpoints == 0
+    else:
+        assert st.restores == st.verify_calls == st.checkpoints
+
+
+def test_max_tokens_inside_a_window() -> None:
+    rt = runtime("qwen35", acceptance=1.0)
+    prompt = prompt_for(rt, "budget")
+    ref = generate(rt, prompt, max_tokens=50)
+    for n in (1, 2, 5, 7, 13):
+        gen = generate(rt, prompt, proposer="mtp", k=8, max_tokens=n)
+        assert gen.committed == ref.committed[:n]
+        assert gen.finish is FinishReason.LENGTH
+
+
+def test_stop_string_inside_window() -> None:
+    rt = runtime("llama")
+    prompt = prompt_for(rt, "stop")
+    ref = generate(rt, prompt, max_tokens=80)
+    stop = ref.text[20:23]
+    assert stop and stop in ref.text
+    got = generate(rt, prompt, proposer="ngram", k=8, max_tokens=80, stop=[stop])
+    assert got.finish is FinishReason.STOP
+    assert got.text == ref.text[: ref.text.index(stop)]
+    assert got.committed == ref.committed[: len(got.committed)]
+
+
+# --------------------------------------------------------------------------- faults
+
+
+class FaultyProposer:
+    name = "faulty"
+
+    def __init__(self, mode: str, vocab: int) -> None:
+        self.mode = mode
+        self.vocab = vocab
+        self.capabilities = Capabilities(max_len=8)
+
+    def propose(self, request: ProposalRequest) -> Proposal | None:
+        if self.mode == "raises":
+            raise RuntimeError("boom")
+        if self.mode == "out_of_vocab":
+            return Proposal((self.vocab + 5, 1))
+        if self.mode == "too_long":
+            return Proposal(tuple([1] * (request.max_len + 5)))
+        return None
+
+    def observe(self, outcome: Outcome) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("mode", "fault"), [
+    ("raises", "error"), ("out_of_vocab", "invalid_token"), ("too_long", "too_long"),
+    ("empty", None),
+])
+def test_proposer_faults_do_not_change_output(mode: str, fault: str | None) -> None:
+    base = runtime("llama")
+    reg = Registry()
+    reg.register("faulty", lambda env: FaultyProposer(mode, env.vocab_size))
+    rt = base
+    old = rt.registry
+    rt.registry = reg
+    try:
+        prompt = prompt_for(rt, "faults")
+        ref = generate(rt, prompt, max_tokens=40)
+        got = generate(rt, prompt, proposer="faulty", k=4, max_tokens=40)
+    finally:
+        rt.registry = old
+    assert got.committed == ref.committed
+    if fault is None:
+        assert got.stats.refusals.get("proposer_empty", 0) > 0
+    else:
+        assert got.stats.proposer_faults.get(fault, 0) > 0
+
+
+def test_unknown_proposer_is_a_clear_error() -> None:
+    rt = runtime("llama")
+    with pytest.raises(ValueError, match="unknown proposer 'nope'"):
+        rt.generation(prompt_for(rt, "x"), max_tokens=4, proposer="nope")
+    assert rt.context.free_slots == rt.context.config.n_seq_max
+
+
+def test_mtp_on_model_without_head_is_a_clear_error() -> None:
+    rt = runtime("llama")
+    with pytest.raises(ValueError, match="no MTP head"):
+        rt.generation(prompt_for(rt, "x"), max_tokens=4, proposer="mtp")
+
+
+# --------------------------------------------------------------------------- SmolLM2
+
+SMOL_PROMPTS = [
+    "Rewrite this code with type hints:\ndef add(a, b):\n    return a + b\n",
+    '{"name": "x", "items": [1, 2, 3]} Reformat this JSON with indentation:',
+]
+
+
+@pytest.mark.parametrize("text", SMOL_PROMPTS)
+def test_identity_on_quantized_smollm2(text: str) -> None:
+    rt = runtime("smollm2")
+    prompt = prompt_for(rt, text)
+    ref = generate(rt, prompt, max_tokens=60)
+    for k in (2, 5):
+        got = generate(rt, prompt, proposer="ngram", k=k, max_tokens=60)
+        assert got.committed == ref.committed
+
+
+def test_env_is_passed_to_factories() -> None:
+    seen: list[ProposerEnv] = []
+
+    def factory(env: ProposerEnv) -> FaultyProposer:
+        seen.append(env)
+        return FaultyProposer("empty", env.vocab_size)
+
+    rt = runtime("qwen35")
+    reg = Registry()
+    reg.register("spy", factory)
+    old, rt.registry = rt.registry, reg
+    try:
+        generate(rt, prompt_for(rt, "x"), proposer="spy", k=2, max_tokens=3)
+    finally:
+        rt.registry = old
+    assert seen and seen[0].mtp is not None and seen[0].vocab_size == rt.model.info.n_vocab

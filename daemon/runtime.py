@@ -20,6 +20,8 @@ import jinja2.sandbox
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.context import ContextConfig, TargetContext
 from meshd.native.default_model import default_model_path
+from meshd.native.draft import DraftModel
+from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
 from meshd.native.session import RuntimeSession
 from meshd.plugins.adaptive import CostCurve
@@ -79,6 +81,7 @@ class ModelRuntime:
         if config.calibrate and config.draft_max > 0:
             self.curve = self._load_or_measure_curve(path, ctx_config)
         self._template: Any = None
+        self._drafts: dict[str, DraftModel] = {}
 
     def _load_or_measure_curve(self, path: Path, ctx_config: ContextConfig) -> CostCurve:
         cache = _cost_cache_path(path, ctx_config, self.config.threads)
@@ -98,8 +101,25 @@ class ModelRuntime:
         return CostCurve.sanitized(costs)
 
     def close(self) -> None:
+        for draft in self._drafts.values():
+            draft.close()
+        self._drafts.clear()
         self.context.close()
         self.model.close()
+
+    def draft_model(self, path: str) -> DraftModel:
+        """The draft model at ``path``, loaded once and shared by every request."""
+        key = str(Path(path).resolve())
+        if key not in self._drafts:
+            cfg = self.context.config
+            try:
+                self._drafts[key] = DraftModel(
+                    key, target=self.model, n_ctx_seq=cfg.n_ctx_seq,
+                    n_seq_max=cfg.n_seq_max, n_threads=cfg.n_threads,
+                )
+            except ModelLoadError as exc:
+                raise RequestError(str(exc)) from exc
+        return self._drafts[key]
 
     def __enter__(self) -> ModelRuntime:
         return self
@@ -138,12 +158,13 @@ class ModelRuntime:
     # ------------------------------------------------------------------ generations
 
     def resolve_proposer(self, name: str | None) -> str | None:
+        """The registry name for a request's proposer ("draft:PATH" is "draft")."""
         name = name or self.config.default_proposer
         if name == "off":
             return None
         if name == "auto":
             return "mtp" if self.model.info.has_mtp else "ngram"
-        return name
+        return name.partition(":")[0]
 
     def make_proposer(self, name: str | None, session: RuntimeSession,
                       options: Mapping[str, object] | None = None,
@@ -152,10 +173,17 @@ class ModelRuntime:
         if resolved is None:
             return None, None
         head = MtpHead(session) if session.mtp is not None else None
+        resources: dict[str, object] = {}
+        if self.curve is not None:
+            resources["cost_curve"] = self.curve
+        draft_path = (name or "").partition(":")[2]
+        if resolved == "draft":
+            if not draft_path:
+                raise RequestError("the draft proposer needs a model: 'draft:PATH'")
+            resources["draft_model"] = self.draft_model(draft_path)
         env = ProposerEnv(
             vocab_size=self.model.info.n_vocab, eog_tokens=self.model.info.eog_tokens,
-            mtp=head, options=dict(options or {}),
-            resources={"cost_curve": self.curve} if self.curve is not None else {},
+            mtp=head, options=dict(options or {}), resources=resources,
         )
         if resolved not in self.registry:
             raise RequestError(

@@ -11,8 +11,8 @@ records the failure in :attr:`Registry.errors` (and logs it) and carries on.
 Factories may also be registered programmatically (:meth:`Registry.register`), e.g. by
 tests or by the daemon for proposers that need objects only it can build.
 
-Not here yet: ``draft`` (a separate draft model) needs a native draft-model runtime
-handed in through ``ProposerEnv.resources``; the lead adds it as one more entry point.
+``draft`` (a separate draft model) is one more entry point; the daemon loads the model
+and hands it in through ``ProposerEnv.resources["draft_model"]``.
 """
 
 from __future__ import annotations

@@ -301,3 +301,36 @@ def test_env_is_passed_to_factories() -> None:
     finally:
         rt.registry = old
     assert seen and seen[0].mtp is not None and seen[0].vocab_size == rt.model.info.n_vocab
+
+
+# --------------------------------------------------------------------------- draft model
+
+
+@pytest.mark.parametrize("kind", ["qwen35", "qwen35-ckpt", "mimo2"])
+@pytest.mark.parametrize("k", [2, 5])
+def test_draft_model_identity(kind: str, k: int) -> None:
+    """A synthetic llama (same vocabulary, same rule) drafts for the other models."""
+    rt = runtime(kind)
+    draft = f"draft:{testmodels.test_model_path('llama')}"
+    prompt = prompt_for(rt, "drafted by a smaller model")
+    ref = generate(rt, prompt, max_tokens=90)
+    got = generate(rt, prompt, proposer=draft, k=k, max_tokens=90)
+    assert got.committed == ref.committed
+    assert got.stats.verify_calls > 0
+    assert got.stats.accepted >= 0.9 * got.stats.drafted  # the same rule: near-total
+
+
+def test_draft_model_errors_are_clear() -> None:
+    rt = runtime("llama")
+    prompt = prompt_for(rt, "x")
+    smol = runtime("smollm2").model.info.path
+    with pytest.raises(ValueError, match=r"differs from the target|tokens, the target has"):
+        rt.generation(prompt, max_tokens=4, proposer=f"draft:{smol}")
+    with pytest.raises(ValueError, match="not found"):
+        rt.generation(prompt, max_tokens=4, proposer="draft:/nonexistent/model.gguf")
+    with pytest.raises(ValueError, match="attention-only"):
+        rt.generation(prompt, max_tokens=4,
+                      proposer=f"draft:{testmodels.test_model_path('qwen35', acceptance=0.9)}")
+    with pytest.raises(ValueError, match="draft:PATH"):
+        rt.generation(prompt, max_tokens=4, proposer="draft")
+    assert rt.context.free_slots == rt.context.config.n_seq_max

@@ -1,0 +1,591 @@
+"""The protocol's messages: one attrs class per wire ``op``.
+
+Why attrs classes rather than dicts: both ends (the daemon and every client) get one
+typed definition of each frame, validated once at construction. Values are checked by
+the classes themselves (``max_tokens >= 1``, ``0 < top_p <= 1`` ...), so a bad value is
+rejected the same way whether it came off the wire (``decode_request`` turns it into a
+``bad_request``) or was built locally by a client (``BadRequest`` is a ``ValueError``).
+
+Each message class has a class-level ``OP`` (its ``op`` discriminator on the wire) and
+an ``id`` field first. Requests are what a client sends (``REQUEST_TYPES``), responses
+what the server sends (``RESPONSE_TYPES``); the codec keeps the two directions apart so
+neither side accepts a frame that only the other may send.
+
+Messages are frozen; :class:`SpeculationStats` is the exception, because the server fills
+it in step by step while a generation runs and sends it in the final ``done``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any, ClassVar, Final, TypeAlias
+
+import attrs
+
+from .errors import BadRequest, ErrorCode
+
+PROTOCOL_VERSION: Final = 1
+"""The protocol version this package speaks; bumped on any incompatible change."""
+
+DEFAULT_MAX_FRAME_SIZE: Final = 4 * 1024 * 1024
+"""Default maximum frame size in bytes (the JSON line, newline excluded)."""
+
+MAX_ID_LENGTH: Final = 256
+"""Longest accepted request id, in characters; ids are labels, not payloads."""
+
+PROPOSER_OFF: Final = "off"
+"""The proposer name that disables speculative decoding for one request."""
+
+MAX_SEED: Final = 2**64 - 1
+
+
+class FinishReason(enum.StrEnum):
+    """Why a generation ended (the ``finish_reason`` of ``done``)."""
+
+    STOP = "stop"
+    """A ``stop`` string matched; the matched string is not emitted."""
+    LENGTH = "length"
+    """``max_tokens`` (or the context window) was reached."""
+    EOG = "eog"
+    """The model produced an end-of-generation token."""
+    CANCELLED = "cancelled"
+    """A ``cancel`` for this request arrived (or the client went away)."""
+    ERROR = "error"
+    """The generation failed part-way; ``done.error_message`` says why."""
+
+
+class HealthStatus(enum.StrEnum):
+    """Overall daemon state reported by ``health``."""
+
+    OK = "ok"
+    STARTING = "starting"
+    DEGRADED = "degraded"
+    DRAINING = "draining"
+
+
+# --------------------------------------------------------------------------- validators
+# Each validator raises BadRequest naming the field, so the error message a client sees
+# says exactly which value was wrong. They also check the Python type, because messages
+# built locally bypass the codec's strict structuring.
+
+
+def _fail(attribute: attrs.Attribute[Any], requirement: str, value: object) -> BadRequest:
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return BadRequest.invalid_field(attribute.name, f"must be {requirement} (got {shown})")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _request_id(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LENGTH:
+        raise _fail(attribute, f"a non-empty string of at most {MAX_ID_LENGTH} chars", value)
+
+
+def _optional_request_id(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        _request_id(inst, attribute, value)
+
+
+def _string(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str):
+        raise _fail(attribute, "a string", value)
+
+
+def _non_empty_string(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise _fail(attribute, "a non-empty string", value)
+
+
+def _optional_non_empty_string(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if value is not None:
+        _non_empty_string(inst, attribute, value)
+
+
+def _boolean(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise _fail(attribute, "a boolean", value)
+
+
+def _int_at_least(minimum: int, maximum: int | None = None, optional: bool = False) -> Any:
+    """Validator: an int within ``[minimum, maximum]`` (``None`` allowed if optional)."""
+    requirement = f"an integer >= {minimum}"
+    if maximum is not None:
+        requirement = f"an integer in [{minimum}, {maximum}]"
+    if optional:
+        requirement += " or null"
+
+    def check(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None and optional:
+            return
+        if (
+            not _is_int(value)
+            or value < minimum  # type: ignore[operator]
+            or (maximum is not None and value > maximum)  # type: ignore[operator]
+        ):
+            raise _fail(attribute, requirement, value)
+
+    return check
+
+
+def _non_negative_number(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not _is_number(value) or value < 0:  # type: ignore[operator]
+        raise _fail(attribute, "a finite number >= 0", value)
+
+
+def _int_items(minimum: int) -> Any:
+    """Validator: a tuple/list of ints, each >= ``minimum``."""
+
+    def check(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, tuple | list):
+            raise _fail(attribute, "an array of integers", value)
+        for i, item in enumerate(value):
+            if not _is_int(item) or item < minimum:
+                raise BadRequest.invalid_field(
+                    f"{attribute.name}[{i}]", f"must be an integer >= {minimum} (got {item!r})"
+                )
+
+    return check
+
+
+def _non_empty_string_items(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple | list):
+        raise _fail(attribute, "an array of strings", value)
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise BadRequest.invalid_field(
+                f"{attribute.name}[{i}]", f"must be a non-empty string (got {item!r})"
+            )
+
+
+def _string_items(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple | list) or not all(isinstance(s, str) for s in value):
+        raise _fail(attribute, "an array of strings", value)
+
+
+def _counter_mapping(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, dict):
+        raise _fail(attribute, "an object of counters", value)
+    for key, item in value.items():
+        if not isinstance(key, str) or not _is_number(item) or item < 0:
+            raise BadRequest.invalid_field(
+                f"{attribute.name}[{key!r}]", f"must be a finite number >= 0 (got {item!r})"
+            )
+
+
+def _instance(cls: type) -> Any:
+    def check(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, cls):
+            raise _fail(attribute, f"a {cls.__name__}", value)
+
+    return check
+
+
+# ----------------------------------------------------------------------- shared parts
+
+
+@attrs.frozen
+class ChatMessage:
+    """One chat turn; the server renders the list with the model's chat template."""
+
+    role: str = attrs.field(validator=_non_empty_string)
+    """``system``, ``user``, ``assistant`` or whatever else the chat template knows."""
+    content: str = attrs.field(validator=_string)
+
+
+@attrs.frozen
+class SamplingParams:
+    """How the next token is chosen. ``temperature == 0`` means greedy."""
+
+    temperature: float = attrs.field(default=0.8, validator=_non_negative_number)
+    top_k: int = attrs.field(default=40, validator=_int_at_least(0))
+    """Keep the ``top_k`` most likely tokens; 0 disables the filter."""
+    top_p: float = attrs.field(default=0.95)
+    """Nucleus sampling mass, in (0, 1]; 1 disables the filter."""
+    seed: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_SEED, True))
+    """RNG seed for reproducible sampling; ``None`` lets the server choose."""
+
+    @top_p.validator
+    def _check_top_p(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not _is_number(value) or not 0 < value <= 1:  # type: ignore[operator]
+            raise _fail(attribute, "a number in (0, 1]", value)
+
+
+@attrs.frozen
+class SpeculativeOverrides:
+    """Per-request speculative-decoding settings; ``None`` keeps the server's default."""
+
+    proposer: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
+    """Name of the proposer to draft with, or ``"off"`` to disable speculation."""
+    draft_max: int | None = attrs.field(default=None, validator=_int_at_least(1, 1024, True))
+    """Upper bound on drafted tokens per verify step."""
+
+
+@attrs.frozen
+class Usage:
+    """Token accounting for one generation."""
+
+    prompt_tokens: int = attrs.field(default=0, validator=_int_at_least(0))
+    completion_tokens: int = attrs.field(default=0, validator=_int_at_least(0))
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@attrs.define
+class SpeculationStats:
+    """What speculative decoding did for one generation (sent in ``done``).
+
+    Mutable, with every field defaulted, so the server can create one per request and
+    bump counters as it goes. Counters it does not know about yet go in ``extra`` rather
+    than requiring a protocol bump.
+    """
+
+    proposer: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
+    """The proposer actually used (``None`` if speculation was off)."""
+    emitted: int = attrs.field(default=0, validator=_int_at_least(0))
+    """Tokens committed to the output."""
+    target_forwards: int = attrs.field(default=0, validator=_int_at_least(0))
+    """Forward passes of the target model (prefill excluded)."""
+    verify_calls: int = attrs.field(default=0, validator=_int_at_least(0))
+    drafted: int = attrs.field(default=0, validator=_int_at_least(0))
+    accepted: int = attrs.field(default=0, validator=_int_at_least(0))
+    accepted_per_position: list[int] = attrs.field(factory=list, validator=_int_items(0))
+    """``accepted_per_position[i]``: how often draft position ``i`` was accepted."""
+    rollbacks_in_place: int = attrs.field(default=0, validator=_int_at_least(0))
+    checkpoints: int = attrs.field(default=0, validator=_int_at_least(0))
+    checkpoint_bytes: int = attrs.field(default=0, validator=_int_at_least(0))
+    restores: int = attrs.field(default=0, validator=_int_at_least(0))
+    wall_ms: float = attrs.field(default=0.0, validator=_non_negative_number)
+    prefill_ms: float = attrs.field(default=0.0, validator=_non_negative_number)
+    decode_ms: float = attrs.field(default=0.0, validator=_non_negative_number)
+    verify_ms: float = attrs.field(default=0.0, validator=_non_negative_number)
+    refusals: dict[str, int] = attrs.field(factory=dict, validator=_counter_mapping)
+    """Why drafting was skipped, by reason, e.g. ``{"deadline": 2}``."""
+    extra: dict[str, float] = attrs.field(factory=dict, validator=_counter_mapping)
+    """Further counters not (yet) named above."""
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted, or ``None`` if nothing was drafted."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_forward(self) -> float | None:
+        """Emitted tokens per target forward: the speed-up speculation bought."""
+        return self.emitted / self.target_forwards if self.target_forwards else None
+
+
+@attrs.frozen
+class ModelInfo:
+    """Describes a loaded model."""
+
+    name: str = attrs.field(validator=_non_empty_string)
+    architecture: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
+    n_ctx: int = attrs.field(default=0, validator=_int_at_least(0))
+    """Context window the server runs with (tokens)."""
+    n_vocab: int = attrs.field(default=0, validator=_int_at_least(0))
+    n_params: int | None = attrs.field(default=None, validator=_int_at_least(0, optional=True))
+    size_bytes: int | None = attrs.field(default=None, validator=_int_at_least(0, optional=True))
+    has_mtp: bool = attrs.field(default=False, validator=_boolean)
+    """Whether the model carries a multi-token-prediction head usable for drafting."""
+    has_chat_template: bool = attrs.field(default=False, validator=_boolean)
+    """Whether ``generate`` accepts ``messages`` for this model."""
+
+
+@attrs.frozen
+class ProposerStats:
+    """Daemon-wide acceptance figures of one proposer (in ``stats_reply``)."""
+
+    requests: int = attrs.field(default=0, validator=_int_at_least(0))
+    drafted: int = attrs.field(default=0, validator=_int_at_least(0))
+    accepted: int = attrs.field(default=0, validator=_int_at_least(0))
+    accepted_per_position: tuple[int, ...] = attrs.field(default=(), validator=_int_items(0))
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+# -------------------------------------------------------------------------- requests
+
+
+@attrs.frozen
+class Hello:
+    """First frame a client sends; the server answers ``welcome`` or ``error``."""
+
+    OP: ClassVar[str] = "hello"
+    id: str = attrs.field(validator=_request_id)
+    protocol_version: int = attrs.field(validator=_int_at_least(0))
+    client_name: str = attrs.field(validator=_non_empty_string)
+
+
+@attrs.frozen
+class Generate:
+    """Generate text from ``prompt`` or chat ``messages`` (exactly one of them).
+
+    The server answers with ``token`` frames and ends with one ``done`` (or one
+    ``error`` if the request is refused before it starts).
+    """
+
+    OP: ClassVar[str] = "generate"
+    id: str = attrs.field(validator=_request_id)
+    prompt: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
+    messages: tuple[ChatMessage, ...] | None = attrs.field(default=None)
+    max_tokens: int | None = attrs.field(default=None, validator=_int_at_least(1, optional=True))
+    """Most tokens to generate; ``None`` means the server's default / the context end."""
+    sampling: SamplingParams = attrs.field(
+        factory=SamplingParams, validator=_instance(SamplingParams)
+    )
+    stop: tuple[str, ...] = attrs.field(default=(), validator=_non_empty_string_items)
+    speculative: SpeculativeOverrides = attrs.field(
+        factory=SpeculativeOverrides, validator=_instance(SpeculativeOverrides)
+    )
+
+    @messages.validator
+    def _check_messages(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None:
+            return
+        if not isinstance(value, tuple | list) or not value:
+            raise _fail(attribute, "a non-empty array of chat messages", value)
+        for i, item in enumerate(value):
+            if not isinstance(item, ChatMessage):
+                raise BadRequest.invalid_field(
+                    f"messages[{i}]", f"must be a ChatMessage (got {item!r})"
+                )
+
+    def __attrs_post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise BadRequest("exactly one of prompt and messages must be given")
+
+
+@attrs.frozen
+class Cancel:
+    """Cancel the running request whose id is ``id``.
+
+    It has no reply of its own: the target's stream ends with ``done`` whose
+    ``finish_reason`` is ``cancelled``. Cancelling an unknown or finished id is a no-op.
+    """
+
+    OP: ClassVar[str] = "cancel"
+    id: str = attrs.field(validator=_request_id)
+
+
+@attrs.frozen
+class Stats:
+    """Ask for daemon-wide counters; answered by ``stats_reply``."""
+
+    OP: ClassVar[str] = "stats"
+    id: str = attrs.field(validator=_request_id)
+
+
+@attrs.frozen
+class Health:
+    """Ask whether the daemon is serving; answered by ``health_reply``."""
+
+    OP: ClassVar[str] = "health"
+    id: str = attrs.field(validator=_request_id)
+
+
+@attrs.frozen
+class Models:
+    """Ask which models are loaded; answered by ``models_reply``."""
+
+    OP: ClassVar[str] = "models"
+    id: str = attrs.field(validator=_request_id)
+
+
+@attrs.frozen
+class Tokenize:
+    """Tokenize ``text`` with the model's tokenizer; answered by ``tokenize_reply``."""
+
+    OP: ClassVar[str] = "tokenize"
+    id: str = attrs.field(validator=_request_id)
+    text: str = attrs.field(validator=_string)
+    add_special: bool = attrs.field(default=True, validator=_boolean)
+    """Whether to add the model's special tokens (BOS ...) as for a prompt."""
+
+
+@attrs.frozen
+class Detokenize:
+    """Turn token ids back into text; answered by ``detokenize_reply``."""
+
+    OP: ClassVar[str] = "detokenize"
+    id: str = attrs.field(validator=_request_id)
+    tokens: tuple[int, ...] = attrs.field(validator=_int_items(0))
+
+
+# ------------------------------------------------------------------------- responses
+
+
+@attrs.frozen
+class Welcome:
+    """The server's answer to a compatible ``hello``."""
+
+    OP: ClassVar[str] = "welcome"
+    id: str = attrs.field(validator=_request_id)
+    protocol_version: int = attrs.field(validator=_int_at_least(0))
+    server_version: str = attrs.field(validator=_non_empty_string)
+    model: ModelInfo = attrs.field(validator=_instance(ModelInfo))
+    capabilities: tuple[str, ...] = attrs.field(default=(), validator=_string_items)
+    """Optional features the server offers (e.g. ``"chat"``, ``"speculation"``)."""
+    proposers: tuple[str, ...] = attrs.field(default=(), validator=_string_items)
+    """Proposer names a ``generate`` may ask for."""
+    max_frame_size: int = attrs.field(default=DEFAULT_MAX_FRAME_SIZE, validator=_int_at_least(1))
+    """The largest frame the server accepts; clients must not send larger ones."""
+
+
+@attrs.frozen
+class Token:
+    """A streamed piece of a generation.
+
+    ``text`` may be empty when the tokens end inside a multi-byte character; the server
+    sends that text with a later token, so concatenating ``text`` gives valid UTF-8.
+    """
+
+    OP: ClassVar[str] = "token"
+    id: str = attrs.field(validator=_request_id)
+    text: str = attrs.field(validator=_string)
+    token_ids: tuple[int, ...] = attrs.field(validator=_int_items(0))
+
+
+@attrs.frozen
+class Done:
+    """The last frame of a generation."""
+
+    OP: ClassVar[str] = "done"
+    id: str = attrs.field(validator=_request_id)
+    finish_reason: FinishReason = attrs.field(validator=_instance(FinishReason))
+    usage: Usage = attrs.field(factory=Usage, validator=_instance(Usage))
+    speculation: SpeculationStats = attrs.field(
+        factory=SpeculationStats, validator=_instance(SpeculationStats)
+    )
+    error_message: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
+    """Why the generation failed, when ``finish_reason`` is ``error``."""
+
+
+@attrs.frozen
+class ErrorMessage:
+    """An ``error`` frame. ``id`` is ``None`` when the offending frame had no usable id."""
+
+    OP: ClassVar[str] = "error"
+    id: str | None = attrs.field(validator=_optional_request_id)
+    code: ErrorCode = attrs.field(validator=_instance(ErrorCode))
+    message: str = attrs.field(validator=_string)
+
+
+@attrs.frozen
+class StatsReply:
+    """Daemon-wide counters and per-proposer acceptance.
+
+    ``counters`` is deliberately a flexible mapping (``requests_total``,
+    ``tokens_generated``, ...) so the daemon can add counters without a protocol bump.
+    """
+
+    OP: ClassVar[str] = "stats_reply"
+    id: str = attrs.field(validator=_request_id)
+    uptime_s: float = attrs.field(validator=_non_negative_number)
+    counters: dict[str, float] = attrs.field(factory=dict, validator=_counter_mapping)
+    proposers: dict[str, ProposerStats] = attrs.field(factory=dict)
+
+    @proposers.validator
+    def _check_proposers(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, ProposerStats) for k, v in value.items()
+        ):
+            raise _fail(attribute, "an object mapping names to proposer stats", value)
+
+
+@attrs.frozen
+class HealthReply:
+    """Liveness and load."""
+
+    OP: ClassVar[str] = "health_reply"
+    id: str = attrs.field(validator=_request_id)
+    status: HealthStatus = attrs.field(validator=_instance(HealthStatus))
+    uptime_s: float = attrs.field(validator=_non_negative_number)
+    active_requests: int = attrs.field(validator=_int_at_least(0))
+    queued_requests: int = attrs.field(validator=_int_at_least(0))
+
+
+@attrs.frozen
+class ModelsReply:
+    """The loaded models."""
+
+    OP: ClassVar[str] = "models_reply"
+    id: str = attrs.field(validator=_request_id)
+    models: tuple[ModelInfo, ...] = attrs.field()
+
+    @models.validator
+    def _check_models(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, tuple | list) or not all(isinstance(m, ModelInfo) for m in value):
+            raise _fail(attribute, "an array of model infos", value)
+
+
+@attrs.frozen
+class TokenizeReply:
+    """The token ids of a ``tokenize`` request."""
+
+    OP: ClassVar[str] = "tokenize_reply"
+    id: str = attrs.field(validator=_request_id)
+    tokens: tuple[int, ...] = attrs.field(validator=_int_items(0))
+
+
+@attrs.frozen
+class DetokenizeReply:
+    """The text of a ``detokenize`` request."""
+
+    OP: ClassVar[str] = "detokenize_reply"
+    id: str = attrs.field(validator=_request_id)
+    text: str = attrs.field(validator=_string)
+
+
+Request: TypeAlias = Hello | Generate | Cancel | Stats | Health | Models | Tokenize | Detokenize
+"""Any frame a client may send."""
+
+Response: TypeAlias = (
+    Welcome
+    | Token
+    | Done
+    | ErrorMessage
+    | StatsReply
+    | HealthReply
+    | ModelsReply
+    | TokenizeReply
+    | DetokenizeReply
+)
+"""Any frame a server may send."""
+
+Message: TypeAlias = Request | Response
+
+REQUEST_TYPES: Final[dict[str, type[Request]]] = {
+    cls.OP: cls for cls in (Hello, Generate, Cancel, Stats, Health, Models, Tokenize, Detokenize)
+}
+"""Request classes by ``op``."""
+
+RESPONSE_TYPES: Final[dict[str, type[Response]]] = {
+    cls.OP: cls
+    for cls in (
+        Welcome,
+        Token,
+        Done,
+        ErrorMessage,
+        StatsReply,
+        HealthReply,
+        ModelsReply,
+        TokenizeReply,
+        DetokenizeReply,
+    )
+}
+"""Response classes by ``op``."""

@@ -22,9 +22,10 @@ import attrs
 from meshd.native.model import ModelInfo
 from meshd.native.session import RuntimeSession
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
-from meshd.plugins.adaptive import AdaptiveK, CostCurve
+from meshd.plugins.adaptive import AdaptiveK
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
 
+from .costs import CostModel
 from .sampling import GREEDY, FloatArray, Sampler, SamplingParams
 from .speculation import Decision, FinishReason, RepairCaps, RepairKind, decide, needs_checkpoint
 from .stopping import StopMatcher
@@ -122,7 +123,7 @@ class Generation:
         sampling: SamplingParams = GREEDY,
         stop: Sequence[str] = (),
         proposer: Proposer | None = None,
-        curve: CostCurve | None = None,
+        costs: CostModel | None = None,
         settings: SpeculationSettings = SpeculationSettings(),
         mtp_head: MtpHead | None = None,
         show_special: bool = False,
@@ -145,9 +146,10 @@ class Generation:
         self.mtp_head = mtp_head
         self.show_special = show_special
         self.stats = GenerationStats(prompt_tokens=len(prompt))
+        self.costs = costs
         self.adaptive: AdaptiveK | None = None
-        if proposer is not None and settings.adaptive and curve is not None:
-            self.adaptive = AdaptiveK(curve, k_max=settings.draft_max)
+        if proposer is not None and settings.adaptive and costs is not None:
+            self.adaptive = AdaptiveK(costs.curve(), k_max=settings.draft_max)
         self.finish: FinishReason | None = None
         self.error: BaseException | None = None
         self.last = -1
@@ -194,7 +196,10 @@ class Generation:
     def step(self) -> list[TokenEvent]:
         """One decode step (plan, verify, decide, repair, commit)."""
         window = self.plan()
+        t0 = time.perf_counter()
         logits = self.session.verify([window.last, *window.draft])
+        if self.costs is not None:
+            self.costs.record(len(window.draft) + 1, time.perf_counter() - t0)
         decision = self.decide_window(window, logits)
         return self.apply(window, decision)
 
@@ -248,6 +253,8 @@ class Generation:
             self.stats.refuse("budget")
             return 0
         if self.adaptive is not None:
+            if self.costs is not None:
+                self.adaptive.curve = self.costs.curve()
             k = min(self.adaptive.next_k(), k_max)
             if k == 0:
                 self.stats.refuse("cost_model")

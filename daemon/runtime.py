@@ -28,6 +28,7 @@ from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Proposer, ProposerEnv
 from meshd.plugins.registry import Registry, default_registry
 
+from .costs import CostModel, is_plausible
 from .engine import Generation, MtpHead, SpeculationSettings
 from .sampling import GREEDY, SamplingParams
 
@@ -77,28 +78,42 @@ class ModelRuntime:
             self.model.close()
             raise
         self.registry = registry if registry is not None else default_registry()
-        self.curve: CostCurve | None = None
+        self.costs: CostModel | None = None
         if config.calibrate and config.draft_max > 0:
-            self.curve = self._load_or_measure_curve(path, ctx_config)
+            self.costs = CostModel(self._load_or_measure_costs(path, ctx_config))
         self._template: Any = None
         self._drafts: dict[str, DraftModel] = {}
 
-    def _load_or_measure_curve(self, path: Path, ctx_config: ContextConfig) -> CostCurve:
+    @property
+    def curve(self) -> CostCurve | None:
+        """The current verify-cost curve (None: not calibrated, speculation is fixed-k)."""
+        return self.costs.curve() if self.costs is not None else None
+
+    @curve.setter
+    def curve(self, value: CostCurve | None) -> None:
+        self.costs = CostModel(value.costs) if value is not None else None
+
+    def _load_or_measure_costs(self, path: Path, ctx_config: ContextConfig) -> list[float]:
+        """The calibrated curve: cached per model/machine, re-measured when implausible."""
         cache = _cost_cache_path(path, ctx_config, self.config.threads)
         try:
-            costs = json.loads(cache.read_text())["costs"]
-            return CostCurve.sanitized(costs)
-        except (OSError, ValueError, KeyError):
+            cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
+            if is_plausible(cached) and len(cached) == ctx_config.draft_max + 1:
+                return cached
+        except (OSError, ValueError, KeyError, TypeError):
             pass
         costs = measure_row_costs(self.context, ctx_config.draft_max)
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"costs": costs}))
-            tmp.replace(cache)
-        except OSError:
-            pass
-        return CostCurve.sanitized(costs)
+        if not is_plausible(costs):  # measured under contention: try once more
+            costs = measure_row_costs(self.context, ctx_config.draft_max, reps=9)
+        if is_plausible(costs):  # never cache a noisy curve; the online model corrects it
+            try:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"costs": costs}))
+                tmp.replace(cache)
+            except OSError:
+                pass
+        return costs
 
     def close(self) -> None:
         for draft in self._drafts.values():
@@ -223,7 +238,7 @@ class ModelRuntime:
             return Generation(
                 session=session, info=self.model.info, tokenizer=self.model.tokenizer,
                 prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                proposer=prop if k > 0 else None, curve=self.curve,
+                proposer=prop if k > 0 else None, costs=self.costs,
                 settings=SpeculationSettings(
                     draft_max=k,
                     adaptive=adaptive and not (prop and prop.capabilities.decides_length),

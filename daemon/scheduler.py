@@ -30,6 +30,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from meshd.native.errors import CapacityError, NativeError
 from meshd.native.session import verify_many
 
+from .costs import CostModel
 from .engine import Generation, GenerationStats, TokenEvent, Window
 from .runtime import ModelRuntime, RequestError
 from .sampling import GREEDY, SamplingParams
@@ -212,7 +213,9 @@ class Scheduler:
 
     async def _step(self) -> None:
         active = list(self._active)
-        results = await self.run_sync(_step_all, [h.generation for h in active])
+        results = await self.run_sync(
+            _step_all, [h.generation for h in active], self.runtime.costs
+        )
         self.stats.steps += 1
         self.stats.forwards += 1
         for handle, result in zip(active, results, strict=True):
@@ -271,7 +274,9 @@ class Scheduler:
         handle._send.close()
 
 
-def _step_all(gens: Sequence[Generation | None]) -> list[list[TokenEvent] | BaseException]:
+def _step_all(
+    gens: Sequence[Generation | None], costs: CostModel | None = None
+) -> list[list[TokenEvent] | BaseException]:
     """One iteration for every active generation: ONE forward for all their windows.
 
     Runs on a worker thread. Repairs that decode (restore-and-replay) go after the
@@ -288,7 +293,10 @@ def _step_all(gens: Sequence[Generation | None]) -> list[list[TokenEvent] | Base
     if not planned:
         return out
     try:
+        t0 = time.perf_counter()
         logits = verify_many([(g.session, [w.last, *w.draft]) for _, g, w in planned])
+        if costs is not None:
+            costs.record(sum(len(w.draft) + 1 for _, _, w in planned), time.perf_counter() - t0)
     except Exception as exc:
         for i, _, _ in planned:
             out[i] = exc

@@ -62,6 +62,12 @@ class CostModel:
             samples.append(seconds)
             self._dirty += 1
 
+    def decode_seconds(self) -> float | None:
+        """Median wall time of a one-row forward lately (None until enough samples)."""
+        with self._lock:
+            s = self._samples[1]
+            return statistics.median(s) if len(s) >= MIN_SAMPLES else None
+
     def curve(self) -> CostCurve:
         """The current curve (rebuilt from recent medians every few samples)."""
         with self._lock:

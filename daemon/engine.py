@@ -156,6 +156,7 @@ class Generation:
         self.committed: list[int] = []
         self._started = False
         self._serial_decodes = 0
+        self._draft_s_per_token: float | None = None
         self._cancel_at: int | None = None
         self._cancel_lock = threading.Lock()
         self._t0 = time.perf_counter()
@@ -255,6 +256,11 @@ class Generation:
         if self.adaptive is not None:
             if self.costs is not None:
                 self.adaptive.curve = self.costs.curve()
+                decode_s = self.costs.decode_seconds()
+                if decode_s and self._draft_s_per_token is not None:
+                    # Drafting is not free (an MTP head or draft model runs forwards):
+                    # the cost model charges each drafted token what it measurably costs.
+                    self.adaptive.draft_cost = self._draft_s_per_token / decode_s
             k = min(self.adaptive.next_k(), k_max)
             if k == 0:
                 self.stats.refuse("cost_model")
@@ -290,7 +296,12 @@ class Generation:
             self.stats.fault("error")
             return ()
         finally:
-            self.stats.propose_ms += (time.perf_counter() - t0) * 1e3
+            elapsed = time.perf_counter() - t0
+            self.stats.propose_ms += elapsed * 1e3
+        n = len(proposal.tokens) if proposal is not None else 0
+        per_token = elapsed / max(1, n)
+        prev = self._draft_s_per_token
+        self._draft_s_per_token = per_token if prev is None else 0.8 * prev + 0.2 * per_token
         if time.monotonic() > request.deadline:
             self.stats.fault("late")
         if proposal is None or not proposal.tokens:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 
@@ -40,6 +40,7 @@ class GenerationStats:
 
     emitted: int = 0
     prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0
     target_forwards: int = 0
     prefill_forwards: int = 0
     verify_calls: int = 0
@@ -127,6 +128,7 @@ class Generation:
         settings: SpeculationSettings = SpeculationSettings(),
         mtp_head: MtpHead | None = None,
         show_special: bool = False,
+        on_release: Callable[[RuntimeSession, Sequence[int]], None] | None = None,
     ) -> None:
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -145,6 +147,7 @@ class Generation:
         self.settings = settings
         self.mtp_head = mtp_head
         self.show_special = show_special
+        self.on_release = on_release
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.costs = costs
         self.adaptive: AdaptiveK | None = None
@@ -157,6 +160,7 @@ class Generation:
         self._started = False
         self._serial_decodes = 0
         self._draft_s_per_token: float | None = None
+        self._released = False
         self._cancel_at: int | None = None
         self._cancel_lock = threading.Lock()
         self._t0 = time.perf_counter()
@@ -187,7 +191,12 @@ class Generation:
         if self._started:
             raise RuntimeError("generation already started")
         self._started = True
-        logits = self.session.prefill(self.prompt)
+        reused = self.session.n_past  # a prefix-cache hit already holds these tokens
+        if not 0 <= reused < len(self.prompt):
+            raise RuntimeError(f"session holds {reused} tokens of a {len(self.prompt)}-token "
+                               "prompt")
+        self.stats.reused_prompt_tokens = reused
+        logits = self.session.prefill(self.prompt[reused:])
         window = Window(self.prompt[-1], len(self.prompt) - 1, ())
         decision = self.decide_window(window, logits[None, :])
         events = self.apply(window, decision)
@@ -233,7 +242,13 @@ class Generation:
         self.stats.prefill_ms = c.prefill_ms
         self.stats.decode_ms = c.decode_ms
         self.stats.verify_ms = c.verify_ms
-        self.session.close()
+        if self._released:
+            return
+        self._released = True
+        if self.on_release is not None and self.session.usable:
+            self.on_release(self.session, self.tokens[: self.session.n_past])
+        else:
+            self.session.close()
 
     # ------------------------------------------------------------------ plan
 

@@ -30,6 +30,7 @@ from meshd.plugins.registry import Registry, default_registry
 
 from .costs import CostModel, is_plausible
 from .engine import Generation, MtpHead, SpeculationSettings
+from .prefix_cache import PrefixCache
 from .sampling import GREEDY, SamplingParams
 
 
@@ -48,6 +49,8 @@ class RuntimeConfig:
     calibrate: bool = True
     default_proposer: str = "auto"
     in_place_rollback: bool = True
+    #: Keep finished sessions for prompts that share their prefix (0 disables).
+    prefix_cache_tokens: int | None = None
 
 
 def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None) -> Path:
@@ -78,6 +81,13 @@ class ModelRuntime:
             self.model.close()
             raise
         self.registry = registry if registry is not None else default_registry()
+        cache_tokens = config.prefix_cache_tokens
+        if cache_tokens is None:
+            cache_tokens = ctx_config.n_ctx_seq * ctx_config.n_seq_max
+        self.prefix_cache = PrefixCache(
+            self.context, max_entries=ctx_config.n_seq_max if cache_tokens else 0,
+            max_tokens=cache_tokens,
+        )
         self.costs: CostModel | None = None
         if config.calibrate and config.draft_max > 0:
             self.costs = CostModel(self._load_or_measure_costs(path, ctx_config))
@@ -115,7 +125,13 @@ class ModelRuntime:
                 pass
         return costs
 
+    @property
+    def idle_slots(self) -> int:
+        """Slots a new request can get: free ones plus cached sessions (evictable)."""
+        return self.context.free_slots + len(self.prefix_cache)
+
     def close(self) -> None:
+        self.prefix_cache.clear()
         for draft in self._drafts.values():
             draft.close()
         self._drafts.clear()
@@ -232,7 +248,13 @@ class ModelRuntime:
                 f"{self.context.config.n_ctx_seq} tokens"
             )
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
-        session = self.context.open_session(reserve=need)
+        hit = self.prefix_cache.lookup(prompt)
+        if hit is not None:
+            session = hit[0]
+        else:
+            if self.context.free_slots == 0:
+                self.prefix_cache.evict_one()
+            session = self.context.open_session(reserve=need)
         try:
             prop, head = self.make_proposer(proposer, session, proposer_options)
             return Generation(
@@ -243,7 +265,7 @@ class ModelRuntime:
                     draft_max=k,
                     adaptive=adaptive and not (prop and prop.capabilities.decides_length),
                 ),
-                mtp_head=head,
+                mtp_head=head, on_release=self.prefix_cache.store,
             )
         except Exception:
             session.close()

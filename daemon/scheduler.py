@@ -179,8 +179,7 @@ class Scheduler:
                 self._waiting.clear()
 
     async def _admit(self) -> None:
-        ctx = self.runtime.context
-        while self._waiting and ctx.free_slots > 0:
+        while self._waiting and self.runtime.idle_slots > 0:
             handle = self._waiting.popleft()
             if handle.cancelled:
                 self._finish(handle, Finished(FinishReason.CANCELLED, GenerationStats(), None))

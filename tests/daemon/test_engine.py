@@ -58,7 +58,7 @@ def runtime(kind: str, acceptance: float = 0.9) -> ModelRuntime:
 def _close_runtimes() -> Iterator[None]:
     yield
     for rt in _runtimes.values():
-        assert rt.context.free_slots == rt.context.config.n_seq_max, "leaked session slot"
+        assert rt.idle_slots == rt.context.config.n_seq_max, "leaked session slot"
         rt.close()
     _runtimes.clear()
 
@@ -75,7 +75,7 @@ def generate(
         gen.cancel(at_emitted=cancel_at)
     for _ in gen.run():
         pass
-    assert rt.context.free_slots == rt.context.config.n_seq_max
+    assert rt.idle_slots == rt.context.config.n_seq_max
     return gen
 
 
@@ -148,8 +148,9 @@ def test_cancellation_point(kind: str, cancel_at: int, k: int) -> None:
     assert got.committed == ref.committed[:cancel_at]
     if cancel_at < len(ref.committed):
         assert got.finish is FinishReason.CANCELLED
-    # A cut commit never retires the window: the repair trimmed or rolled back.
-    assert got.session.usable is False  # closed
+    # A cut commit never retires the window: the state holds exactly the committed
+    # history (minus the last token, not yet decoded), or was discarded.
+    assert got.session.n_past in (0, len(prompt) + len(got.committed) - 1)
 
 
 def test_mtp_forwards_at_full_acceptance() -> None:
@@ -258,7 +259,7 @@ def test_unknown_proposer_is_a_clear_error() -> None:
     rt = runtime("llama")
     with pytest.raises(ValueError, match="unknown proposer 'nope'"):
         rt.generation(prompt_for(rt, "x"), max_tokens=4, proposer="nope")
-    assert rt.context.free_slots == rt.context.config.n_seq_max
+    assert rt.idle_slots == rt.context.config.n_seq_max
 
 
 def test_mtp_on_model_without_head_is_a_clear_error() -> None:
@@ -333,4 +334,4 @@ def test_draft_model_errors_are_clear() -> None:
                       proposer=f"draft:{testmodels.test_model_path('qwen35', acceptance=0.9)}")
     with pytest.raises(ValueError, match="draft:PATH"):
         rt.generation(prompt, max_tokens=4, proposer="draft")
-    assert rt.context.free_slots == rt.context.config.n_seq_max
+    assert rt.idle_slots == rt.context.config.n_seq_max

@@ -26,7 +26,7 @@ def runtime(request: pytest.FixtureRequest) -> Iterator[ModelRuntime]:
     rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=4, draft_max=4,
                                     calibrate=False))
     yield rt
-    assert rt.context.free_slots == 4
+    assert rt.idle_slots == 4
     rt.close()
 
 
@@ -62,7 +62,7 @@ async def test_concurrent_requests_match_sequential(runtime: ModelRuntime) -> No
         tg.cancel_scope.cancel()
     assert [t for t, _ in together] == alone
     assert sched.stats.steps > 0
-    assert runtime.context.free_slots == 4
+    assert runtime.idle_slots == 4
 
 
 async def test_cancel_and_busy(runtime: ModelRuntime) -> None:
@@ -86,7 +86,7 @@ async def test_cancel_and_busy(runtime: ModelRuntime) -> None:
             for _ in range(10):
                 sched.submit(GenRequest(p, max_tokens=5))
         tg.cancel_scope.cancel()
-    assert runtime.context.free_slots == 4
+    assert runtime.idle_slots == 4
 
 
 async def test_bad_request_fails_cleanly(runtime: ModelRuntime) -> None:

@@ -1,0 +1,132 @@
+"""Prefix cache: finished sessions keep their KV so a request sharing the prefix reuses it.
+
+Why: chat clients resend the whole conversation each turn, and tools resend the same long
+system prompt. Prefilling it again costs far more than generating a short answer. A
+finished session's sequence stays in its slot (bounded in entries and tokens, evicted
+least-recently-used when a slot or memory is needed); a new request whose prompt shares a
+prefix with its history takes that session over and prefills only the rest.
+
+What can be reused depends on the state: an attention-only KV is trimmed to the common
+prefix; a recurrent state (and an MTP head's carried hidden row) cannot be cut at an
+arbitrary position, so there only a history that is entirely a prefix of the new prompt is
+reused.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Sequence
+
+import attrs
+
+from meshd.native.context import TargetContext
+from meshd.native.session import RuntimeSession
+
+#: Reusing fewer tokens than this is not worth holding a session for.
+MIN_REUSE = 8
+
+
+@attrs.define
+class PrefixCacheStats:
+    hits: int = 0
+    misses: int = 0
+    reused_tokens: int = 0
+    stored: int = 0
+    evictions: int = 0
+
+
+@attrs.define
+class _Entry:
+    session: RuntimeSession
+    history: list[int]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixCache:
+    """Finished sessions by their token history, LRU, bounded by entries and tokens."""
+
+    def __init__(self, context: TargetContext, *, max_entries: int, max_tokens: int) -> None:
+        self.context = context
+        self.max_entries = max_entries
+        self.max_tokens = max_tokens
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.stats = PrefixCacheStats()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(e.history) for e in self._entries.values())
+
+    def store(self, session: RuntimeSession, history: Sequence[int]) -> None:
+        """Keep ``session`` (whose state holds exactly ``history``), or close it."""
+        if (self.max_entries <= 0 or not session.usable or len(history) < MIN_REUSE
+                or len(history) != session.n_past or len(history) > self.max_tokens):
+            session.close()
+            return
+        session.retire()  # a checkpoint is no use to anyone now
+        with self._lock:
+            self._entries[session.seq_id] = _Entry(session, list(history))
+            self._entries.move_to_end(session.seq_id)
+            self.stats.stored += 1
+            while len(self._entries) > self.max_entries or self.tokens > self.max_tokens:
+                self._evict_locked()
+
+    def lookup(self, prompt: Sequence[int]) -> tuple[RuntimeSession, int] | None:
+        """Take the session sharing the longest usable prefix with ``prompt``.
+
+        Returns the session, already cut back to the reused prefix, and the number of
+        prompt tokens it holds (always < len(prompt): the last prompt token is decoded
+        again to get the next-token logits). None on a miss.
+        """
+        with self._lock:
+            best: tuple[int, int] | None = None
+            for seq_id, entry in self._entries.items():
+                c = min(common_prefix(entry.history, prompt), len(prompt) - 1)
+                exact_only = entry.session.recurrent or entry.session.mtp is not None
+                if exact_only and c < len(entry.history):
+                    continue
+                if c >= MIN_REUSE and (best is None or c > best[1]):
+                    best = (seq_id, c)
+            if best is None:
+                self.stats.misses += 1
+                return None
+            entry = self._entries.pop(best[0])
+        session, reuse = entry.session, best[1]
+        if reuse < session.n_past:
+            try:
+                session.trim(reuse)
+            except Exception:
+                session.close()
+                self.stats.misses += 1
+                return None
+        self.stats.hits += 1
+        self.stats.reused_tokens += reuse
+        return session, reuse
+
+    def evict_one(self) -> bool:
+        """Free the least recently used entry's slot; False when the cache is empty."""
+        with self._lock:
+            if not self._entries:
+                return False
+            self._evict_locked()
+            return True
+
+    def _evict_locked(self) -> None:
+        _, entry = self._entries.popitem(last=False)
+        entry.session.close()
+        self.stats.evictions += 1
+
+    def clear(self) -> None:
+        while self.evict_one():
+            pass

@@ -112,6 +112,7 @@ class Model:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                self.tokenizer.close()
                 lc.llama_model_free(self._handle)
 
     def __enter__(self) -> Model:

@@ -27,19 +27,28 @@ class Tokenizer:
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._lock = threading.Lock()
 
+    @property
+    def vocab(self) -> Any:
+        if self._vocab is None:
+            raise ValueError("the model of this tokenizer has been closed")
+        return self._vocab
+
+    def close(self) -> None:
+        """Called when the model is freed: any later use raises instead of crashing."""
+        self._vocab = None
+
     def tokenize(self, text: str, *, add_special: bool = True,
                  parse_special: bool = False) -> list[int]:
         """Token ids of ``text`` (with BOS etc. when ``add_special``)."""
+        vocab = self.vocab
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        n = lc.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             cap = -n
             buf = (lc.llama_token * cap)()
-            n = lc.llama_tokenize(
-                self._vocab, data, len(data), buf, cap, add_special, parse_special
-            )
+            n = lc.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
             if n < 0:
                 raise ValueError(f"tokenization failed ({n}) for a text of {len(data)} bytes")
         return list(buf[:n])
@@ -55,7 +64,7 @@ class Tokenizer:
         size = 64
         while True:
             buf = ctypes.create_string_buffer(size)
-            n = lc.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
+            n = lc.llama_token_to_piece(self.vocab, token, buf, size, 0, special)
             if n >= 0:
                 out = buf.raw[:n]
                 break

@@ -154,7 +154,6 @@ class Generation:
         if proposer is not None and settings.adaptive and costs is not None:
             self.adaptive = AdaptiveK(costs.curve(), k_max=settings.draft_max)
         self.finish: FinishReason | None = None
-        self.error: BaseException | None = None
         self.last = -1
         self.committed: list[int] = []
         self._started = False

@@ -53,6 +53,7 @@ class GenerationStats:
     checkpoints: int = 0
     checkpoint_bytes: int = 0
     restores: int = 0
+    state_bytes: int = 0  # KV + recurrent state of the session when it finished
     wall_ms: float = 0.0
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
@@ -244,6 +245,8 @@ class Generation:
         if self._released:
             return
         self._released = True
+        if self.session.usable:
+            self.stats.state_bytes = self.session.state_bytes()
         if self.on_release is not None and self.session.usable:
             self.on_release(self.session, self.tokens[: self.session.n_past])
         else:

@@ -26,6 +26,7 @@ def test_generate_json_reports_text_tokens_and_stats(capsys: pytest.CaptureFixtu
     assert off["text"] == mtp["text"] and off["finish_reason"] == "length"
     st = mtp["stats"]
     assert mtp["proposer"] == "mtp" and st["verify_calls"] > 0 and st["accepted"] > 0
+    assert st["state_bytes"] > 0  # KV + recurrent state held by the session
     for key in ("emitted", "target_forwards", "drafted", "accepted_per_position",
                 "rollbacks_in_place", "checkpoints", "checkpoint_bytes", "restores", "wall_ms",
                 "prefill_ms", "decode_ms", "verify_ms", "refusals"):

@@ -62,6 +62,13 @@ def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--acceptance", type=float, default=1.0)
 
 
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .bench import add_arguments
+
+    add_arguments(sub.add_parser(
+        "bench", help="benchmark arms side by side against llama-cpp-python; --identity gate"))
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     try:
         sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
@@ -129,9 +136,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_make_test_model(sub)
+    _add_bench(sub)
+    from . import demo, serve
+
+    serve.add_parser(sub)
+    demo.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve.run(args)
+    if args.command == "demo":
+        return demo.run(args)
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "bench":
+        from .bench import cmd_bench
+
+        return cmd_bench(args)
     return cmd_make_test_model(args)
 
 

@@ -1,0 +1,402 @@
+"""One client connection: handshake, then many concurrent requests multiplexed by id.
+
+Why this shape: exactly one task reads the socket and dispatches each frame; every
+``generate`` (and every tokenizer request, which runs on a worker thread) gets its own
+task in the connection's task group, so one long generation never delays a ``health``
+or a ``cancel`` on the same connection. Outgoing frames go through one lock, because
+frames of different requests may interleave but never mix bytes.
+
+Failure policy: a malformed frame is answered with an ``error`` frame and the
+connection carries on (only a bad *first* frame closes it, as the protocol says); a
+peer that goes away (EOF, reset, a write that does not complete within the send
+timeout) cancels all of the connection's requests, which stop at their next step
+boundary and hand their session slots back. EOF counts as going away even if only the
+write side was shut (the protocol: closing the connection cancels its requests), so a
+client keeps its side open until it has its answers. A bug while serving one request is
+reported to that request as ``internal`` and logged; it never takes the daemon down.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+from typing import Final
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+from structlog.typing import FilteringBoundLogger
+
+from meshd.protocol import (
+    BadRequest,
+    Cancel,
+    Detokenize,
+    Generate,
+    Health,
+    Hello,
+    InternalError,
+    ModelError,
+    Models,
+    ProtocolError,
+    Request,
+    RequestDecoder,
+    Response,
+    ServerBusy,
+    Stats,
+    StreamReceiver,
+    Tokenize,
+    encode,
+)
+from meshd.protocol import FinishReason as WireFinishReason
+
+from .engine import GenerationStats, TokenEvent
+from .mapping import done_message, token_message
+from .scheduler import Failed, Finished, GenRequest, RequestHandle
+from .service import InFlight, Service
+from .speculation import FinishReason
+
+__all__ = ["Connection"]
+
+_MAX_EVENTS_PER_WRITE: Final = 256
+"""Token events coalesced into one socket write when a client falls behind."""
+
+_TRANSPORT_ERRORS: Final = (
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    OSError,
+    TimeoutError,
+)
+
+_Item = Request | ProtocolError
+
+
+class Connection:
+    """Serves one accepted stream until the peer leaves or the daemon cancels it."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, service: Service, *, conn_id: int,
+                 log: FilteringBoundLogger) -> None:
+        self.stream = stream
+        self.service = service
+        self.config = service.config
+        self.conn_id = conn_id
+        self.log = log.bind(conn=conn_id)
+        self.client_name: str | None = None
+        self._receiver = StreamReceiver(stream)
+        self._socket: socket.socket | None = stream.extra(
+            anyio.abc.SocketAttribute.raw_socket, None
+        )
+        self._decoder = RequestDecoder(self.config.max_frame_size)
+        self._ready: collections.deque[_Item] = collections.deque()
+        self._eof = False
+        self._send_lock = anyio.Lock()
+        self._lost = False
+        self._requests: dict[str, InFlight] = {}
+        self._helpers = 0  # tokenizer requests running
+        self._scope: anyio.CancelScope | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Handshake, then serve requests until EOF; closes the stream on the way out."""
+        self.log.debug("connection_opened")
+        try:
+            async with anyio.create_task_group() as tg:
+                self._scope = tg.cancel_scope
+                try:
+                    if await self._handshake():
+                        await self._serve(tg)
+                finally:
+                    # The peer is gone (or we are being stopped): nobody will read the
+                    # rest, so every request stops at its next step boundary.
+                    self._cancel_all()
+                    tg.cancel_scope.cancel()
+        finally:
+            await self._receiver.aclose()
+            self.log.debug("connection_closed", client=self.client_name)
+
+    def close(self) -> None:
+        """Stop serving (from any task of the event loop)."""
+        self._cancel_all()
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _cancel_all(self) -> None:
+        for entry in list(self._requests.values()):
+            entry.cancel()
+
+    # ------------------------------------------------------------------ reading
+
+    async def _next(self) -> _Item | None:
+        """The next request or decoding error; ``None`` once the peer has gone."""
+        while not self._ready:
+            if self._eof:
+                return None
+            try:
+                data = await self._receiver.receive()
+            except anyio.EndOfStream:
+                self._decoder.feed_eof()
+                self._eof = True
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return None
+            else:
+                self._decoder.feed(data)
+            self._ready.extend(self._decoder.drain())
+        return self._ready.popleft()
+
+    async def _handshake(self) -> bool:
+        """The first frame must be a ``hello`` we speak; anything else closes."""
+        with anyio.move_on_after(self.config.hello_timeout_s):
+            item = await self._next()
+            if item is None:
+                return False
+            if isinstance(item, ProtocolError):
+                await self._reject(item)
+                return False
+            if not isinstance(item, Hello):
+                await self._reject(BadRequest(
+                    f"the first frame must be hello (got {item.OP})", request_id=item.id
+                ))
+                return False
+            try:
+                welcome = self.service.welcome(item)
+            except ProtocolError as exc:
+                await self._reject(exc)
+                return False
+            self.client_name = item.client_name
+            self.log.debug("client_hello", client=item.client_name)
+            return await self._send(welcome)
+        self.log.info("hello_timeout")
+        return False
+
+    async def _serve(self, tg: anyio.abc.TaskGroup) -> None:
+        while (item := await self._next()) is not None:
+            await self._dispatch(item, tg)
+
+    async def _dispatch(self, item: _Item, tg: anyio.abc.TaskGroup) -> None:
+        if isinstance(item, ProtocolError):
+            await self._reject(item)
+        elif isinstance(item, Generate):
+            if item.id in self._requests:
+                await self._reject(BadRequest(
+                    f"request id {item.id!r} is already in flight on this connection",
+                    request_id=item.id,
+                ))
+            elif self._busy():
+                await self._reject(self._too_many(item.id))
+            else:
+                entry = InFlight(item.id)
+                self._requests[item.id] = entry
+                self.service.register(entry)
+                tg.start_soon(self._generate, item, entry)
+        elif isinstance(item, Cancel):
+            target = self._requests.get(item.id)
+            if target is not None:
+                target.cancel()
+            elif self.service.cancel_anywhere(item.id):
+                self.log.info("request_cancelled_elsewhere", id=item.id)
+        elif isinstance(item, Health):
+            await self._send(self.service.health(item))
+        elif isinstance(item, Stats):
+            await self._send(self.service.stats(item))
+        elif isinstance(item, Models):
+            await self._send(self.service.models(item))
+        elif isinstance(item, Tokenize | Detokenize):
+            if self._busy():
+                await self._reject(self._too_many(item.id))
+            else:
+                self._helpers += 1
+                tg.start_soon(self._tokenizer_request, item)
+        elif isinstance(item, Hello):
+            await self._reject(BadRequest("hello was already received", request_id=item.id))
+        else:  # pragma: no cover - the decoder only yields the request types above
+            await self._reject(InternalError(f"unhandled {item.OP}", request_id=item.id))
+
+    def _busy(self) -> bool:
+        return len(self._requests) + self._helpers >= self.config.max_requests_per_connection
+
+    def _too_many(self, request_id: str) -> ServerBusy:
+        return ServerBusy(
+            f"too many requests in flight on this connection "
+            f"(limit {self.config.max_requests_per_connection})",
+            request_id=request_id,
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    async def _tokenizer_request(self, item: Tokenize | Detokenize) -> None:
+        try:
+            reply: Response
+            if isinstance(item, Tokenize):
+                reply = await self.service.tokenize(item)
+            else:
+                reply = await self.service.detokenize(item)
+        except ProtocolError as exc:
+            await self._reject(exc.with_request_id(item.id))
+        except ValueError as exc:
+            await self._reject(BadRequest(f"{item.OP}: {exc}", request_id=item.id))
+        except Exception:
+            self.log.exception("request_crashed", id=item.id, op=item.OP)
+            await self._reject(InternalError(f"{item.OP} failed", request_id=item.id))
+        else:
+            await self._send(reply)
+        finally:
+            self._helpers -= 1
+
+    async def _generate(self, request: Generate, entry: InFlight) -> None:
+        """Serve one ``generate``: prepare, submit, stream, finish. Never raises."""
+        try:
+            try:
+                gen = await self.service.prepare(request)
+                if entry.cancelled:
+                    await self._finish_early(request.id, gen)
+                    return
+                handle = self.service.submit(gen, request.id)
+            except ProtocolError as exc:
+                await self._reject(exc.with_request_id(request.id))
+                return
+            entry.attach(handle)
+            await self._stream(request.id, gen, handle)
+        except Exception:
+            self.log.exception("request_crashed", id=request.id, op=request.OP)
+            await self._reject(InternalError("generation failed", request_id=request.id))
+        finally:
+            if self._requests.get(request.id) is entry:
+                del self._requests[request.id]
+            self.service.unregister(entry)
+
+    async def _finish_early(self, request_id: str, gen: GenRequest) -> None:
+        """A request cancelled before it reached the scheduler still ends with ``done``."""
+        stats = GenerationStats(prompt_tokens=len(gen.prompt))
+        await self._send(done_message(request_id, FinishReason.CANCELLED, stats, None,
+                                      prompt_tokens=len(gen.prompt)))
+        self._log_finished(request_id, "cancelled", stats, None, gen)
+
+    async def _stream(self, request_id: str, gen: GenRequest, handle: RequestHandle) -> None:
+        """Forward the scheduler's events as frames, coalescing what is already there."""
+        frames_sent = 0
+        async with handle.events:
+            while True:
+                try:
+                    batch = [await handle.events.receive()]
+                except anyio.EndOfStream:
+                    batch = [Failed("model", "the generation ended without a result")]
+                while (not isinstance(batch[-1], Finished | Failed)
+                       and len(batch) < _MAX_EVENTS_PER_WRITE):
+                    try:
+                        batch.append(handle.events.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                frames: list[bytes] = []
+                final: Finished | Failed | None = None
+                for event in batch:
+                    if isinstance(event, TokenEvent):
+                        frames.append(encode(token_message(request_id, event)))
+                    else:
+                        final = event
+                if final is not None:
+                    frames.append(encode(self._final_message(
+                        request_id, gen, handle, final, frames_sent + len(frames) > 0
+                    )))
+                if not await self._send_bytes(b"".join(frames)):
+                    return
+                frames_sent += len(frames)
+                if final is not None:
+                    return
+
+    def _final_message(self, request_id: str, gen: GenRequest, handle: RequestHandle,
+                       final: Finished | Failed, streamed: bool) -> Response:
+        """``done`` for a finished generation; for a failed one, ``error`` if nothing was
+        streamed yet, else ``done`` with ``finish_reason: error`` (PROTOCOL.md)."""
+        if isinstance(final, Finished):
+            self._log_finished(request_id, final.finish.value, final.stats, final.proposer, gen)
+            return done_message(request_id, final.finish, final.stats, final.proposer,
+                                prompt_tokens=len(gen.prompt))
+        error: ProtocolError = (
+            BadRequest(f"generate: {final.message}", request_id=request_id)
+            if final.kind == "request"
+            else ModelError(final.message, request_id=request_id)
+        )
+        self._count_error(error)
+        if not streamed:
+            self.log.info("request_rejected", id=request_id, code=error.code.value)
+            self.log.debug("request_rejected_message", id=request_id, message=error.message)
+            return error.to_message()
+        generation = handle.generation
+        stats = generation.stats if generation is not None else GenerationStats()
+        self._log_finished(request_id, "error", stats, handle.proposer, gen)
+        return done_message(request_id, WireFinishReason.ERROR, stats, handle.proposer,
+                            prompt_tokens=len(gen.prompt),
+                            error_message=final.message or "generation failed")
+
+    def _log_finished(self, request_id: str, finish: str, stats: GenerationStats,
+                      proposer: str | None, gen: GenRequest) -> None:
+        wall_s = stats.wall_ms / 1e3
+        self.log.info(
+            "request_finished",
+            id=request_id,
+            finish_reason=finish,
+            prompt_tokens=len(gen.prompt),
+            completion_tokens=stats.emitted,
+            proposer=proposer or "off",
+            drafted=stats.drafted,
+            accepted=stats.accepted,
+            target_forwards=stats.target_forwards,
+            wall_ms=round(stats.wall_ms, 2),
+            tokens_per_s=round(stats.emitted / wall_s, 2) if wall_s > 0 else None,
+        )
+
+    # ------------------------------------------------------------------ writing
+
+    async def _reject(self, error: ProtocolError) -> None:
+        """Answer a request (or an unparseable frame) with an ``error`` frame."""
+        self._count_error(error)
+        field = error.field if isinstance(error, BadRequest) else None
+        self.log.info("request_rejected", id=error.request_id, code=error.code.value,
+                      field=field)
+        # The message may quote a value from the request, so it stays below info.
+        self.log.debug("request_rejected_message", id=error.request_id, message=error.message)
+        await self._send(error.to_message())
+
+    def _count_error(self, error: ProtocolError) -> None:
+        self.service.counters[f"errors_{error.code.value}"] += 1
+
+    async def _send(self, message: Response) -> bool:
+        return await self._send_bytes(encode(message))
+
+    async def _send_bytes(self, data: bytes) -> bool:
+        """Write whole frames; on a dead peer, stop the connection and return False."""
+        if self._lost:
+            return False
+        async with self._send_lock:
+            if self._lost:
+                return False
+            try:
+                with anyio.fail_after(self.config.send_timeout_s):
+                    await self._write_all(data)
+            except _TRANSPORT_ERRORS as exc:
+                self._lost = True
+                self.log.info("connection_lost", reason=type(exc).__name__)
+                self.close()
+                return False
+        return True
+
+    async def _write_all(self, data: bytes) -> None:
+        """``stream.send``, but on a socket it writes the non-blocking socket directly and
+        waits with ``anyio.wait_writable``: anyio's asyncio stream waits with a future
+        that, cancelled in the same loop iteration the socket turns writable, logs an
+        InvalidStateError (the read-side twin of this is ``StreamReceiver``)."""
+        sock = self._socket
+        if sock is None:
+            await self.stream.send(data)
+            return
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        view = memoryview(data)
+        while view:
+            try:
+                sent = sock.send(view)
+            except BlockingIOError:
+                await anyio.wait_writable(sock)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError(str(exc)) from exc
+            view = view[sent:]

@@ -1,0 +1,101 @@
+"""Translation between wire messages (meshd.protocol) and engine types (meshd.daemon).
+
+Why a module of pure functions: the protocol and the engine each have their own types
+for the same ideas (sampling parameters, finish reasons, per-request statistics), and
+keeping the conversion in one place, free of I/O, makes "what does ``done`` report"
+readable and testable without a socket.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from meshd.protocol import messages as wire
+
+from .engine import GenerationStats, TokenEvent
+from .runtime import ModelRuntime
+from .sampling import SamplingParams
+from .speculation import FinishReason
+
+__all__ = ["done_message", "model_info", "sampling_params", "speculation_stats", "token_message"]
+
+
+def sampling_params(params: wire.SamplingParams) -> SamplingParams:
+    """The engine's sampling parameters for a request's ``sampling`` object."""
+    return SamplingParams(
+        temperature=float(params.temperature), top_k=params.top_k, top_p=float(params.top_p),
+        seed=params.seed,
+    )
+
+
+def model_info(runtime: ModelRuntime) -> wire.ModelInfo:
+    """What ``welcome`` and ``models`` say about the served model."""
+    info = runtime.model.info
+    return wire.ModelInfo(
+        name=Path(info.path).stem or "model",
+        architecture=info.architecture or None,
+        n_ctx=runtime.context.config.n_ctx_seq,
+        n_vocab=info.n_vocab,
+        n_params=info.n_params if info.n_params >= 0 else None,
+        size_bytes=info.size_bytes if info.size_bytes >= 0 else None,
+        has_mtp=info.has_mtp,
+        has_chat_template=runtime.model.chat_template is not None,
+    )
+
+
+def token_message(request_id: str, event: TokenEvent) -> wire.Token:
+    """One committed-tokens event as a ``token`` frame."""
+    return wire.Token(id=request_id, text=event.text, token_ids=event.tokens)
+
+
+def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.SpeculationStats:
+    """The engine's per-request statistics in the wire's shape.
+
+    ``target_forwards`` excludes the prefill, as the protocol defines it; counters the
+    wire has no field for travel in ``extra``.
+    """
+    extra: dict[str, float] = {
+        "prefill_forwards": stats.prefill_forwards,
+        "trims": stats.trims,
+        "propose_ms": stats.propose_ms,
+    }
+    for kind, count in stats.proposer_faults.items():
+        extra[f"proposer_fault_{kind}"] = count
+    return wire.SpeculationStats(
+        proposer=proposer,
+        emitted=stats.emitted,
+        target_forwards=max(0, stats.target_forwards - stats.prefill_forwards),
+        verify_calls=stats.verify_calls,
+        drafted=stats.drafted,
+        accepted=stats.accepted,
+        accepted_per_position=list(stats.accepted_per_position),
+        rollbacks_in_place=stats.rollbacks_in_place,
+        checkpoints=stats.checkpoints,
+        checkpoint_bytes=stats.checkpoint_bytes,
+        restores=stats.restores,
+        wall_ms=max(0.0, stats.wall_ms),
+        prefill_ms=max(0.0, stats.prefill_ms),
+        decode_ms=max(0.0, stats.decode_ms),
+        verify_ms=max(0.0, stats.verify_ms),
+        refusals=dict(stats.refusals),
+        extra=extra,
+    )
+
+
+def done_message(
+    request_id: str,
+    finish: FinishReason | wire.FinishReason,
+    stats: GenerationStats,
+    proposer: str | None,
+    *,
+    prompt_tokens: int,
+    error_message: str | None = None,
+) -> wire.Done:
+    """The final ``done`` frame of a generation."""
+    return wire.Done(
+        id=request_id,
+        finish_reason=wire.FinishReason(finish.value),
+        usage=wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=stats.emitted),
+        speculation=speculation_stats(stats, proposer),
+        error_message=error_message or None,
+    )

@@ -1,0 +1,349 @@
+"""The daemon's answers to protocol requests, shared by every connection.
+
+Why separate from the connection: a connection is about bytes, framing, ids and tasks;
+this is about what the daemon *says*: the ``welcome``, health and statistics, turning a
+``generate`` into an engine request (rendering chat, tokenizing, checking limits) and
+refusing what cannot be served with the right error code. It also keeps the daemon-wide
+view a connection cannot have: uptime, counters, draining, and every generation in
+flight (for shutdown and for cancelling a request from another connection).
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.metadata
+import time
+from collections.abc import Iterator
+from typing import Final
+
+import anyio
+import anyio.to_thread
+import attrs
+
+from meshd.protocol import (
+    DEFAULT_MAX_FRAME_SIZE,
+    PROPOSER_OFF,
+    PROTOCOL_VERSION,
+    BadRequest,
+    Detokenize,
+    DetokenizeReply,
+    Generate,
+    Health,
+    HealthReply,
+    HealthStatus,
+    Hello,
+    ModelError,
+    ModelInfo,
+    Models,
+    ModelsReply,
+    ProposerStats,
+    ServerBusy,
+    Stats,
+    StatsReply,
+    Tokenize,
+    TokenizeReply,
+    UnsupportedVersion,
+    Welcome,
+)
+
+from .mapping import model_info, sampling_params
+from .runtime import ModelRuntime, RequestError
+from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
+
+__all__ = ["DEFAULT_MAX_TOKENS", "InFlight", "ServerConfig", "Service", "server_version"]
+
+DEFAULT_MAX_TOKENS: Final = 256
+"""Tokens generated when a request does not say (``max_tokens: null``)."""
+
+
+def server_version() -> str:
+    """meshd's installed version (``0+unknown`` when run from an uninstalled tree)."""
+    try:
+        return importlib.metadata.version("meshd")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+@attrs.frozen
+class ServerConfig:
+    """Per-daemon limits and timeouts (the model side is ``RuntimeConfig``)."""
+
+    max_tokens_default: int = DEFAULT_MAX_TOKENS
+    max_tokens_limit: int | None = None
+    """Largest ``max_tokens`` accepted; ``None`` means the per-session context length."""
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_queue: int = 64
+    """Generations waiting for a slot before new ones are answered ``busy``."""
+    max_requests_per_connection: int = 256
+    """Concurrent requests one connection may have in flight before ``busy``."""
+    hello_timeout_s: float = 10.0
+    """A connection that does not say ``hello`` within this is closed."""
+    send_timeout_s: float = 60.0
+    """A client that takes longer than this to accept one write is disconnected."""
+    drain_timeout_s: float = 10.0
+    """On shutdown, how long cancelled generations get to end with ``done``."""
+
+
+class InFlight:
+    """One generation a connection is serving: its id and (once admitted) its handle.
+
+    A ``cancel`` may arrive before the request reached the scheduler (while the prompt
+    is being tokenized), so cancellation is remembered and applied on :meth:`attach`.
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.id = request_id
+        self.handle: RequestHandle | None = None
+        self.cancelled = False
+
+    def attach(self, handle: RequestHandle) -> None:
+        self.handle = handle
+        if self.cancelled:
+            handle.cancel()
+
+    def cancel(self) -> None:
+        """Stop at the next step boundary (idempotent)."""
+        self.cancelled = True
+        if self.handle is not None:
+            self.handle.cancel()
+
+
+class Service:
+    """What the daemon answers; one per daemon, used by all its connections."""
+
+    def __init__(self, runtime: ModelRuntime, scheduler: Scheduler,
+                 config: ServerConfig = ServerConfig()) -> None:
+        self.runtime = runtime
+        self.scheduler = scheduler
+        self.config = config
+        self.started = time.monotonic()
+        self.draining = False
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._model_info = model_info(runtime)
+        self._inflight: dict[str, list[InFlight]] = {}
+        self._n_inflight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------------ limits
+
+    @property
+    def max_tokens_limit(self) -> int:
+        limit = self.config.max_tokens_limit
+        return limit if limit is not None else self.runtime.context.config.n_ctx_seq
+
+    @property
+    def uptime_s(self) -> float:
+        return max(0.0, time.monotonic() - self.started)
+
+    # ------------------------------------------------------------------ simple replies
+
+    def welcome(self, hello: Hello) -> Welcome:
+        """The handshake answer; raises UnsupportedVersion for another protocol version."""
+        if hello.protocol_version != PROTOCOL_VERSION:
+            raise UnsupportedVersion(
+                f"server speaks protocol {PROTOCOL_VERSION}, not {hello.protocol_version}",
+                request_id=hello.id,
+            )
+        capabilities = ["speculation", "tokenize"]
+        if self._model_info.has_chat_template:
+            capabilities.insert(0, "chat")
+        return Welcome(
+            id=hello.id,
+            protocol_version=PROTOCOL_VERSION,
+            server_version=server_version(),
+            model=self._model_info,
+            capabilities=tuple(capabilities),
+            proposers=self.proposers(),
+            max_frame_size=self.config.max_frame_size,
+        )
+
+    def proposers(self) -> tuple[str, ...]:
+        """Names ``generate.speculative.proposer`` may use (``off`` is always allowed)."""
+        return ("auto", *self.runtime.registry.names())
+
+    def models(self, request: Models) -> ModelsReply:
+        return ModelsReply(id=request.id, models=(self._model_info,))
+
+    @property
+    def model(self) -> ModelInfo:
+        return self._model_info
+
+    def health(self, request: Health) -> HealthReply:
+        """Answered from counters only: never waits for the model."""
+        return HealthReply(
+            id=request.id,
+            status=HealthStatus.DRAINING if self.draining else HealthStatus.OK,
+            uptime_s=self.uptime_s,
+            active_requests=self.scheduler.active,
+            queued_requests=self.scheduler.queued,
+        )
+
+    def stats(self, request: Stats) -> StatsReply:
+        st = self.scheduler.stats
+        counters: dict[str, float] = {
+            "requests_total": st.requests,
+            "requests_completed": st.completed,
+            "requests_cancelled": st.cancelled,
+            "requests_failed": st.failed,
+            "tokens_generated": st.tokens,
+            "forwards": st.forwards,
+            "steps": st.steps,
+            "active_requests": self.scheduler.active,
+            "queued_requests": self.scheduler.queued,
+            "idle_slots": self.runtime.idle_slots,
+            "cached_sessions": len(self.runtime.prefix_cache),
+            "errors_busy": st.rejected_busy,
+        }
+        for key, value in sorted(self.counters.items()):
+            counters[key] = counters.get(key, 0) + value
+        proposers = {
+            name: ProposerStats(
+                requests=tot.requests, drafted=tot.drafted, accepted=tot.accepted,
+                accepted_per_position=tuple(tot.accepted_per_position),
+            )
+            for name, tot in st.proposers.items()
+        }
+        return StatsReply(
+            id=request.id, uptime_s=self.uptime_s, counters=counters, proposers=proposers
+        )
+
+    # ------------------------------------------------------------------ tokenizer
+
+    async def tokenize(self, request: Tokenize) -> TokenizeReply:
+        """Tokenize on a worker thread: the vocabulary is read-only and needs no
+        context lock, and a multi-megabyte text must not stall the event loop."""
+        tok = self.runtime.model.tokenizer
+        tokens = await anyio.to_thread.run_sync(
+            lambda: tok.tokenize(request.text, add_special=request.add_special)
+        )
+        return TokenizeReply(id=request.id, tokens=tuple(tokens))
+
+    async def detokenize(self, request: Detokenize) -> DetokenizeReply:
+        n_vocab = self._model_info.n_vocab
+        for i, token in enumerate(request.tokens):
+            if token >= n_vocab:
+                raise BadRequest.invalid_field(
+                    f"detokenize.tokens[{i}]",
+                    f"must be a token id below the vocabulary size {n_vocab} (got {token})",
+                ).with_request_id(request.id)
+        tok = self.runtime.model.tokenizer
+        text = await anyio.to_thread.run_sync(tok.detokenize, request.tokens)
+        return DetokenizeReply(id=request.id, text=text)
+
+    # ------------------------------------------------------------------ generate
+
+    async def prepare(self, request: Generate) -> GenRequest:
+        """Check a ``generate`` and turn it into an engine request.
+
+        Raises BadRequest (limits, unknown proposer, no chat template) or ModelError
+        (the prompt does not fit the context), attributed to the request's id.
+        """
+        rid = request.id
+        max_tokens = request.max_tokens or self.config.max_tokens_default
+        limit = self.max_tokens_limit
+        if request.max_tokens is not None and request.max_tokens > limit:
+            raise BadRequest.invalid_field(
+                "generate.max_tokens", f"must be at most {limit} (got {request.max_tokens})"
+            ).with_request_id(rid)
+        max_tokens = min(max_tokens, limit)
+        proposer = request.speculative.proposer
+        if proposer is not None and proposer != PROPOSER_OFF:
+            name = proposer.partition(":")[0]
+            if name not in ("auto", *self.runtime.registry.names()):
+                raise BadRequest.invalid_field(
+                    "generate.speculative.proposer",
+                    f"unknown proposer {proposer!r} (available: off, "
+                    f"{', '.join(self.proposers())})",
+                ).with_request_id(rid)
+        try:
+            sampling = sampling_params(request.sampling)
+        except ValueError as exc:
+            raise BadRequest(f"generate.sampling: {exc}", request_id=rid) from exc
+        try:
+            prompt = await anyio.to_thread.run_sync(self._prompt_tokens, request)
+        except (RequestError, ValueError) as exc:
+            field = "generate.messages" if request.messages is not None else "generate.prompt"
+            raise BadRequest(f"{field}: {exc}", request_id=rid) from exc
+        n_ctx = self.runtime.context.config.n_ctx_seq
+        if not prompt:
+            raise BadRequest("generate.prompt: tokenizes to no tokens", request_id=rid)
+        if len(prompt) + 1 > n_ctx:
+            raise ModelError(
+                f"prompt of {len(prompt)} tokens does not fit the context of {n_ctx} tokens",
+                request_id=rid,
+            )
+        return GenRequest(
+            prompt=tuple(prompt), max_tokens=max_tokens, sampling=sampling,
+            stop=tuple(request.stop), proposer=proposer,
+            draft_max=request.speculative.draft_max,
+        )
+
+    def _prompt_tokens(self, request: Generate) -> list[int]:
+        """Render (chat) and tokenize, exactly as ``meshd generate`` does; blocking."""
+        rt = self.runtime
+        if request.messages is not None:
+            text = rt.render_chat([{"role": m.role, "content": m.content}
+                                   for m in request.messages])
+            return rt.tokenize_prompt(text, chat=True)
+        assert request.prompt is not None
+        return rt.tokenize_prompt(request.prompt, chat=False)
+
+    def submit(self, request: GenRequest, request_id: str) -> RequestHandle:
+        """Queue an engine request; raises ServerBusy when draining or the queue is full."""
+        if self.draining:
+            raise ServerBusy("the server is shutting down", request_id=request_id)
+        try:
+            return self.scheduler.submit(request)
+        except Busy as exc:
+            raise ServerBusy(f"queue full ({exc})", request_id=request_id) from exc
+
+    # ------------------------------------------------------------------ in-flight
+
+    def register(self, entry: InFlight) -> None:
+        """Track a generation until :meth:`unregister` (for shutdown and cancel)."""
+        self._inflight.setdefault(entry.id, []).append(entry)
+        self._n_inflight += 1
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+
+    def unregister(self, entry: InFlight) -> None:
+        entries = self._inflight.get(entry.id, [])
+        if entry in entries:
+            entries.remove(entry)
+            self._n_inflight -= 1
+            if not entries:
+                del self._inflight[entry.id]
+        if self._n_inflight == 0:
+            self._idle.set()
+
+    def cancel_anywhere(self, request_id: str) -> bool:
+        """Cancel the daemon's only in-flight generation with this id, on any connection.
+
+        Lets ``meshctl cancel ID`` stop a request started by another process. Ids are
+        chosen by clients, so an id in flight on several connections is ambiguous and
+        nothing is cancelled.
+        """
+        entries = self._inflight.get(request_id, [])
+        if len(entries) != 1:
+            return False
+        entries[0].cancel()
+        return True
+
+    def inflight(self) -> Iterator[InFlight]:
+        for entries in list(self._inflight.values()):
+            yield from list(entries)
+
+    @property
+    def n_inflight(self) -> int:
+        return self._n_inflight
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new work, cancel every generation, wait for them to end (their clients
+        get ``done`` cancelled). Returns whether all ended within ``timeout_s``."""
+        self.draining = True
+        for entry in self.inflight():
+            entry.cancel()
+        with anyio.move_on_after(timeout_s):
+            await self._idle.wait()
+        return self._n_inflight == 0

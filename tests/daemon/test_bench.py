@@ -1,0 +1,248 @@
+"""``meshd bench``: the identity gate, the report's structure, divergence reporting.
+
+No timing assertions anywhere: the machine is shared and noisy. These tests check that the
+benchmark runs every arm, computes what it says it computes (ratios of medians, identity
+against ``plain``) and reports a divergence where one happened.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshd.daemon import bench, bench_identity
+from meshd.daemon.bench_arms import (
+    ARMS,
+    REFERENCE_ARM,
+    ArmRunner,
+    ArmSpec,
+    BenchModel,
+    MeshdRunner,
+    RunResult,
+    first_divergence,
+    load_workloads,
+)
+from meshd.daemon.cli import main
+
+SYNTHETIC = ("llama", "qwen35", "mimo2")
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_first_divergence() -> None:
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2, 3], [1, 2]) == 2  # a prefix diverges where it ends
+    assert first_divergence([], []) is None
+
+
+def test_conditional_acceptance() -> None:
+    # 10 windows drafted position 0, 8 accepted it; 8 drafted position 1, 4 accepted both.
+    cond = bench.conditional_acceptance([8, 4], [10, 8])
+    assert cond[0] == pytest.approx(0.8)
+    assert cond[1] == pytest.approx((4 / 8) / 0.8)
+    assert bench.conditional_acceptance([0, 0], [0, 0]) == []
+
+
+def test_workloads_are_package_data() -> None:
+    names = {w.name for w in load_workloads()}
+    assert {"code-edit", "summarise", "json-reformat", "story", "chat-long-system"} <= names
+    assert all(w.messages and w.messages[-1][0] == "user" for w in load_workloads())
+
+
+# --------------------------------------------------------------------------- identity gate
+
+
+def test_identity_gate_on_synthetic_models(tmp_path: Path) -> None:
+    out = tmp_path / "identity.json"
+    args = ["bench", "--identity", "--prompts", "1", "--tokens", "24", "--json", str(out)]
+    for kind in SYNTHETIC:
+        args += ["--model", kind]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["synthetic_divergences"] == 0
+    by_name = {m["name"].split("-")[0]: m for m in report["models"]}
+    assert set(by_name) == set(SYNTHETIC)
+    for kind, m in by_name.items():
+        assert m["synthetic"] is True
+        assert m["runs"] > 0 and m["identical"] == m["runs"], kind
+        assert m["identity_rate"] == 1.0
+        assert m["verify_windows"] > 0, f"{kind}: nothing was speculated, the gate is void"
+    # Models with an MTP head run the mtp proposer too.
+    assert any(case.startswith("mtp ") for case in by_name["qwen35"]["cases"])
+    assert not any(case.startswith("mtp ") for case in by_name["llama"]["cases"])
+
+
+def test_identity_gate_fails_on_a_synthetic_divergence(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = bench_identity.first_divergence
+
+    def diverge_at_3(ref: Sequence[int], got: Sequence[int]) -> int | None:
+        d = real(ref, got)
+        return 3 if d is None else d
+
+    monkeypatch.setattr(bench_identity, "first_divergence", diverge_at_3)
+    code = main(["bench", "--identity", "--model", "llama", "--prompts", "1", "--tokens", "8",
+                 "--k", "2"])
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "at token 3" in out and "margin" in out
+
+
+@pytest.mark.slow
+def test_identity_gate_on_smollm2_reports_rate(tmp_path: Path) -> None:
+    out = tmp_path / "identity.json"
+    # Exit 0 even if a quantized near-tie flips: SmolLM2 divergences are reported only.
+    assert main(["bench", "--identity", "--model", "smollm2", "--prompts", "1",
+                 "--tokens", "12", "--k", "4", "--json", str(out)]) == 0
+    m = json.loads(out.read_text())["models"][0]
+    assert m["synthetic"] is False and m["runs"] > 0
+    assert 0.0 <= m["identity_rate"] <= 1.0
+    assert all("margin" in d["margin"] for d in m["divergences"])
+
+
+# --------------------------------------------------------------------------- timing bench
+
+
+def _tiny_config(**overrides: Any) -> bench.BenchConfig:
+    base: dict[str, Any] = dict(models=("qwen35-0.74",), workloads=("story",), reps=2,
+                                max_tokens=12, warmup=False, cost_reps=1)
+    base.update(overrides)
+    return bench.BenchConfig(**base)
+
+
+def test_tiny_bench_report_structure(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--model", "qwen35-0.74", "--workload", "story", "--reps", "2",
+                 "--tokens", "12", "--no-warmup", "--cost-reps", "1", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["format"] == bench.FORMAT
+    (model,) = report["models"]
+    assert model["has_mtp"] and model["recurrent"]
+    assert len(model["cost_curve"]) == 9 and model["cost_curve"][0] == 1.0
+    assert model["limit"]["speedup"] >= 1.0
+    assert model["unavailable"] == {}
+    (wl,) = model["workloads"]
+    assert set(wl["arms"]) == {a.name for a in ARMS}
+    ref = wl["arms"][REFERENCE_ARM]
+    ref_tok = statistics.median(r["tok_s"] for r in ref["runs"])
+    ref_dec = statistics.median(r["decode_tok_s"] for r in ref["runs"])
+    for name, arm in wl["arms"].items():
+        if arm["error"] is not None:
+            # Llama's prompt-lookup path cannot roll back a recurrent state: reported, not
+            # fatal, and never counted as identical.
+            assert name == "anchor-pld" and arm["identical"] is False
+            continue
+        assert len(arm["runs"]) == 2, name
+        tok = statistics.median(r["tok_s"] for r in arm["runs"])
+        dec = statistics.median(r["decode_tok_s"] for r in arm["runs"])
+        assert arm["median_tok_s"] == pytest.approx(tok)
+        assert arm["ratio_vs_plain"] == pytest.approx(tok / ref_tok)
+        assert arm["decode_ratio_vs_plain"] == pytest.approx(dec / ref_dec)
+        assert isinstance(arm["identical"], bool)
+        assert all(r["identical"] is not None for r in arm["runs"])
+        if name.startswith("meshd-"):
+            # meshd is identical to plain on the synthetic models (clear logit margins).
+            assert arm["identical"] is True, name
+            assert arm["forwards_per_token"] is not None
+    assert wl["arms"]["meshd-mtp-fixed"]["verify_calls"] > 0
+    assert wl["arms"]["meshd-mtp-fixed"]["acceptance"] is not None
+    statuses = {t["status"] for t in report["targets"]}
+    assert statuses <= {"PASS", "MISS", "n/a"}
+    assert any(t["target"].startswith("MTP @0.74") for t in report["targets"])
+
+
+class _AlteringRunner:
+    """meshd-off, with token 5 of every output replaced: a divergence on purpose."""
+
+    def __init__(self, inner: ArmRunner, n_vocab: int) -> None:
+        self.inner = inner
+        self.n_vocab = n_vocab
+
+    def run(self, prompt: Sequence[int], max_tokens: int) -> RunResult:
+        r = self.inner.run(prompt, max_tokens)
+        tokens = list(r.tokens)
+        tokens[5] = (tokens[5] + 1) % self.n_vocab
+        return RunResult(tuple(tokens), r.wall_s, r.ttft_s, r.prefill_s, r.forward_s,
+                         r.decode_forwards, r.stats)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_injected_divergence_is_reported() -> None:
+    def open_broken(bm: BenchModel) -> ArmRunner:
+        return _AlteringRunner(MeshdRunner(bm.rt, "off"), bm.rt.model.info.n_vocab)
+
+    arms = [a for a in ARMS if a.name in (REFERENCE_ARM, "meshd-off")]
+    arms.append(ArmSpec("broken", "meshd-off with token 5 altered", open_broken))
+    report = bench.run_bench(_tiny_config(models=("llama",)), arms=arms, log=_quiet)
+    (wl,) = report["models"][0]["workloads"]
+    assert wl["arms"]["meshd-off"]["identical"] is True
+    broken = wl["arms"]["broken"]
+    assert broken["identical"] is False
+    assert broken["first_divergence"] == 5
+    assert all(r["first_divergence"] == 5 for r in broken["runs"])
+    margin = broken["margin"]
+    assert margin["index"] == 5
+    assert margin["got_token"] != margin["ref_token"]
+    assert margin["top1"] == margin["ref_token"]  # greedy: the reference took the argmax
+    assert margin["margin"] > 0
+    table = bench.format_report(report)
+    assert "no @5 (margin" in table
+
+
+def test_unknown_names_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--model", "no-such-model"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert main(["bench", "--model", "llama", "--workload", "nope"]) == 2
+    assert "unknown workload" in capsys.readouterr().err
+    assert main(["bench", "--model", "llama", "--arm", "nope"]) == 2
+    assert "unknown arm" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    assert main(["bench", "--model", "llama", "--plot", "x.png"]) == 2
+    assert "matplotlib" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_requantized_copy_is_cached(tmp_path: Path) -> None:
+    from meshd.daemon.bench_arms import requantized
+    from meshd.native.default_model import default_model_path
+    from meshd.native.model import Model
+
+    path = requantized(default_model_path(), "q8_0", cache_dir=tmp_path)
+    assert path.is_file() and path.parent == tmp_path
+    assert requantized(default_model_path(), "q8_0", cache_dir=tmp_path) == path
+    with Model.load(path) as model:
+        assert "Q8_0" in model.info.description
+
+
+def test_plot_draws_every_model(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    arms = {"plain": {"median_decode_tok_s": 100.0}, "meshd-off": {"median_decode_tok_s": 99.0}}
+    report = {"models": [
+        {"name": name, "workloads": [{"name": "story", "arms": arms},
+                                     {"name": "code-edit", "arms": arms}]}
+        for name in ("a", "b")
+    ]}
+    out = tmp_path / "plot.png"
+    bench.write_plot(report, out)
+    assert out.stat().st_size > 1000

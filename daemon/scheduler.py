@@ -117,9 +117,15 @@ class SchedulerStats:
 class Scheduler:
     """Owns one ModelRuntime's sessions; ``run`` is the engine loop."""
 
-    def __init__(self, runtime: ModelRuntime, *, max_queue: int = 64) -> None:
+    def __init__(self, runtime: ModelRuntime, *, max_queue: int = 64,
+                 step_budget_s: float = 0.02) -> None:
         self.runtime = runtime
         self.max_queue = max_queue
+        #: Run steps back to back on the worker thread for up to this long before handing
+        #: events to the event loop: each hand-off costs two thread switches, which on a
+        #: busy 2-core machine wait for a core (measured: ~5% of throughput). Streaming
+        #: latency stays below this budget.
+        self.step_budget_s = step_budget_s
         self.limiter = anyio.CapacityLimiter(1)
         self._waiting: collections.deque[RequestHandle] = collections.deque()
         self._active: list[RequestHandle] = []
@@ -212,11 +218,12 @@ class Scheduler:
 
     async def _step(self) -> None:
         active = list(self._active)
-        results = await self.run_sync(
-            _step_all, [h.generation for h in active], self.runtime.costs
+        results, steps = await self.run_sync(
+            _run_steps, [h.generation for h in active], self.runtime.costs,
+            self.step_budget_s, lambda: bool(self._waiting),
         )
-        self.stats.steps += 1
-        self.stats.forwards += 1
+        self.stats.steps += steps
+        self.stats.forwards += steps
         for handle, result in zip(active, results, strict=True):
             if isinstance(result, BaseException):
                 gen = handle.generation
@@ -271,6 +278,32 @@ class Scheduler:
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             handle._send.send_nowait(event)
         handle._send.close()
+
+
+def _run_steps(
+    gens: Sequence[Generation | None], costs: CostModel | None, budget_s: float,
+    should_yield: Callable[[], bool],
+) -> tuple[list[list[TokenEvent] | BaseException], int]:
+    """Steps back to back until one request ends or fails, the budget is spent, or new
+    requests wait for admission. Runs on the worker thread."""
+    t_end = time.perf_counter() + budget_s
+    total: list[list[TokenEvent] | BaseException] = [[] for _ in gens]
+    steps = 0
+    while True:
+        results = _step_all(gens, costs)
+        steps += 1
+        failed = False
+        for i, result in enumerate(results):
+            acc = total[i]
+            if isinstance(result, BaseException):
+                total[i] = result
+                failed = True
+            elif isinstance(acc, list):
+                acc.extend(result)
+        if failed or any(g is None or g.done for g in gens):
+            return total, steps
+        if time.perf_counter() >= t_end or should_yield():
+            return total, steps
 
 
 def _step_all(

@@ -168,16 +168,16 @@ def _add_counts(dicts: Sequence[Mapping[str, int]]) -> dict[str, int]:
 
 
 def forward_ms(runs: Sequence[RunResult]) -> float | None:
-    """Mean milliseconds per decode forward over ``runs``."""
-    forwards = sum(r.decode_forwards for r in runs)
-    return 1e3 * sum(r.forward_s for r in runs) / forwards if forwards else None
+    """Milliseconds per decode forward: the median over ``runs`` of each run's mean (one
+    run slowed down by other load must not drag the figure the way a pooled mean would)."""
+    return _median([1e3 * r.forward_s / r.decode_forwards for r in runs if r.decode_forwards])
 
 
 #: A run whose process got less than this fraction of the CPU share its arm gets at best
 #: on the model was slowed down by other load (llama.cpp's OpenMP barriers stall badly
 #: when one of their threads is descheduled). Relative, because a tiny model leaves the
 #: second thread idle and never reaches a share of 1.
-CONTENDED_CPU_SHARE = 0.6
+CONTENDED_CPU_SHARE = 0.85
 
 
 def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | None,

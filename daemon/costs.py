@@ -27,12 +27,17 @@ REBUILD_EVERY = 8
 
 
 def is_plausible(costs: Sequence[float], *, tolerance: float = 0.85) -> bool:
-    """A measured curve looks sane: c(1) > 1 and it never drops much as rows grow.
+    """A measured curve looks sane: c(1) > 1, it never drops much as rows grow, and no
+    size costs far more than that many single decodes.
 
     Measurements under heavy contention come out non-monotone (seen here: a 2-row
     forward "cheaper" than 1 row); such a curve must not be cached.
     """
     if len(costs) < 2 or costs[1] <= 1.0:
+        return False
+    # A batch of k+1 rows never costs much more than k+1 single decodes (seen under
+    # contention: c(8) = 18.3).
+    if any(c > 1.5 * (k + 1) for k, c in enumerate(costs)):
         return False
     return all(b >= a * tolerance for a, b in itertools.pairwise(costs))
 

@@ -31,6 +31,7 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
         assert f"meshd/{pkg}/py.typed" in names
     assert not any(n.startswith(("daemon/", "protocol/")) for n in names), "bare top-level name"
     assert "meshd/protocol/PROTOCOL.md" in names
+    assert "meshd/daemon/workloads/code-edit.json" in names  # bench workloads are data
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     for name in ("mtp", "ngram", "composite", "draft"):

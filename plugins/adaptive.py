@@ -371,20 +371,28 @@ class AdaptiveK:
         self.draft_cost = draft_cost
         self.explorer = explorer if explorer is not None else Explorer()
         self.probing = False
+        #: Length of the next probe: 1, doubled after each probe whose drafts were all
+        #: accepted (the next step probes again at once), back to 1 after a miss. A copy
+        #: region is found in a few steps instead of one 1-token probe per interval.
+        self.probe_len = 1
+        self._ramp = False
 
     def next_k(self) -> int:
-        """The draft length for this step (1 when it is a probe, 0 for plain decode)."""
+        """The draft length for this step (> 0 when it is a probe, 0 for plain decode)."""
         k = choose_k(
             self.curve, self.tracker, self.k_max, margin=self.margin, draft_cost=self.draft_cost
         )
         if k > 0:
             self.probing = False
+            self._ramp = False
+            self.probe_len = 1
             self.explorer.speculated()
             return k
-        if self.k_max >= 1 and self.explorer.idle_step():
+        if self.k_max >= 1 and (self._ramp or self.explorer.idle_step()):
             self.explorer.probed()
             self.probing = True
-            return 1
+            self._ramp = False
+            return min(self.probe_len, self.k_max)
         self.probing = False
         return 0
 
@@ -394,6 +402,11 @@ class AdaptiveK:
         if self.probing:
             if proposed > 0:
                 self.explorer.probe_result(accepted)
+                if accepted == proposed:
+                    self.probe_len = min(2 * proposed, self.k_max)
+                    self._ramp = True
+                else:
+                    self.probe_len = 1
             else:
                 self.explorer.rearm()  # the proposer had nothing: probe next step
             self.probing = False

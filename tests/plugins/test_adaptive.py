@@ -275,3 +275,26 @@ def test_adaptive_k_stays_off_for_a_bad_proposer() -> None:
         issued += k > 0
         ctl.observe(k, 0)
     assert issued < 2000 * 0.02  # backed-off probes only
+
+
+def test_probes_ramp_up_while_every_draft_is_accepted() -> None:
+    """A copy region is found in a few steps: probe lengths 1, 2, 4, 8 back to back."""
+    ctl = AdaptiveK(Q4_1, k_max=8, explorer=Explorer(every=4))
+    ks = [ctl.next_k() for _ in range(4)]
+    assert ks == [0, 0, 0, 1]  # plain decoding until the first probe is due
+    lengths = [1]
+    for _ in range(3):
+        ctl.observe(lengths[-1], lengths[-1])  # every draft accepted
+        lengths.append(ctl.next_k())
+    # The hit is followed at once by a longer probe, and from then on every step drafts
+    # (a ramp probe, or k chosen by the now confident estimates).
+    assert lengths[1] == 2
+    assert all(k >= 2 for k in lengths[1:])
+    # A miss ends the ramp: the next probe waits for the interval and is one token again.
+    ctl2 = AdaptiveK(Q4_1, k_max=8, explorer=Explorer(every=2))
+    assert [ctl2.next_k() for _ in range(2)] == [0, 1]
+    ctl2.observe(1, 1)
+    assert ctl2.next_k() == 2
+    ctl2.observe(2, 0)
+    assert ctl2.next_k() == 0
+    assert ctl2.probe_len == 1

@@ -66,6 +66,7 @@ from meshd.native.calibrate import measure_row_costs
 from meshd.native.errors import NativeError
 from meshd.plugins.adaptive import CostCurve, speedup_limit
 
+from .argtypes import non_negative, positive
 from .bench_arms import (
     ARMS,
     REFERENCE_ARM,
@@ -689,20 +690,6 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``meshd bench`` options (the subparser is created by ``meshd.daemon.cli``)."""
     p.add_argument("--model", action="append", default=[], metavar="NAME",
@@ -714,21 +701,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arm", action="append", default=[], metavar="NAME",
                    help=f"arm (repeatable; '{REFERENCE_ARM}' always runs; default: all of "
                         f"{', '.join(a.name for a in ARMS)})")
-    p.add_argument("--reps", type=_positive, default=3, help="repetitions (default 3)")
-    p.add_argument("--tokens", type=_positive, default=None,
+    p.add_argument("--reps", type=positive, default=3, help="repetitions (default 3)")
+    p.add_argument("--tokens", type=positive, default=None,
                    help="tokens per generation (default 128; --identity: 32)")
-    p.add_argument("--ctx", type=_positive, default=2048, help="context length (all arms)")
-    p.add_argument("--threads", type=_positive, default=None,
+    p.add_argument("--ctx", type=positive, default=2048, help="context length (all arms)")
+    p.add_argument("--threads", type=positive, default=None,
                    help="threads (all arms; default: the CPUs this process may use)")
-    p.add_argument("--draft-max", type=_non_negative, default=8, help="longest draft (k)")
-    p.add_argument("--pld-tokens", type=_positive, default=None,
+    p.add_argument("--draft-max", type=non_negative, default=8, help="longest draft (k)")
+    p.add_argument("--pld-tokens", type=positive, default=None,
                    help="anchor-pld's num_pred_tokens (default: --draft-max)")
     p.add_argument("--llama-flash-attn", choices=["on", "off"], default="on",
                    help="flash attention in the Llama arms (default on, as meshd's context "
                         "gets; 'off' is Llama's own default: its numerics differ, so "
                         "outputs part from meshd at near-ties)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generations")
-    p.add_argument("--cost-reps", type=_positive, default=5,
+    p.add_argument("--cost-reps", type=positive, default=5,
                    help="repetitions of the cost-curve measurement")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--plot", metavar="FILE.png",
@@ -738,8 +725,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--identity", action="store_true",
                    help="the identity gate: meshd-off vs every proposer; exits 1 on a "
                         "divergence on a synthetic model")
-    p.add_argument("--prompts", type=_positive, default=2, help="--identity: prompts per model")
-    p.add_argument("--k", action="append", type=_positive, default=[], metavar="K",
+    p.add_argument("--prompts", type=positive, default=2, help="--identity: prompts per model")
+    p.add_argument("--k", action="append", type=positive, default=[], metavar="K",
                    help="--identity: fixed draft lengths (repeatable; default 1, 3, 8)")
 
 

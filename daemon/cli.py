@@ -12,22 +12,9 @@ from collections.abc import Sequence
 
 from meshd.native.errors import NativeError
 
+from .argtypes import non_negative, positive
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
 from .sampling import SamplingParams
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
-    return value
 
 
 def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,21 +23,21 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true",
                    help="render the prompt as a user turn with the model's chat template")
-    p.add_argument("--max-tokens", type=_positive, default=128)
+    p.add_argument("--max-tokens", type=positive, default=128)
     p.add_argument("--stop", action="append", default=[], metavar="S",
                    help="stop string (repeatable); not included in the output")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--top-k", type=_non_negative, default=0)
+    p.add_argument("--top-k", type=non_negative, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--proposer", default="auto",
                    help="off | auto | mtp | ngram | composite | any installed plugin")
-    p.add_argument("--draft-max", type=_non_negative, default=8,
+    p.add_argument("--draft-max", type=non_negative, default=8,
                    help="longest draft per step (k)")
     p.add_argument("--fixed-k", action="store_true",
                    help="always draft --draft-max tokens (no cost model)")
-    p.add_argument("--ctx", type=_positive, default=4096, help="context length")
-    p.add_argument("--threads", type=_positive, default=None)
+    p.add_argument("--ctx", type=positive, default=4096, help="context length")
+    p.add_argument("--threads", type=positive, default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -24,6 +24,7 @@ import anyio.abc
 
 from meshd.native.errors import NativeError
 
+from .argtypes import non_negative, positive
 from .listener import ListenerError, default_socket_path, open_listener, preflight
 from .logs import LEVELS, configure_logging, get_logger
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
@@ -31,20 +32,6 @@ from .server import Server
 from .service import DEFAULT_MAX_TOKENS, ServerConfig
 
 __all__ = ["add_parser", "run"]
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
-    return value
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,19 +43,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio",
                    help="event loop (asyncio uses uvloop when installed)")
-    p.add_argument("--slots", type=_positive, default=4,
+    p.add_argument("--slots", type=positive, default=4,
                    help="generations decoded together (sessions in the shared context)")
-    p.add_argument("--ctx", type=_positive, default=4096, help="context length per session")
-    p.add_argument("--draft-max", type=_non_negative, default=8,
+    p.add_argument("--ctx", type=positive, default=4096, help="context length per session")
+    p.add_argument("--draft-max", type=non_negative, default=8,
                    help="longest draft per step (k); 0 disables speculation")
-    p.add_argument("--max-queue", type=_non_negative, default=64,
+    p.add_argument("--max-queue", type=non_negative, default=64,
                    help="requests waiting for a slot before new ones are answered busy")
-    p.add_argument("--threads", type=_positive, default=None)
+    p.add_argument("--threads", type=positive, default=None)
     p.add_argument("--proposer", default="auto",
                    help="default proposer: off | auto | mtp | ngram | composite | a plugin")
-    p.add_argument("--max-tokens", type=_positive, default=DEFAULT_MAX_TOKENS,
+    p.add_argument("--max-tokens", type=positive, default=DEFAULT_MAX_TOKENS,
                    help="max_tokens of a request that does not say")
-    p.add_argument("--max-tokens-limit", type=_positive, default=None,
+    p.add_argument("--max-tokens-limit", type=positive, default=None,
                    help="largest max_tokens accepted (default: the context length)")
     p.add_argument("--fixed-k", action="store_true",
                    help="always draft --draft-max tokens (no cost model, no calibration)")

@@ -50,6 +50,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="longest draft per step (k); 0 disables speculation")
     p.add_argument("--max-queue", type=non_negative, default=64,
                    help="requests waiting for a slot before new ones are answered busy")
+    p.add_argument("--stream-interval-ms", type=positive, default=100,
+                   help="stream tokens in batches at most this far apart (fewer wake-ups "
+                        "of the client, which on a small machine steal the decode's cores)")
     p.add_argument("--threads", type=positive, default=None)
     p.add_argument("--proposer", default="auto",
                    help="default proposer: off | auto | mtp | ngram | composite | a plugin")
@@ -99,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         server = Server(runtime, ServerConfig(
             max_tokens_default=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
-            max_queue=args.max_queue,
+            max_queue=args.max_queue, stream_interval_s=args.stream_interval_ms / 1000,
         ))
         options: dict[str, Any] = {}
         if args.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:

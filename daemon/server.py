@@ -41,7 +41,8 @@ class Server:
                  ready_hooks: tuple[ReadyHook, ...] = ()) -> None:
         self.runtime = runtime
         self.config = config = config if config is not None else ServerConfig()
-        self.scheduler = Scheduler(runtime, max_queue=config.max_queue)
+        self.scheduler = Scheduler(runtime, max_queue=config.max_queue,
+                                   step_budget_s=config.stream_interval_s)
         self.service = Service(runtime, self.scheduler, config)
         self.ready_hooks = ready_hooks
         self.log = get_logger("meshd.server")

@@ -74,6 +74,8 @@ class ServerConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_queue: int = 64
     """Generations waiting for a slot before new ones are answered ``busy``."""
+    stream_interval_s: float = 0.1
+    """Tokens are streamed in batches at most this far apart (after the first token)."""
     max_requests_per_connection: int = 256
     """Concurrent requests one connection may have in flight before ``busy``."""
     hello_timeout_s: float = 10.0

@@ -317,6 +317,22 @@ def _step_all(
     in-place ones, because an in-place rollback is only exact before any other forward.
     """
     out: list[list[TokenEvent] | BaseException] = [[] for _ in gens]
+    live = [g for g in gens if g is not None]
+    if len(live) > 1 and (live[0].session.recurrent or live[0].session.mtp is not None):
+        # Recurrent state and the MTP companion are kept per sequence by llama.cpp in ways
+        # a mixed batch can break: a recurrent batch of several sequences is split into
+        # equal per-sequence micro-batches, so a sequence's in-place rollback may reach
+        # past its last micro-batch (the stale-snapshot trap), and a divergence was seen
+        # with several MTP sessions in one forward. Until that is pinned down, such
+        # sessions take their steps one after another (each window repaired right after
+        # its own forward), which is exact.
+        for i, gen in enumerate(gens):
+            assert gen is not None
+            try:
+                out[i] = gen.step()  # records its own forward in the cost model
+            except Exception as exc:
+                out[i] = exc
+        return out
     planned: list[tuple[int, Generation, Window]] = []
     for i, gen in enumerate(gens):
         assert gen is not None

@@ -238,7 +238,9 @@ async def test_chat_on_smollm2_equals_in_process(smollm2_runtime: ModelRuntime) 
 
 
 async def test_graceful_shutdown_ends_requests_with_done(runtime: ModelRuntime) -> None:
-    config = ServerConfig(drain_timeout_s=5)
+    # Small stream batches: the generations must still be running when the shutdown
+    # comes (a synthetic model makes 400 tokens within one default 100 ms batch).
+    config = ServerConfig(drain_timeout_s=5, stream_interval_s=0.002)
     async with running_daemon(runtime, config) as (server, path), Client.connect(path) as client:
         streams = [client.generate(_prompt(i), max_tokens=400, temperature=0.0)
                    for i in range(SLOTS + 2)]  # two of them wait in the queue

@@ -14,7 +14,6 @@ there serialize instead of corrupt memory.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -67,16 +66,6 @@ class Row:
     pos: int
     seq_id: int
     output: bool
-
-
-@attrs.frozen
-class ForwardResult:
-    """Per-session slice of one forward: logits rows (copied) for the rows with output."""
-
-    logits: FloatArray  # (n_output_rows, n_vocab)
-
-    def argmax(self) -> list[int]:
-        return [int(i) for i in self.logits.argmax(axis=1)]
 
 
 def _default_threads() -> int:
@@ -246,6 +235,3 @@ class TargetContext:
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         with self.lock:
             return bool(lc.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
-
-    def timed(self) -> float:
-        return time.perf_counter()

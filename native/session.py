@@ -25,7 +25,6 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
-import numpy as np
 
 from .context import FloatArray, Row, TargetContext
 from .errors import CapacityError, RollbackRefused, RuntimeStateError, SessionUnusable
@@ -339,10 +338,6 @@ class RuntimeSession:
 
     def checkpoint_bytes(self) -> int:
         return len(self._checkpoint.data) if self._checkpoint is not None else 0
-
-
-def argmax_rows(logits: FloatArray) -> list[int]:
-    return [int(i) for i in np.asarray(logits).argmax(axis=-1).reshape(-1)]
 
 
 def verify_many(items: Sequence[tuple[RuntimeSession, Sequence[int]]]) -> list[FloatArray]:

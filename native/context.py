@@ -68,6 +68,24 @@ class Row:
     output: bool
 
 
+def context_params(config: ContextConfig, threads: int) -> Any:
+    """llama.cpp context parameters sized by ``config``.
+
+    One definition for the target context and its MTP companion: the companion must
+    hold the same sequences at the same positions, so their sizing may never drift apart.
+    """
+    params = lc.llama_context_default_params()
+    params.n_ctx = config.n_ctx_seq * config.n_seq_max
+    params.n_batch = config.n_batch
+    params.n_ubatch = config.n_batch
+    params.n_seq_max = config.n_seq_max
+    params.n_threads = threads
+    params.n_threads_batch = threads
+    params.kv_unified = False
+    params.no_perf = True
+    return params
+
+
 def _default_threads() -> int:
     import os
 
@@ -88,15 +106,7 @@ class TargetContext:
                 f"{info.n_ctx_train}"
             )
         threads = config.n_threads or _default_threads()
-        params = lc.llama_context_default_params()
-        params.n_ctx = config.n_ctx_seq * config.n_seq_max
-        params.n_batch = config.n_batch
-        params.n_ubatch = config.n_batch
-        params.n_seq_max = config.n_seq_max
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        params.kv_unified = False
-        params.no_perf = True
+        params = context_params(config, threads)
         params.n_rs_seq = (
             config.draft_max if info.has_recurrent_state and config.in_place_rollback else 0
         )

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .context import context_params
 from .errors import NativeError, RuntimeStateError
 from .llama import float_rows, lc, lcx
 
@@ -108,17 +109,8 @@ class MtpContext:
 
     def __init__(self, target: TargetContext, threads: int) -> None:
         self.target = target
-        cfg = target.config
-        params = lc.llama_context_default_params()
-        params.n_ctx = cfg.n_ctx_seq * cfg.n_seq_max
-        params.n_batch = cfg.n_batch
-        params.n_ubatch = cfg.n_batch
-        params.n_seq_max = cfg.n_seq_max
-        params.n_threads = threads
-        params.n_threads_batch = threads
+        params = context_params(target.config, threads)
         params.n_rs_seq = 0
-        params.kv_unified = False
-        params.no_perf = True
         params.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
         ctx = lc.llama_init_from_model(target.model.handle, params)
         if not ctx:

@@ -157,40 +157,33 @@ def _is_dict(t: Any) -> bool:
     return getattr(t, "__origin__", None) is dict
 
 
+def _guarded(
+    inner: Callable[[Any, type], Any], json_type: type, what: str
+) -> Callable[[object, type], Any]:
+    """``inner``, but only for values of exactly ``json_type`` (else a typed error)."""
+
+    def hook(value: object, type_: type) -> Any:
+        if type(value) is not json_type:
+            raise _expected(what, value)
+        return inner(value, type_)
+
+    return hook
+
+
 def _array_factory(t: Any, conv: cattrs.Converter) -> Callable[[object, type], Any]:
     if _is_homogeneous_tuple(t):
         inner = cattrs.cols.homogenous_tuple_structure_factory(t, conv)
     else:
         inner = cattrs.cols.list_structure_factory(t, conv)
-
-    def hook(value: object, type_: type) -> Any:
-        if type(value) is not list:
-            raise _expected("an array", value)
-        return inner(value, type_)
-
-    return hook
+    return _guarded(inner, list, "an array")
 
 
 def _object_factory(t: Any, conv: cattrs.Converter) -> Callable[[object, type], Any]:
-    inner = cattrs.cols.mapping_structure_factory(t, conv)
-
-    def hook(value: object, type_: type) -> Any:
-        if type(value) is not dict:
-            raise _expected("an object", value)
-        return inner(value, type_)
-
-    return hook
+    return _guarded(cattrs.cols.mapping_structure_factory(t, conv), dict, "an object")
 
 
 def _attrs_factory(t: Any, conv: cattrs.Converter) -> Callable[[object, type], Any]:
-    inner = cattrs.gen.make_dict_structure_fn(t, conv)
-
-    def hook(value: object, type_: type) -> Any:
-        if type(value) is not dict:
-            raise _expected("an object", value)
-        return inner(value, type_)
-
-    return hook
+    return _guarded(cattrs.gen.make_dict_structure_fn(t, conv), dict, "an object")
 
 
 def _make_converter() -> cattrs.Converter:

@@ -246,7 +246,11 @@ async def test_graceful_shutdown_ends_requests_with_done(runtime: ModelRuntime) 
                    for i in range(SLOTS + 2)]  # two of them wait in the queue
         for s in streams:
             await s.start()
-        await streams[0].__anext__()
+        # Which requests run first is up to the event loop (trio shuffles its tasks), so
+        # wait for the scheduler's state, not for one particular stream's first token.
+        with anyio.fail_after(10):
+            while server.scheduler.active < SLOTS or server.scheduler.queued < 2:
+                await anyio.sleep(0.001)
         server.shutdown()
         for s in streams:
             async for _ in s:

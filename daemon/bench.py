@@ -83,6 +83,7 @@ from .bench_arms import (
     render_prompt,
     resolve_model,
 )
+from .bench_llama_server import ARM_PREFIX, NGRAM_MODES, llama_server_arms, server_version
 
 #: What ``meshd bench`` measures without ``--model``.
 DEFAULT_MODELS = ("smollm2-q4_1", "smollm2-q8_0", "qwen35-0.5", "qwen35-0.74", "qwen35-0.9")
@@ -117,6 +118,10 @@ class BenchConfig:
     llama_flash_attn: bool = True
     warmup: bool = True
     cost_reps: int = 5
+    #: llama.cpp's ``llama-server`` binary for the extra arms (``None``: not run).
+    llama_server: str | None = None
+    #: Its speculation types to run, one arm each (``llama-server`` plain always runs).
+    llama_server_modes: tuple[str, ...] = NGRAM_MODES
 
 
 # --------------------------------------------------------------------------- summaries
@@ -238,6 +243,12 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
     out["margin"] = None
     stats = [r.stats for r in runs if r.stats is not None]
     out["speculation"] = bool(stats)
+    totals = [r.drafts for r in runs if r.drafts is not None]
+    if totals and not stats:  # a runner that counts drafts but not per position
+        drafted = sum(d for d, _ in totals)
+        accepted = sum(a for _, a in totals)
+        out.update(speculation=True, drafted=drafted, accepted=accepted,
+                   acceptance=accepted / drafted if drafted else None, limit=None)
     if stats:
         drafted = sum(int(s["drafted"]) for s in stats)
         accepted = sum(int(s["accepted"]) for s in stats)
@@ -339,6 +350,8 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
             try:
                 cpu0 = time.process_time()
                 r = runners[arm].run(prompts[w][0], max_tokens)
+                if r.cpu_s is not None:  # measured on the process that decoded
+                    return r
                 return attrs.evolve(r, cpu_s=time.process_time() - cpu0)
             except (KeyboardInterrupt, MemoryError):
                 raise
@@ -409,21 +422,26 @@ def run_bench(config: BenchConfig, *, arms: Sequence[ArmSpec] = ARMS,
     """Run the benchmark and return the report (see the module docstring for its shape)."""
     if config.reps < 1 or config.max_tokens < 1:
         raise BenchError("--reps and --tokens must be at least 1")
-    selected = list(arms)
+    every = list(arms)
+    server = "not run (no --llama-server PATH)"
+    if config.llama_server:
+        every += llama_server_arms(config.llama_server, config.llama_server_modes)
+        server = f"{config.llama_server} ({server_version(config.llama_server)})"
+    selected = every
     if config.arms:
-        known = {a.name for a in arms}
+        known = {a.name for a in every}
         unknown = [a for a in config.arms if a not in known]
         if unknown:
             raise BenchError(f"unknown arm(s) {', '.join(unknown)}; available: "
-                             f"{', '.join(a.name for a in arms)}")
+                             f"{', '.join(a.name for a in every)}")
         wanted = set(config.arms) | {REFERENCE_ARM}
-        selected = [a for a in arms if a.name in wanted]
+        selected = [a for a in every if a.name in wanted]
     load_workloads(config.workloads)  # fail on a bad name before loading any model
     report: dict[str, Any] = {
         "format": FORMAT,
         "config": {**attrs.asdict(config), "arms": [a.name for a in selected]},
         "machine": _machine(config),
-        "llama_server": "not run",
+        "llama_server": server,
         "models": [bench_model(m, config, selected, log) for m in config.models],
     }
     report["targets"] = evaluate_targets(report["models"])
@@ -517,6 +535,39 @@ def evaluate_targets(models: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
                                    na=_arm_na(ngram)))
             if name == "qwen35-0.74":
                 out.append(_mtp_forwards_target(name, wl, mtp))
+            out.extend(_llama_server_targets(name, wl, arms))
+    return out
+
+
+def _llama_server_targets(name: str, wl: str, arms: Mapping[str, Mapping[str, Any]],
+                          ) -> list[dict[str, Any]]:
+    """With ``--llama-server``: meshd-off >= 0.95x its plain decoding, and meshd's best
+    arm >= its best n-gram mode (decode rates, both sides measured in this run)."""
+    def rate(arm: str) -> float | None:
+        s = arms.get(arm)
+        return None if s is None or s.get("error") else s.get("median_decode_tok_s")
+
+    plain = arms.get(ARM_PREFIX)
+    if plain is None:
+        return []
+    out = [_target("meshd-off >= 0.95x llama-server", name, wl, "meshd-off",
+                   _ratio(rate("meshd-off"), rate(ARM_PREFIX)), 0.95,
+                   na=_arm_na(arms.get("meshd-off")) or _arm_na(plain))]
+    ours = {a: rate(a) for a in arms if a.startswith("meshd-")}
+    theirs = {a: rate(a) for a in arms if a.startswith(f"{ARM_PREFIX}-ngram")}
+    ours_ok = {a: v for a, v in ours.items() if v}
+    theirs_ok = {a: v for a, v in theirs.items() if v}
+    if not ours_ok or not theirs_ok:
+        out.append(_target("meshd best >= llama-server best n-gram", name, wl, "meshd-*",
+                           None, 1.0, na="no n-gram mode of llama-server ran"
+                           if not theirs_ok else "no meshd arm ran"))
+        return out
+    best_ours = max(ours_ok, key=lambda a: ours_ok[a])
+    best_theirs = max(theirs_ok, key=lambda a: theirs_ok[a])
+    out.append(_target("meshd best >= llama-server best n-gram", name, wl, best_ours,
+                       ours_ok[best_ours] / theirs_ok[best_theirs], 1.0,
+                       f"{best_ours} {ours_ok[best_ours]:.1f} vs {best_theirs} "
+                       f"{theirs_ok[best_theirs]:.1f} tok/s"))
     return out
 
 
@@ -636,7 +687,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                  "plain; fwd/tok = decode forwards per token; acc = accepted/drafted; "
                  "fwd ms = mean forward (x plain's decode); host = ms/token outside "
                  "llama.cpp forwards")
-    lines.append(f"llama-server arm: {report.get('llama_server', 'not run')}")
+    lines.append(f"llama-server arms: {report.get('llama_server', 'not run')}")
     lines.append("")
     lines.append("targets (decode-rate ratios):")
     for t in report["targets"]:
@@ -721,7 +772,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw decode tokens/s by arm and workload (needs matplotlib)")
     p.add_argument("--llama-server", metavar="PATH",
-                   help="llama.cpp's llama-server binary for an extra arm (not run yet)")
+                   help="llama.cpp's llama-server binary: extra arms running it on loopback "
+                        "(plain, each n-gram --spec-type, draft-mtp on MTP models)")
+    p.add_argument("--llama-server-mode", action="append", default=[], metavar="TYPE",
+                   help=f"llama-server --spec-type to run (repeatable; default: "
+                        f"{', '.join(NGRAM_MODES)})")
     p.add_argument("--identity", action="store_true",
                    help="the identity gate: meshd-off vs every proposer; exits 1 on a "
                         "divergence on a synthetic model")
@@ -756,11 +811,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             reps=args.reps, max_tokens=args.tokens or 128, n_ctx=args.ctx,
             threads=args.threads, draft_max=args.draft_max, pld_tokens=args.pld_tokens,
             llama_flash_attn=args.llama_flash_attn == "on", warmup=not args.no_warmup,
-            cost_reps=args.cost_reps,
+            cost_reps=args.cost_reps, llama_server=args.llama_server,
+            llama_server_modes=tuple(args.llama_server_mode) or NGRAM_MODES,
         )
         report = run_bench(config)
-        if args.llama_server:
-            report["llama_server"] = f"not run ({args.llama_server}: arm not implemented yet)"
         print(format_report(report))
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

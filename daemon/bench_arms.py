@@ -258,8 +258,12 @@ class RunResult:
     forward_s: float
     decode_forwards: int
     stats: Mapping[str, Any] | None = None
-    #: CPU seconds this process used during the run (all threads; set by the runner).
+    #: CPU seconds used during the run by the process that decoded (all threads): set
+    #: by an out-of-process runner, else by the benchmark from its own process time.
     cpu_s: float | None = None
+    #: ``(drafted, accepted)`` from a runner that reports no per-position ``stats``
+    #: (llama-server's ``timings``).
+    drafts: tuple[int, int] | None = None
 
     @property
     def n(self) -> int:

@@ -1,0 +1,222 @@
+"""``meshd bench --llama-server PATH``: llama.cpp's own server as extra arms.
+
+Why: users compare meshd with ``llama-server`` on the same model, so the benchmark runs
+it side by side with the other arms — same GGUF, same prompt token ids, greedy, same
+threads, context, batch size and flash-attention setting — and reports its plain
+decoding and each of its n-gram speculation modes (and ``draft-mtp`` on a model with an
+MTP head). Its speculation type is a command-line setting (the per-request override is
+compiled out in this llama.cpp), so every mode is one server process on loopback,
+started when the arm opens and stopped when it closes; only one generation runs at a
+time, so an idle server costs the other arms nothing but memory.
+
+Speeds come from the server's own ``timings`` (``predicted_ms`` covers the tokens after
+the prompt, whose first one the prompt's logits give, exactly what meshd's decode rate
+measures); the HTTP round trip counts as host time. CPU use is read from the server's
+``/proc/PID/stat`` so the contention check sees the process that did the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from .bench_arms import ArmRunner, ArmSpec, ArmUnavailable, BenchError, BenchModel, RunResult
+
+#: llama-server's n-gram speculation types (``--spec-type``), each one arm.
+NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+
+#: Prefix of every llama-server arm's name.
+ARM_PREFIX = "llama-server"
+
+#: Seconds a server may take to load the model and answer ``/health``.
+START_TIMEOUT_S = 180.0
+
+#: Seconds one completion may take before the arm gives up on the server.
+REQUEST_TIMEOUT_S = 600.0
+
+
+class LlamaServerError(Exception):
+    """The llama-server process failed (did not start, died, or answered an error)."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` (Linux ``/proc``; ``None`` elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        # After "pid (comm)": state is fields[0], utime fields[11], stime fields[12].
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def server_command(binary: str, bm: BenchModel, spec_type: str | None, port: int,
+                   ) -> list[str]:
+    """The command line: every setting the other arms share, and one speculation type."""
+    cmd = [
+        binary, "--model", str(bm.spec.path), "--host", "127.0.0.1", "--port", str(port),
+        "--ctx-size", str(bm.n_ctx), "--batch-size", str(bm.n_batch),
+        "--ubatch-size", str(bm.n_batch), "--threads", str(bm.threads),
+        "--threads-batch", str(bm.threads), "--parallel", "1",
+        "--flash-attn", "on" if bm.llama_flash_attn else "off", "--no-webui",
+    ]
+    if spec_type is not None:
+        cmd += ["--spec-type", spec_type]
+    return cmd
+
+
+class LlamaServerRunner:
+    """One llama-server process (one speculation type) and greedy completions on it."""
+
+    def __init__(self, binary: str, bm: BenchModel, spec_type: str | None, *,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
+        self.spec_type = spec_type
+        self.port = _free_port()
+        # Held open for the process's lifetime (closed in close()), so no with-block.
+        self._log_file: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
+            prefix="meshd-llama-server-")
+        cmd = server_command(binary, bm, spec_type, self.port)
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                         stdout=self._log_file, stderr=subprocess.STDOUT)
+        except OSError as exc:
+            self._log_file.close()
+            raise BenchError(f"cannot run llama-server {binary!r}: {exc}") from exc
+        try:
+            self._wait_ready(start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _log_tail(self, n: int = 12) -> str:
+        self._log_file.flush()
+        self._log_file.seek(0)
+        lines = self._log_file.read().decode("utf-8", "replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None,
+                 timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            headers = {} if body is None else {"Content-Type": "application/json"}
+            conn.request(method, path, body=payload, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            data = raw.decode("utf-8", "replace")
+        return resp.status, data
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ArmUnavailable(
+                    f"llama-server exited with status {code} before it was ready; its "
+                    f"last lines:\n{self._log_tail()}")
+            try:
+                status, _ = self._request("GET", "/health", timeout=2.0)
+                if status == 200:
+                    return
+            except OSError:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                raise ArmUnavailable(
+                    f"llama-server did not answer /health within {timeout_s:.0f} s; its "
+                    f"last lines:\n{self._log_tail()}")
+            time.sleep(0.05)
+
+    def run(self, prompt: Sequence[int], max_tokens: int) -> RunResult:
+        body = {
+            "prompt": [int(t) for t in prompt], "n_predict": max_tokens,
+            "temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0,
+            "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "seed": 0, "stream": False, "cache_prompt": False, "return_tokens": True,
+        }
+        cpu0 = _proc_cpu_s(self.proc.pid)
+        t0 = time.perf_counter()
+        try:
+            status, data = self._request("POST", "/completion", body)
+        except OSError as exc:
+            raise LlamaServerError(f"llama-server request failed: {exc}; its last lines:\n"
+                                   f"{self._log_tail()}") from exc
+        wall = time.perf_counter() - t0
+        cpu1 = _proc_cpu_s(self.proc.pid)
+        if status != 200 or not isinstance(data, dict):
+            raise LlamaServerError(f"llama-server answered HTTP {status}: {data!r}")
+        tokens = tuple(int(t) for t in data.get("tokens") or ())
+        timings = data.get("timings") or {}
+        prompt_s = float(timings.get("prompt_ms", 0.0)) / 1e3
+        predicted_s = float(timings.get("predicted_ms", 0.0)) / 1e3
+        drafted = int(timings.get("draft_n", 0) or 0)
+        accepted = int(timings.get("draft_n_accepted", 0) or 0)
+        # Every forward after the prompt commits its accepted drafts plus one token.
+        forwards = max(0, len(tokens) - 1 - accepted)
+        return RunResult(
+            tokens=tokens, wall_s=wall, ttft_s=max(0.0, wall - predicted_s),
+            prefill_s=prompt_s, forward_s=predicted_s, decode_forwards=forwards,
+            cpu_s=None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+            drafts=(drafted, accepted) if self.spec_type is not None else None,
+        )
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        with contextlib.suppress(OSError):
+            self._log_file.close()
+
+
+def llama_server_arms(binary: str, modes: Sequence[str] = NGRAM_MODES) -> list[ArmSpec]:
+    """``llama-server`` (plain) and ``llama-server-<mode>`` for each speculation mode,
+    plus ``llama-server-draft-mtp`` (opened only on a model with an MTP head)."""
+    path = Path(binary)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise BenchError(f"--llama-server {binary}: not an executable file")
+
+    def arm(spec_type: str | None) -> ArmSpec:
+        def open_(bm: BenchModel) -> ArmRunner:
+            if spec_type == "draft-mtp" and not bm.rt.model.info.has_mtp:
+                raise ArmUnavailable("the model has no MTP head")
+            return LlamaServerRunner(str(path), bm, spec_type)
+
+        name = ARM_PREFIX if spec_type is None else f"{ARM_PREFIX}-{spec_type}"
+        what = "plain decoding" if spec_type is None else f"--spec-type {spec_type}"
+        return ArmSpec(name, f"llama.cpp's llama-server on loopback, {what}", open_)
+
+    return [arm(None), *(arm(m) for m in modes), arm("draft-mtp")]
+
+
+def server_version(binary: str) -> str:
+    """``llama-server --version``'s first line (the build it reports), for the report."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                             timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BenchError(f"cannot run llama-server {binary!r}: {exc}") from exc
+    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines()
+             if ln.strip().startswith("version")]
+    return lines[0] if lines else "version unknown"

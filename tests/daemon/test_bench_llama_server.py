@@ -1,0 +1,127 @@
+"""``meshd bench --llama-server``: the arms that run llama.cpp's server on loopback.
+
+The binary is a stand-in (``fake_llama_server.py``) that answers with the synthetic
+models' exact greedy rule, so these tests check what the arms do with a server: the
+command line they start it with, the numbers they take from its ``timings``, identity
+against ``plain``, the targets, a server that fails to start, and that no process is
+left behind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshd.daemon import bench
+from meshd.daemon.bench_arms import BenchModel, resolve_model
+from meshd.daemon.bench_llama_server import LlamaServerRunner, llama_server_arms
+from meshd.daemon.cli import main
+from meshd.native import testmodels
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+@pytest.fixture
+def fake_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    script = Path(__file__).with_name("fake_llama_server.py")
+    exe = tmp_path / "llama-server"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("FAKE_LLAMA_SERVER_ARGV", str(tmp_path / "argv.jsonl"))
+    return exe
+
+
+def _argvs(fake: Path) -> list[list[str]]:
+    lines = (fake.parent / "argv.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _config(fake: Path, arms: tuple[str, ...]) -> bench.BenchConfig:
+    return bench.BenchConfig(models=("llama",), workloads=("story",), reps=2, max_tokens=12,
+                             warmup=False, cost_reps=1, arms=arms, llama_server=str(fake),
+                             llama_server_modes=("ngram-mod",))
+
+
+def test_server_arms_run_side_by_side_with_meshd(fake_server: Path) -> None:
+    report = bench.run_bench(
+        _config(fake_server, ("meshd-off", "llama-server", "llama-server-ngram-mod",
+                              "llama-server-draft-mtp")), log=_quiet)
+    assert "version: 9999 (fake)" in report["llama_server"]
+    (model,) = report["models"]
+    assert "no MTP head" in model["unavailable"]["llama-server-draft-mtp"]
+    (wl,) = model["workloads"]
+    plain_srv, ngram_srv = wl["arms"]["llama-server"], wl["arms"]["llama-server-ngram-mod"]
+    for arm in (plain_srv, ngram_srv):
+        assert arm["error"] is None and len(arm["runs"]) == 2
+        assert arm["identical"] is True  # the fake follows the model's greedy rule
+        assert all(r["tokens"] == 12 for r in arm["runs"])
+        # Decode rate from the server's own timings: 11 tokens after the first one over
+        # predicted_ms (the fake sleeps 1 ms a token, so it is at most ~1000 tok/s).
+        assert all(0 < r["decode_tok_s"] < 1100 for r in arm["runs"])
+    assert plain_srv["speculation"] is False and plain_srv.get("acceptance") is None
+    assert ngram_srv["acceptance"] == pytest.approx(0.5)
+    assert ngram_srv["forwards_per_token"] == pytest.approx((11 - 6) / 12)
+
+    # Every server got the settings the other arms use, and its own speculation type.
+    argvs = _argvs(fake_server)
+    assert len(argvs) == 2
+    for argv in argvs:
+        flags = dict(itertools.pairwise(argv))  # each flag -> the word after it
+        assert flags["--threads"] == str(report["machine"]["threads"])
+        assert flags["--ctx-size"] == str(model["n_ctx"])
+        assert flags["--flash-attn"] == "on" and flags["--host"] == "127.0.0.1"
+        assert flags["--model"] == model["path"]
+    assert sorted(a[a.index("--spec-type") + 1] for a in argvs if "--spec-type" in a) == [
+        "ngram-mod"]
+
+    targets = {t["target"]: t for t in report["targets"]}
+    off_vs = targets["meshd-off >= 0.95x llama-server"]
+    assert off_vs["value"] == pytest.approx(
+        wl["arms"]["meshd-off"]["median_decode_tok_s"] / plain_srv["median_decode_tok_s"])
+    best = targets["meshd best >= llama-server best n-gram"]
+    assert best["arm"] == "meshd-off" and "llama-server-ngram-mod" in best["detail"]
+    table = bench.format_report(report)
+    assert "llama-server-ngram-mod" in table and "meshd-off >= 0.95x llama-server" in table
+
+
+def test_a_server_that_fails_to_start_is_reported(fake_server: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_SERVER_FAIL", "1")
+    report = bench.run_bench(_config(fake_server, ("llama-server",)), log=_quiet)
+    (model,) = report["models"]
+    why = model["unavailable"]["llama-server"]
+    assert "exited with status 1" in why and "fake failure" in why
+    assert "llama-server" not in model["workloads"][0]["arms"]
+
+
+def test_runner_stops_its_server(fake_server: Path) -> None:
+    bm = BenchModel(resolve_model("llama", threads=1), n_ctx=256, threads=1, draft_max=0)
+    try:
+        runner = LlamaServerRunner(str(fake_server), bm, "ngram-simple")
+        try:
+            prompt = [testmodels.BOS_ID, 10, 11, 12]
+            r = runner.run(prompt, 5)
+            assert list(r.tokens) == testmodels.reference_continuation(prompt, 5)
+            assert r.drafts == (5, 2) and r.cpu_s is not None
+        finally:
+            runner.close()
+        assert runner.proc.poll() is not None
+    finally:
+        bm.close()
+
+
+def test_a_missing_binary_is_a_usage_error(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope"
+    assert main(["bench", "--model", "llama", "--llama-server", str(missing)]) == 2
+    assert "not an executable file" in capsys.readouterr().err
+    with pytest.raises(bench.BenchError):
+        llama_server_arms(os.devnull)

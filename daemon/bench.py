@@ -28,7 +28,7 @@ JSON report (``--json FILE``), format 1::
 
     {"format": 1, "config": {...}, "machine": {...}, "llama_server": "...",
      "models": [{"name", "path", "note", "synthetic", "has_mtp", "recurrent", "n_ctx",
-                 "cost_curve", "runtime_curve", "limit": {"k", "speedup"},
+                 "cost_curve", "runtime_curve", "draft_model", "limit": {"k", "speedup"},
                  "reference", "unavailable": {arm: reason},
                  "workloads": [{"name", "prompt_tokens", "truncated",
                                 "arms": {arm: ArmSummary}}]}],
@@ -76,6 +76,7 @@ from .bench_arms import (
     BenchError,
     BenchModel,
     RunResult,
+    default_draft,
     default_threads,
     divergence_margin,
     first_divergence,
@@ -118,6 +119,9 @@ class BenchConfig:
     llama_flash_attn: bool = True
     warmup: bool = True
     cost_reps: int = 5
+    #: ``meshd-draft``'s draft model (a name :func:`resolve_model` knows or a path);
+    #: ``None``: :func:`default_draft` of each model.
+    draft_model: str | None = None
     #: llama.cpp's ``llama-server`` binary for the extra arms (``None``: not run).
     llama_server: str | None = None
     #: Its speculation types to run, one arm each (``llama-server`` plain always runs).
@@ -318,8 +322,11 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
     spec = resolve_model(name, threads=threads)
     workloads = load_workloads(config.workloads)
     log(f"{spec.name}: loading {spec.path}")
+    draft = (resolve_model(config.draft_model, threads=threads).path if config.draft_model
+             else default_draft(spec))
     bm = BenchModel(spec, n_ctx=config.n_ctx, threads=threads, draft_max=config.draft_max,
-                    llama_flash_attn=config.llama_flash_attn, pld_tokens=config.pld_tokens)
+                    llama_flash_attn=config.llama_flash_attn, pld_tokens=config.pld_tokens,
+                    draft_path=draft)
     runners: dict[str, ArmRunner] = {}
     try:
         info = bm.rt.model.info
@@ -328,6 +335,7 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
             "synthetic": spec.synthetic, "has_mtp": info.has_mtp,
             "recurrent": info.has_recurrent_state, "n_ctx": bm.n_ctx,
             "runtime_curve": list(bm.rt.curve.costs) if bm.rt.curve else None,
+            "draft_model": None if draft is None else str(draft),
         }
         prompts = {w.name: render_prompt(bm.rt, w, room=config.max_tokens) for w in workloads}
         curve: CostCurve | None = None
@@ -759,6 +767,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive, default=None,
                    help="threads (all arms; default: the CPUs this process may use)")
     p.add_argument("--draft-max", type=non_negative, default=8, help="longest draft (k)")
+    p.add_argument("--draft-model", metavar="NAME|PATH",
+                   help="meshd-draft's draft model (default: the shipped Q4_1 for a "
+                        "requantized SmolLM2, the synthetic llama for synthetic MTP models)")
     p.add_argument("--pld-tokens", type=positive, default=None,
                    help="anchor-pld's num_pred_tokens (default: --draft-max)")
     p.add_argument("--llama-flash-attn", choices=["on", "off"], default="on",
@@ -812,6 +823,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             threads=args.threads, draft_max=args.draft_max, pld_tokens=args.pld_tokens,
             llama_flash_attn=args.llama_flash_attn == "on", warmup=not args.no_warmup,
             cost_reps=args.cost_reps, llama_server=args.llama_server,
+            draft_model=args.draft_model,
             llama_server_modes=tuple(args.llama_server_mode) or NGRAM_MODES,
         )
         report = run_bench(config)

@@ -205,6 +205,17 @@ def resolve_model(name: str, *, cache_dir: Path | None = None,
     )
 
 
+def default_draft(spec: ModelSpec) -> Path | None:
+    """The draft model ``meshd-draft`` uses when none is named: a cheaper model with the
+    same vocabulary — the shipped Q4_1 for a requantized SmolLM2, the synthetic llama
+    (same rule, same vocabulary, no recurrent state) for a synthetic MTP model."""
+    if spec.name.startswith("smollm2-") and spec.name != "smollm2-q4_1":
+        return default_model_path()
+    if spec.synthetic and not spec.name.startswith("llama"):
+        return testmodels.test_model_path("llama")
+    return None
+
+
 def default_threads() -> int:
     """The thread count meshd's context uses by default; the Llama arms get the same."""
     if hasattr(os, "sched_getaffinity"):
@@ -218,8 +229,11 @@ class BenchModel:
     """
 
     def __init__(self, spec: ModelSpec, *, n_ctx: int, threads: int, draft_max: int,
-                 llama_flash_attn: bool = True, pld_tokens: int | None = None) -> None:
+                 llama_flash_attn: bool = True, pld_tokens: int | None = None,
+                 draft_path: Path | None = None) -> None:
         self.spec = spec
+        #: The ``meshd-draft`` arm's draft model (``None``: that arm does not run).
+        self.draft_path = draft_path
         self.threads = threads
         self.draft_max = draft_max
         self.llama_flash_attn = llama_flash_attn
@@ -353,6 +367,20 @@ def meshd_arm(name: str, proposer: str, description: str, *, adaptive: bool = Tr
     return ArmSpec(name, description, open_)
 
 
+def draft_arm(name: str, description: str) -> ArmSpec:
+    """meshd with the ``draft`` proposer on the model's :attr:`BenchModel.draft_path`."""
+
+    def open_(bm: BenchModel) -> ArmRunner:
+        if bm.draft_path is None:
+            raise ArmUnavailable("no cheaper model with this vocabulary is known; "
+                                 "name one with --draft-model")
+        if bm.draft_max == 0:
+            raise ArmUnavailable("--draft-max 0 turns speculation off")
+        return MeshdRunner(bm.rt, f"draft:{bm.draft_path}")
+
+    return ArmSpec(name, description, open_)
+
+
 class LlamaRunner:
     """llama-cpp-python's ``Llama.create_completion``, greedy, on the same prompt tokens.
 
@@ -448,6 +476,7 @@ ARMS: tuple[ArmSpec, ...] = (
     meshd_arm("meshd-mtp", "mtp", "meshd, the model's MTP head, adaptive draft length"),
     meshd_arm("meshd-mtp-fixed", "mtp", "meshd, MTP head, always --draft-max (no cost model)",
               adaptive=False),
+    draft_arm("meshd-draft", "meshd, a smaller same-vocabulary draft model, adaptive"),
     meshd_arm("meshd-composite", "composite", "meshd, MTP + n-gram composite"),
     meshd_arm("meshd-auto", "auto", "meshd default: proposer auto, adaptive"),
 )

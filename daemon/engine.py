@@ -98,17 +98,28 @@ class SpeculationSettings:
 
 
 class MtpHead:
-    """The session's MTP context bound to the engine's current ``last`` token."""
+    """The session's MTP context bound to the engine's current ``last`` token.
 
-    def __init__(self, session: RuntimeSession) -> None:
-        if session.mtp is None:
-            raise ValueError("session has no MTP context")
-        self._mtp = session.mtp
-        self._session = session
+    Created unbound, before the session is chosen: whether a session follows the MTP head
+    (an MTP forward after every target forward) depends on whether the proposer, made
+    first, needs the head; :meth:`bind` attaches the session then.
+    """
+
+    def __init__(self) -> None:
+        self._session: RuntimeSession | None = None
         self.last = -1
 
+    def bind(self, session: RuntimeSession) -> None:
+        if session.mtp is None:
+            raise ValueError("the session does not follow the MTP head")
+        self._session = session
+
     def draft(self, k: int) -> tuple[list[int], list[float]]:
-        return self._mtp.draft(self.last, self._session.n_past, k)
+        session = self._session
+        if session is None or session.mtp is None:
+            raise RuntimeError("the MTP head was used by a proposer that does not declare "
+                               "needs_mtp_head")
+        return session.mtp.draft(self.last, session.n_past, k)
 
 
 class Generation:

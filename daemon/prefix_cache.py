@@ -82,16 +82,20 @@ class PrefixCache:
             while len(self._entries) > self.max_entries or self.tokens > self.max_tokens:
                 self._evict_locked()
 
-    def lookup(self, prompt: Sequence[int]) -> tuple[RuntimeSession, int] | None:
+    def lookup(self, prompt: Sequence[int], *, need_mtp: bool = False,
+               ) -> tuple[RuntimeSession, int] | None:
         """Take the session sharing the longest usable prefix with ``prompt``.
 
         Returns the session, already cut back to the reused prefix, and the number of
         prompt tokens it holds (always < len(prompt): the last prompt token is decoded
-        again to get the next-token logits). None on a miss.
+        again to get the next-token logits). None on a miss. ``need_mtp``: only a
+        session that followed the MTP head will do (the head cannot catch up later).
         """
         with self._lock:
             best: tuple[int, int] | None = None
             for seq_id, entry in self._entries.items():
+                if need_mtp and entry.session.mtp is None:
+                    continue
                 c = min(common_prefix(entry.history, prompt), len(prompt) - 1)
                 exact_only = entry.session.recurrent or entry.session.mtp is not None
                 if exact_only and c < len(entry.history):

@@ -23,7 +23,6 @@ from meshd.native.default_model import default_model_path
 from meshd.native.draft import DraftModel
 from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
-from meshd.native.session import RuntimeSession
 from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Proposer, ProposerEnv
 from meshd.plugins.registry import Registry, default_registry
@@ -197,13 +196,14 @@ class ModelRuntime:
             return "mtp" if self.model.info.has_mtp else "ngram"
         return name.partition(":")[0]
 
-    def make_proposer(self, name: str | None, session: RuntimeSession,
-                      options: Mapping[str, object] | None = None,
+    def make_proposer(self, name: str | None, options: Mapping[str, object] | None = None,
                       ) -> tuple[Proposer | None, MtpHead | None]:
+        """The request's proposer and, on a model with an MTP head, the (unbound) head
+        it was given; the caller binds the head to the session if the proposer needs it."""
         resolved = self.resolve_proposer(name)
         if resolved is None:
             return None, None
-        head = MtpHead(session) if session.mtp is not None else None
+        head = MtpHead() if self.context.mtp is not None else None
         resources: dict[str, object] = {}
         if self.curve is not None:
             resources["cost_curve"] = self.curve
@@ -248,19 +248,35 @@ class ModelRuntime:
                 f"{self.context.config.n_ctx_seq} tokens"
             )
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
-        hit = self.prefix_cache.lookup(prompt)
-        if hit is not None:
-            session = hit[0]
-        else:
-            if self.context.free_slots == 0:
-                self.prefix_cache.evict_one()
-            session = self.context.open_session(reserve=need)
+        prop, head = self.make_proposer(proposer, proposer_options)
+        if k == 0 and prop is not None:
+            prop.close()
+            prop = None
+        # Only a session whose proposer drafts with the MTP head follows it: catching the
+        # head up costs an MTP forward after every target forward.
+        follow_mtp = head is not None and prop is not None and prop.capabilities.needs_mtp_head
         try:
-            prop, head = self.make_proposer(proposer, session, proposer_options)
+            hit = self.prefix_cache.lookup(prompt, need_mtp=follow_mtp)
+            if hit is not None:
+                session = hit[0]
+            else:
+                if self.context.free_slots == 0:
+                    self.prefix_cache.evict_one()
+                session = self.context.open_session(reserve=need, mtp=follow_mtp)
+        except BaseException:
+            if prop is not None:
+                prop.close()
+            raise
+        try:
+            if follow_mtp and head is not None:
+                head.bind(session)
+            else:
+                session.detach_mtp()
+                head = None
             return Generation(
                 session=session, info=self.model.info, tokenizer=self.model.tokenizer,
                 prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                proposer=prop if k > 0 else None, costs=self.costs,
+                proposer=prop, costs=self.costs,
                 settings=SpeculationSettings(
                     draft_max=k,
                     adaptive=adaptive and not (prop and prop.capabilities.decides_length),
@@ -268,5 +284,7 @@ class ModelRuntime:
                 mtp_head=head, on_release=self.prefix_cache.store,
             )
         except Exception:
+            if prop is not None:
+                prop.close()
             session.close()
             raise

@@ -166,8 +166,9 @@ class TargetContext:
     def free_slots(self) -> int:
         return len(self._free_slots)
 
-    def open_session(self, *, reserve: int = 0) -> RuntimeSession:
-        """A new session on a free sequence slot; ``reserve`` = tokens it will need."""
+    def open_session(self, *, reserve: int = 0, mtp: bool = True) -> RuntimeSession:
+        """A new session on a free sequence slot; ``reserve`` = tokens it will need;
+        ``mtp``: follow the MTP head (if the model has one) so it can draft."""
         from .session import RuntimeSession
 
         with self.lock:
@@ -181,7 +182,7 @@ class TargetContext:
                     f"all {self.config.n_seq_max} session slots are in use"
                 )
             seq_id = self._free_slots.pop()
-            session = RuntimeSession(self, seq_id)
+            session = RuntimeSession(self, seq_id, mtp=mtp)
             self.sessions[seq_id] = session
             return session
 
@@ -236,7 +237,7 @@ class TargetContext:
                 else np.empty((0, self.n_vocab), dtype=np.float32)
             )
             hidden: FloatArray | None = None
-            if self.mtp is not None:
+            if self.mtp is not None and self.mtp.follows_any(rows):
                 ptr = lcx.llama_get_embeddings_nextn(self.ctx)
                 hidden = float_rows(ptr, n, self.n_embd).copy()
                 self.mtp.catch_up(rows, hidden)

@@ -84,6 +84,7 @@ class MtpSession:
                         raise NativeError("MTP batch rejected the hidden row")
                     lc.llama_batch_ext_set_output_logits(owner.batch, idx, True)
                     rc = lc.llama_process(owner.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, owner.batch)
+                    owner.forwards += 1
                     if rc != 0:
                         raise RuntimeStateError(
                             f"MTP draft decode failed ({rc})", seq_id=self.seq_id,
@@ -122,11 +123,18 @@ class MtpContext:
         self.n_embd = target.n_embd
         self.n_vocab = target.n_vocab
         self._sessions: dict[int, MtpSession] = {}
+        #: MTP forwards run (catch-ups and draft steps), for tests and stats.
+        self.forwards = 0
 
     def session(self, seq_id: int) -> MtpSession:
         s = MtpSession(self, seq_id)
         self._sessions[seq_id] = s
         return s
+
+    def follows_any(self, rows: Sequence[Row]) -> bool:
+        """Whether any of ``rows`` belongs to a sequence that follows the head."""
+        sessions = self._sessions
+        return bool(sessions) and any(r.seq_id in sessions for r in rows)
 
     def clear(self, seq_id: int) -> None:
         lc.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
@@ -158,6 +166,7 @@ class MtpContext:
         if not first:
             return
         rc = lc.llama_process(self.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+        self.forwards += 1
         if rc != 0:
             raise RuntimeStateError(f"MTP catch-up decode failed ({rc})")
         for seq_id, beg in first.items():

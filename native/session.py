@@ -66,7 +66,7 @@ class _Checkpoint:
 class RuntimeSession:
     """One sequence of a ``TargetContext``. Not thread-safe by itself: the context lock is."""
 
-    def __init__(self, context: TargetContext, seq_id: int) -> None:
+    def __init__(self, context: TargetContext, seq_id: int, *, mtp: bool = True) -> None:
         self.context = context
         self.seq_id = seq_id
         self.n_past = 0  # tokens in the KV / state; the next position to write
@@ -77,9 +77,22 @@ class RuntimeSession:
         self._rolled_back = False
         self._unusable: str | None = None
         self._closed = False
+        #: The MTP companion's view of this sequence, when the session follows the MTP
+        #: head (only a session whose proposer drafts with it should: catching the head
+        #: up costs an MTP forward after every target forward).
         self.mtp: MtpSession | None = (
-            context.mtp.session(seq_id) if context.mtp is not None else None
+            context.mtp.session(seq_id) if mtp and context.mtp is not None else None
         )
+
+    def detach_mtp(self) -> None:
+        """Stop following the MTP head (its state for this sequence is dropped; a
+        session cannot start following it again, the head would lack the history)."""
+        if self.mtp is None:
+            return
+        with self.context.lock:
+            if self.context.mtp is not None:
+                self.context.mtp.clear(self.seq_id)
+            self.mtp = None
 
     # ------------------------------------------------------------------ state
 

@@ -78,3 +78,53 @@ def test_eviction_keeps_slots_available() -> None:
         assert rt.idle_slots == 2
     finally:
         rt.close()
+
+
+def _mtp_forwards(rt: ModelRuntime) -> int:
+    assert rt.context.mtp is not None
+    return rt.context.mtp.forwards
+
+
+@pytest.mark.parametrize("kind", ["qwen35", "mimo2"])
+def test_only_requests_drafting_with_the_mtp_head_pay_for_it(kind: str) -> None:
+    """Catching the MTP head up costs an MTP forward per target forward: a request whose
+    proposer does not draft with it (off, ngram) must not run it, and gets the same
+    tokens as one that does."""
+    rt = make(kind, False)
+    try:
+        prompt = [testmodels.BOS_ID, *rt.model.tokenizer.tokenize("lazy head", add_special=False)]
+        outputs = {}
+        for proposer in ("off", "ngram", "mtp"):
+            before = _mtp_forwards(rt)
+            outputs[proposer] = run(rt, prompt, proposer)
+            ran = _mtp_forwards(rt) - before
+            assert (ran > 0) == (proposer == "mtp"), (proposer, ran)
+        assert outputs["off"] == outputs["ngram"] == outputs["mtp"]
+        assert outputs["off"] == testmodels.reference_continuation(prompt, 40)
+    finally:
+        rt.close()
+
+
+def test_mtp_requests_reuse_only_sessions_that_followed_the_head() -> None:
+    """The head cannot catch up on history it did not see: a session cached by a request
+    without MTP is no use to one with MTP; the other way round it is (the session stops
+    following the head), and the output never changes."""
+    cached, plain = make("mimo2", True), make("mimo2", False)
+    try:
+        tok = cached.model.tokenizer
+        turn1 = [testmodels.BOS_ID, *tok.tokenize("first turn of a talk", add_special=False)]
+        out1 = run(cached, turn1, "off")
+        turn2 = [*turn1, *out1, *tok.tokenize(" then more", add_special=False)]
+        out2 = run(cached, turn2, "mtp")
+        assert cached.prefix_cache.stats.hits == 0  # the off session could not serve it
+        assert out2 == run(plain, turn2, "mtp")
+        turn3 = [*turn2, *out2, *tok.tokenize(" and more", add_special=False)]
+        before = _mtp_forwards(cached)
+        out3 = run(cached, turn3, "off")
+        assert cached.prefix_cache.stats.hits == 1  # the MTP session served the off one
+        assert _mtp_forwards(cached) == before
+        assert out3 == run(plain, turn3, "off")
+    finally:
+        for rt in (cached, plain):
+            assert rt.idle_slots == 2
+            rt.close()

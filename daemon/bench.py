@@ -381,7 +381,7 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                     r = attempt(w.name, arm, config.max_tokens)
                     if r is not None:
                         runs.setdefault((w.name, arm), []).append(r)
-                        log(f"  rep {rep + 1}/{config.reps} {w.name:<17} {arm:<16} "
+                        log(f"  rep {rep + 1}/{config.reps} {w.name:<17} {arm:<26} "
                             f"{r.n:4d} tok {r.tok_s:8.1f} tok/s  decode {r.decode_tok_s:8.1f}")
         reference = REFERENCE_ARM
         if not any(k[1] == reference for k in runs) and any(k[1] == "meshd-off" for k in runs):
@@ -640,7 +640,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"{report['machine']['threads']} threads, arms interleaved; medians; "
         f"ratios are to '{REFERENCE_ARM}' (decode = after the first token)"
     )
-    head = (f"  {'arm':<16} {'tok/s':>7} {'x':>5} {'dec t/s':>8} {'x':>5} "
+    head = (f"  {'arm':<26} {'tok/s':>7} {'x':>5} {'dec t/s':>8} {'x':>5} "
             f"{'fwd/tok':>7} {'acc':>5} {'acc by position':<20} {'fwd ms':>6} {'x':>5} "
             f"{'host':>5} {'ckpt KB':>7}  identical")
     for m in report["models"]:
@@ -671,7 +671,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                 pos = " ".join(f"{a:.2f}" for a in per_pos[:4])
                 ckpt = s.get("checkpoint_bytes")
                 lines.append(
-                    f"  {arm:<16} {_fmt(s['median_tok_s'], '7.1f'):>7} "
+                    f"  {arm:<26} {_fmt(s['median_tok_s'], '7.1f'):>7} "
                     f"{_fmt(s['ratio_vs_plain'], '5.2f'):>5} "
                     f"{_fmt(s['median_decode_tok_s'], '8.1f'):>8} "
                     f"{_fmt(s['decode_ratio_vs_plain'], '5.2f'):>5} "
@@ -685,11 +685,11 @@ def format_report(report: Mapping[str, Any]) -> str:
                 )
                 lim = s.get("limit")
                 if lim:
-                    lines.append(f"  {'':<16} limit at measured acceptance: "
+                    lines.append(f"  {'':<26} limit at measured acceptance: "
                                  f"{lim['speedup']:.2f}x (k={lim['k']}), reached "
                                  f"{_fmt(lim['fraction'], '.0%')}")
                 if s.get("error"):
-                    lines.append(f"  {'':<16} error: {s['error']}")
+                    lines.append(f"  {'':<26} error: {s['error']}")
     lines.append("")
     lines.append("columns: tok/s end-to-end, dec t/s after the first token, x = ratio to "
                  "plain; fwd/tok = decode forwards per token; acc = accepted/drafted; "

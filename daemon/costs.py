@@ -68,10 +68,17 @@ class CostModel:
             self._dirty += 1
 
     def decode_seconds(self) -> float | None:
-        """Median wall time of a one-row forward lately (None until enough samples)."""
+        """Wall time of a one-row forward lately: the median of recent one-row forwards,
+        or, when speculation runs every step and those are rare, the best-sampled window
+        size's median divided by its relative cost. None until enough samples."""
         with self._lock:
             s = self._samples[1]
-            return statistics.median(s) if len(s) >= MIN_SAMPLES else None
+            if len(s) >= MIN_SAMPLES:
+                return statistics.median(s)
+            rows, best = max(self._samples.items(), key=lambda item: len(item[1]))
+            if len(best) < MIN_SAMPLES:
+                return None
+            return statistics.median(best) / self._curve.cost(rows - 1)
 
     def curve(self) -> CostCurve:
         """The current curve (rebuilt from recent medians every few samples)."""

@@ -29,9 +29,11 @@ would never change and a proposer that turned good again would stay off forever.
 :class:`Explorer` therefore allows one probe of ``k = 1`` after a fixed number of idle
 (plain-decode) steps, a deterministic counter (no randomness, so runs are repeatable).
 A probe that commits nothing doubles the interval (up to a cap), one that commits
-something resets it; any regular speculation resets it as well. The worst-case overhead
-is ``(c(1) - 1) / interval`` of a decode per step, e.g. 0.75/16 ≈ 4.7% falling to
-0.75/256 ≈ 0.3% while probes keep failing.
+something resets it; any regular speculation resets it as well. A probe costs
+``c(1) - 1`` plus its drafting (a draft model catching up on every token since its last
+draft can make that several decodes) and saves a decode when it hits, so the interval
+never drops below ``expected probe cost / PROBE_BUDGET``: probes cost at most about 3%
+of a decode per step on average, falling to ~0.3% while they keep failing.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ import attrs
 
 #: A step speculates only if its expected speedup exceeds this (noise guard).
 DEFAULT_MARGIN = 1.02
+
+#: The most a probe may cost on average per step, in decodes (see :class:`AdaptiveK`).
+PROBE_BUDGET = 0.03
+
+#: Where the per-position acceptance right after a fully accepted window starts (see
+#: :class:`AdaptiveK`): optimistic, so a copy run found by a probe is used at once.
+STREAK_PRIOR = 0.9
 
 
 def _to_floats(values: Iterable[float]) -> tuple[float, ...]:
@@ -281,11 +290,13 @@ class AcceptanceTracker:
         if accepted < proposed and not censored:
             self._trials[min(accepted, last)] += 1.0
 
-    def acceptances(self, n: int | None = None) -> tuple[float, ...]:
-        """Estimates for positions ``0 .. n-1`` (default: every tracked position)."""
+    def acceptances(self, n: int | None = None, *, prior: float | None = None,
+                    ) -> tuple[float, ...]:
+        """Estimates for positions ``0 .. n-1`` (default: every tracked position);
+        ``prior`` replaces the fixed prior position 0 shrinks toward."""
         n = self.max_positions if n is None else n
         out: list[float] = []
-        mean = self.prior
+        mean = self.prior if prior is None else prior
         for i in range(n):
             if i < self.max_positions:
                 t, h = self._trials[i], self._hits[i]
@@ -313,6 +324,10 @@ class Explorer:
         self.max_every = max_every
         self.interval = every
         self.idle = 0
+        #: A floor under the interval set by the owner from what a probe costs (a
+        #: draft model that must catch up on every token since its last draft makes a
+        #: probe cost several decodes, so it may come only that much more rarely).
+        self.min_interval = 0
 
     def idle_step(self) -> bool:
         """Count one plain-decode step; True when a probe is due (stays due until used)."""
@@ -322,7 +337,7 @@ class Explorer:
     @property
     def due(self) -> bool:
         """Whether the next opportunity should be spent on a probe."""
-        return self.every > 0 and self.idle >= self.interval
+        return self.every > 0 and self.idle >= max(self.interval, self.min_interval)
 
     def probed(self) -> None:
         """A probe was issued: restart the idle count."""
@@ -350,8 +365,18 @@ class AdaptiveK:
 
     Each step: ``k = next_k()``; if ``k > 0`` ask the proposer for up to ``k`` tokens;
     after verification call ``observe(proposed, accepted, censored)``. Combines
-    :func:`choose_k`, an :class:`AcceptanceTracker` and an :class:`Explorer`. (The
-    composite proposer applies the same policy internally, per child.)
+    :func:`choose_k`, :class:`AcceptanceTracker` estimates and an :class:`Explorer`.
+    (The composite proposer applies the same policy internally, per child.)
+
+    Acceptance is tracked in two states, because copying comes in runs: right after a
+    window whose every draft was accepted (``streak``; the text is most likely still
+    being copied, so long drafts pay) and otherwise (after a rejection, an empty
+    proposal or a plain step). One pooled estimate would average a run's near-certain
+    acceptance with the misses around it and choose a length that suits neither. The
+    streak estimates start optimistic (:data:`STREAK_PRIOR`): the first fully accepted
+    probe is followed by a long window, so a copy region is exploited at once; where
+    streaks do not last (text that copies a word here and there), a few failed long
+    windows teach the streak tracker so and it stops trying.
     """
 
     def __init__(
@@ -363,50 +388,68 @@ class AdaptiveK:
         margin: float = DEFAULT_MARGIN,
         draft_cost: float = 0.0,
         explorer: Explorer | None = None,
+        streak_tracker: AcceptanceTracker | None = None,
+        streaks: bool = True,
+        probe_budget: float = PROBE_BUDGET,
     ) -> None:
         self.curve = curve
+        #: Acceptance outside a streak (after a rejection, an empty proposal, a plain step).
         self.tracker = tracker if tracker is not None else AcceptanceTracker()
+        #: Acceptance right after a fully accepted window.
+        self.streak_tracker = (streak_tracker if streak_tracker is not None else
+                               AcceptanceTracker(prior=STREAK_PRIOR,
+                                                 prior_weight=self.tracker.prior_weight,
+                                                 decay=self.tracker.decay,
+                                                 max_positions=self.tracker.max_positions))
+        #: Expected probe cost allowed per step, in decodes (``inf``: no floor).
+        self.probe_budget = probe_budget
+        #: Whether streaks are tracked apart (off: one pooled estimate).
+        self.streaks = streaks
+        #: Whether the last step verified a window and accepted every draft of it.
+        self.streak = False
+        self._planned_in_streak = False
         self.k_max = curve.max_k if k_max is None else min(k_max, curve.max_k)
         self.margin = margin
         self.draft_cost = draft_cost
         self.explorer = explorer if explorer is not None else Explorer()
         self.probing = False
-        #: Length of the next probe: 1, doubled after each probe whose drafts were all
-        #: accepted (the next step probes again at once), back to 1 after a miss. A copy
-        #: region is found in a few steps instead of one 1-token probe per interval.
-        self.probe_len = 1
-        self._ramp = False
+
+    def acceptances(self) -> tuple[float, ...]:
+        """The estimates this step decides from (streak or not), positions 0..k_max-1."""
+        n = max(1, self.k_max)
+        return (self.streak_tracker if self.streak else self.tracker).acceptances(n)
 
     def next_k(self) -> int:
         """The draft length for this step (> 0 when it is a probe, 0 for plain decode)."""
-        k = choose_k(
-            self.curve, self.tracker, self.k_max, margin=self.margin, draft_cost=self.draft_cost
-        )
+        self._planned_in_streak = self.streak
+        k = choose_k(self.curve, self.acceptances(), self.k_max, margin=self.margin,
+                     draft_cost=self.draft_cost)
         if k > 0:
             self.probing = False
-            self._ramp = False
-            self.probe_len = 1
             self.explorer.speculated()
             return k
-        if self.k_max >= 1 and (self._ramp or self.explorer.idle_step()):
+        # A probe costs c(1) - 1 plus its drafting and saves a decode when it hits:
+        # keep its expected cost under PROBE_BUDGET of a decode per step on average.
+        if self.k_max >= 1:
+            hit = self.tracker.acceptances(1)[0]
+            probe_cost = self.curve.cost(1) - 1.0 + self.draft_cost - hit
+            self.explorer.min_interval = max(0, math.ceil(probe_cost / self.probe_budget))
+        if self.k_max >= 1 and self.explorer.idle_step():
             self.explorer.probed()
             self.probing = True
-            self._ramp = False
-            return min(self.probe_len, self.k_max)
+            return 1
         self.probing = False
+        self.streak = False  # a plain step verifies nothing: whatever ran is over
         return 0
 
     def observe(self, proposed: int, accepted: int, *, censored: bool = False) -> None:
         """Feed back one step's verification (``proposed = 0``: nothing was verified)."""
-        self.tracker.update(proposed, accepted, censored=censored)
+        tracker = self.streak_tracker if self._planned_in_streak else self.tracker
+        tracker.update(proposed, accepted, censored=censored)
+        self.streak = self.streaks and proposed > 0 and accepted == proposed
         if self.probing:
             if proposed > 0:
                 self.explorer.probe_result(accepted)
-                if accepted == proposed:
-                    self.probe_len = min(2 * proposed, self.k_max)
-                    self._ramp = True
-                else:
-                    self.probe_len = 1
             else:
                 self.explorer.rearm()  # the proposer had nothing: probe next step
             self.probing = False

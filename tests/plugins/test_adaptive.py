@@ -247,7 +247,7 @@ def test_explorer_schedule_backs_off_and_resets() -> None:
 
 
 def test_adaptive_k_probes_when_off_and_recovers() -> None:
-    ctl = AdaptiveK(Q4_1, explorer=Explorer(every=8, max_every=64))
+    ctl = AdaptiveK(Q4_1, explorer=Explorer(every=8, max_every=64), probe_budget=math.inf)
     ks = [ctl.next_k() for _ in range(8)]
     assert ks == [0] * 7 + [1]  # the 8th plain step becomes a one-token probe
     ctl.observe(1, 0)  # failed probe: back off to 16
@@ -277,24 +277,134 @@ def test_adaptive_k_stays_off_for_a_bad_proposer() -> None:
     assert issued < 2000 * 0.02  # backed-off probes only
 
 
-def test_probes_ramp_up_while_every_draft_is_accepted() -> None:
-    """A copy region is found in a few steps: probe lengths 1, 2, 4, 8 back to back."""
-    ctl = AdaptiveK(Q4_1, k_max=8, explorer=Explorer(every=4))
+def test_a_hit_probe_is_followed_by_a_long_window() -> None:
+    """A copy region is used at once: after a fully accepted one-token probe the streak
+    estimates (optimistic until they have evidence) choose a long window; a miss ends
+    the streak and plain decoding resumes until the next probe."""
+    ctl = AdaptiveK(MEASURED_Q8_0, k_max=8, explorer=Explorer(every=4), probe_budget=math.inf)
     ks = [ctl.next_k() for _ in range(4)]
     assert ks == [0, 0, 0, 1]  # plain decoding until the first probe is due
-    lengths = [1]
-    for _ in range(3):
-        ctl.observe(lengths[-1], lengths[-1])  # every draft accepted
-        lengths.append(ctl.next_k())
-    # The hit is followed at once by a longer probe, and from then on every step drafts
-    # (a ramp probe, or k chosen by the now confident estimates).
-    assert lengths[1] == 2
-    assert all(k >= 2 for k in lengths[1:])
-    # A miss ends the ramp: the next probe waits for the interval and is one token again.
-    ctl2 = AdaptiveK(Q4_1, k_max=8, explorer=Explorer(every=2))
-    assert [ctl2.next_k() for _ in range(2)] == [0, 1]
-    ctl2.observe(1, 1)
-    assert ctl2.next_k() == 2
-    ctl2.observe(2, 0)
-    assert ctl2.next_k() == 0
-    assert ctl2.probe_len == 1
+    ctl.observe(1, 1)
+    k = ctl.next_k()
+    assert ctl.streak and k >= 4
+    ctl.observe(k, k)
+    assert ctl.next_k() >= 4  # still copying: still long
+    ctl.observe(k, 2)
+    assert not ctl.streak  # a miss: the next step decides from the other estimates
+    assert ctl.next_k() == choose_k(MEASURED_Q8_0, ctl.tracker, 8)
+
+
+def test_streak_tracker_learns_that_streaks_do_not_last() -> None:
+    """Where a hit is rarely followed by more hits, failed long windows teach the streak
+    tracker and it stops drafting long after a hit (old evidence fades, so it retries
+    now and then)."""
+    ctl = AdaptiveK(MEASURED_Q4_1, k_max=8, explorer=Explorer(every=1, max_every=1))
+    long_windows = []
+    for step in range(2000):
+        k = ctl.next_k()
+        if k > 1:
+            long_windows.append(step)
+        ctl.observe(k, min(k, 1))  # only ever the first draft is right
+    # A retry every ~17 steps once learnt (each costs 0.38 of a decode here: ~2%).
+    assert sum(1 for step in long_windows if step >= 1000) <= 1000 / 12, long_windows
+
+
+# --- streaks: copying comes in runs ----------------------------------------------------
+
+
+#: Cost curves measured on this machine (SmolLM2-135M, 2 threads) by ``meshd bench``.
+MEASURED_Q4_1 = CostCurve((1.0, 1.76, 2.14, 2.59, 3.18, 3.59, 4.10, 4.29, 4.94))
+MEASURED_Q8_0 = CostCurve((1.0, 1.90, 2.21, 2.30, 2.83, 3.02, 3.30, 3.30, 3.64))
+
+
+def _bursty_speedup(ctl: AdaptiveK, seed: int, n_tokens: int = 20000) -> float:
+    """Tokens per unit of cost on a text that alternates copy runs (a draft token is
+    right with p 0.99) and free text (p 0.05), switching every ~60 tokens on average.
+
+    A window of k drafts starting at token t commits the drafts up to the first wrong
+    one plus the target's own token, and costs ``c(k)``; a plain step costs 1.
+    """
+    import random
+
+    rng = random.Random(seed)
+    right: list[bool] = []
+    copying = False
+    while len(right) < n_tokens + 64:
+        if rng.random() < 1 / 60:
+            copying = not copying
+        right.append(rng.random() < (0.99 if copying else 0.05))
+    t, cost = 0, 0.0
+    while t < n_tokens:
+        k = ctl.next_k()
+        accepted = 0
+        while accepted < k and right[t + accepted]:
+            accepted += 1
+        ctl.observe(k, accepted)
+        cost += ctl.curve.cost(k)
+        t += accepted + 1
+    return t / cost
+
+
+def test_streaks_pay_on_text_that_copies_in_runs() -> None:
+    """With acceptance tracked apart right after a fully accepted window, the controller
+    drafts long inside copy runs and little outside; one pooled estimate cannot."""
+    for curve in (MEASURED_Q4_1, MEASURED_Q8_0):
+        for seed in range(3):
+            pooled = _bursty_speedup(AdaptiveK(curve, k_max=8, streaks=False), seed)
+            split = _bursty_speedup(AdaptiveK(curve, k_max=8), seed)
+            assert split > pooled * 1.04, (curve, seed, pooled, split)
+
+
+def test_streaks_change_nothing_on_a_steady_source() -> None:
+    """Acceptance that does not come in runs (an MTP head's, roughly): both states see the
+    same rate, so the streak split neither helps nor hurts much."""
+    import random
+
+    for curve in (MEASURED_Q4_1, MEASURED_Q8_0):
+        results = []
+        for streaks in (False, True):
+            ctl = AdaptiveK(curve, k_max=8, streaks=streaks)
+            rng = random.Random(7)
+            t, cost = 0, 0.0
+            while t < 20000:
+                k = ctl.next_k()
+                accepted = 0
+                while accepted < k and rng.random() < 0.8:
+                    accepted += 1
+                ctl.observe(k, accepted)
+                cost += curve.cost(k)
+                t += accepted + 1
+            results.append(t / cost)
+        assert results[1] == pytest.approx(results[0], rel=0.05), (curve, results)
+
+
+def test_a_streak_ends_with_a_miss_or_a_plain_step() -> None:
+    ctl = AdaptiveK(Q8_0, k_max=8, explorer=Explorer(every=1))
+    k = ctl.next_k()
+    assert k > 0
+    ctl.observe(k, k)
+    assert ctl.streak
+    k = ctl.next_k()
+    ctl.observe(k, k - 1)  # one draft rejected
+    assert not ctl.streak
+    assert ctl.streak_tracker.updates == 1 and ctl.tracker.updates == 1
+    off = AdaptiveK(Q8_0, k_max=8, streaks=False)
+    off.observe(3, 3)
+    assert not off.streak
+
+
+def test_costly_probes_come_rarely() -> None:
+    """A proposer whose drafting costs many decodes (a draft model catching up on every
+    token since its last draft) is probed only as often as the probe budget allows."""
+    for draft_cost, most in ((0.0, None), (8.0, 1)):
+        ctl = AdaptiveK(MEASURED_Q4_1, k_max=8, draft_cost=draft_cost)
+        probes, steps = 0, 600
+        for _ in range(steps):
+            k = ctl.next_k()
+            probes += k > 0
+            ctl.observe(k, k)  # even a draft that is always right
+        expected_cost = probes * (MEASURED_Q4_1.cost(1) - 1 + draft_cost - 1.0) / steps
+        if most is not None:
+            assert expected_cost <= 0.035 and probes <= 2 + steps // 260, probes
+        else:
+            assert probes > steps // 2  # free drafting that is always right: speculate

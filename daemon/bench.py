@@ -63,6 +63,7 @@ from typing import Any
 import attrs
 
 from meshd.native.calibrate import measure_row_costs
+from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 from meshd.plugins.adaptive import CostCurve, speedup_limit
 
@@ -110,7 +111,7 @@ class BenchConfig:
     max_tokens: int = 128
     n_ctx: int = 2048
     threads: int | None = None
-    draft_max: int = 8
+    draft_max: int = DEFAULT_DRAFT_MAX
     pld_tokens: int | None = None
     #: Flash attention in the Llama arms. On by default because meshd's context lets
     #: llama.cpp choose and it chooses flash attention on CPU: with Llama's own default
@@ -766,12 +767,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=positive, default=2048, help="context length (all arms)")
     p.add_argument("--threads", type=positive, default=None,
                    help="threads (all arms; default: the CPUs this process may use)")
-    p.add_argument("--draft-max", type=non_negative, default=8, help="longest draft (k)")
+    p.add_argument("--draft-max", type=non_negative, default=DEFAULT_DRAFT_MAX,
+                   help=f"longest draft (k; default {DEFAULT_DRAFT_MAX})")
     p.add_argument("--draft-model", metavar="NAME|PATH",
                    help="meshd-draft's draft model (default: the shipped Q4_1 for a "
                         "requantized SmolLM2, the synthetic llama for synthetic MTP models)")
     p.add_argument("--pld-tokens", type=positive, default=None,
-                   help="anchor-pld's num_pred_tokens (default: --draft-max)")
+                   help="anchor-pld's num_pred_tokens (default 10, LlamaPromptLookupDecoding's)")
     p.add_argument("--llama-flash-attn", choices=["on", "off"], default="on",
                    help="flash attention in the Llama arms (default on, as meshd's context "
                         "gets; 'off' is Llama's own default: its numerics differ, so "

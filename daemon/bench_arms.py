@@ -50,6 +50,11 @@ QUANT_TYPES: Mapping[str, str] = {
 }
 
 
+#: ``anchor-pld``'s draft length unless told: ``LlamaPromptLookupDecoding``'s own default
+#: (``num_pred_tokens=10``), i.e. what its users get.
+PLD_DEFAULT_TOKENS = 10
+
+
 class BenchError(Exception):
     """The benchmark cannot run as asked (unknown model or workload, failed quantize)."""
 
@@ -237,7 +242,7 @@ class BenchModel:
         self.threads = threads
         self.draft_max = draft_max
         self.llama_flash_attn = llama_flash_attn
-        self.pld_tokens = pld_tokens if pld_tokens is not None else max(1, draft_max)
+        self.pld_tokens = pld_tokens if pld_tokens is not None else PLD_DEFAULT_TOKENS
         self.rt = ModelRuntime(RuntimeConfig(
             model_path=str(spec.path), n_ctx_seq=n_ctx, n_seq_max=1, draft_max=draft_max,
             threads=threads, calibrate=draft_max > 0,

@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 
 from .argtypes import non_negative, positive
@@ -32,8 +33,8 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--proposer", default="auto",
                    help="off | auto | mtp | ngram | composite | any installed plugin")
-    p.add_argument("--draft-max", type=non_negative, default=8,
-                   help="longest draft per step (k)")
+    p.add_argument("--draft-max", type=non_negative, default=DEFAULT_DRAFT_MAX,
+                   help=f"longest draft per step (k; default {DEFAULT_DRAFT_MAX})")
     p.add_argument("--fixed-k", action="store_true",
                    help="always draft --draft-max tokens (no cost model)")
     p.add_argument("--ctx", type=positive, default=4096, help="context length")

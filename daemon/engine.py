@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 
+from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
 from meshd.native.session import RuntimeSession
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
@@ -93,7 +94,7 @@ class Window:
 class SpeculationSettings:
     """Per-request speculation: ``draft_max`` bounds k; ``adaptive`` lets cost decide."""
 
-    draft_max: int = 8
+    draft_max: int = DEFAULT_DRAFT_MAX
     adaptive: bool = True
 
 

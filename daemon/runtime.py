@@ -18,7 +18,7 @@ import attrs
 import jinja2.sandbox
 
 from meshd.native.calibrate import measure_row_costs
-from meshd.native.context import ContextConfig, TargetContext
+from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
 from meshd.native.default_model import default_model_path
 from meshd.native.draft import DraftModel
 from meshd.native.errors import ModelLoadError
@@ -43,7 +43,7 @@ class RuntimeConfig:
     n_ctx_seq: int = 4096
     n_seq_max: int = 1
     n_batch: int = 512
-    draft_max: int = 8
+    draft_max: int = DEFAULT_DRAFT_MAX
     threads: int | None = None
     calibrate: bool = True
     default_proposer: str = "auto"

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 
 from .argtypes import non_negative, positive
@@ -46,8 +47,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--slots", type=positive, default=4,
                    help="generations decoded together (sessions in the shared context)")
     p.add_argument("--ctx", type=positive, default=4096, help="context length per session")
-    p.add_argument("--draft-max", type=non_negative, default=8,
-                   help="longest draft per step (k); 0 disables speculation")
+    p.add_argument("--draft-max", type=non_negative, default=DEFAULT_DRAFT_MAX,
+                   help=f"longest draft per step (k; default {DEFAULT_DRAFT_MAX}); 0 disables "
+                        "speculation")
     p.add_argument("--max-queue", type=non_negative, default=64,
                    help="requests waiting for a slot before new ones are answered busy")
     p.add_argument("--stream-interval-ms", type=positive, default=100,

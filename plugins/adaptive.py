@@ -49,6 +49,9 @@ DEFAULT_MARGIN = 1.02
 #: The most a probe may cost on average per step, in decodes (see :class:`AdaptiveK`).
 PROBE_BUDGET = 0.03
 
+#: Run lengths (drafted tokens accepted in a row) where each streak bucket starts.
+STREAK_BUCKETS = (1, 4, 16)
+
 #: Where the per-position acceptance right after a fully accepted window starts (see
 #: :class:`AdaptiveK`): optimistic, so a copy run found by a probe is used at once.
 STREAK_PRIOR = 0.9
@@ -372,7 +375,9 @@ class AdaptiveK:
     window whose every draft was accepted (``streak``; the text is most likely still
     being copied, so long drafts pay) and otherwise (after a rejection, an empty
     proposal or a plain step). One pooled estimate would average a run's near-certain
-    acceptance with the misses around it and choose a length that suits neither. The
+    acceptance with the misses around it and choose a length that suits neither. Streaks
+    are told apart by how long they have lasted (1-3, 4-15, 16+ accepted drafts in a
+    row): deep in a copy run acceptance is near 1 and the longest windows pay. The
     streak estimates start optimistic (:data:`STREAK_PRIOR`): the first fully accepted
     probe is followed by a long window, so a copy region is exploited at once; where
     streaks do not last (text that copies a word here and there), a few failed long
@@ -388,7 +393,6 @@ class AdaptiveK:
         margin: float = DEFAULT_MARGIN,
         draft_cost: float = 0.0,
         explorer: Explorer | None = None,
-        streak_tracker: AcceptanceTracker | None = None,
         streaks: bool = True,
         probe_budget: float = PROBE_BUDGET,
     ) -> None:
@@ -396,18 +400,23 @@ class AdaptiveK:
         #: Acceptance outside a streak (after a rejection, an empty proposal, a plain step).
         self.tracker = tracker if tracker is not None else AcceptanceTracker()
         #: Acceptance right after a fully accepted window.
-        self.streak_tracker = (streak_tracker if streak_tracker is not None else
-                               AcceptanceTracker(prior=STREAK_PRIOR,
-                                                 prior_weight=self.tracker.prior_weight,
-                                                 decay=self.tracker.decay,
-                                                 max_positions=self.tracker.max_positions))
+        #: Acceptance right after fully accepted windows, one tracker per run length
+        #: bucket (:data:`STREAK_BUCKETS`): the longer the output has been copying, the
+        #: likelier it goes on, and the longer the window that pays.
+        self.streak_trackers = [
+            AcceptanceTracker(prior=STREAK_PRIOR, prior_weight=self.tracker.prior_weight,
+                              decay=self.tracker.decay,
+                              max_positions=self.tracker.max_positions)
+            for _ in STREAK_BUCKETS
+        ]
         #: Expected probe cost allowed per step, in decodes (``inf``: no floor).
         self.probe_budget = probe_budget
         #: Whether streaks are tracked apart (off: one pooled estimate).
         self.streaks = streaks
-        #: Whether the last step verified a window and accepted every draft of it.
-        self.streak = False
-        self._planned_in_streak = False
+        #: Drafted tokens accepted in a row, up to the end of the last step (0 after a
+        #: rejection, an empty proposal or a plain step).
+        self.run = 0
+        self._planned: AcceptanceTracker = self.tracker
         self.k_max = curve.max_k if k_max is None else min(k_max, curve.max_k)
         self.margin = margin
         self.draft_cost = draft_cost
@@ -417,11 +426,23 @@ class AdaptiveK:
     def acceptances(self) -> tuple[float, ...]:
         """The estimates this step decides from (streak or not), positions 0..k_max-1."""
         n = max(1, self.k_max)
-        return (self.streak_tracker if self.streak else self.tracker).acceptances(n)
+        return self.current_tracker().acceptances(n)
+
+    @property
+    def streak(self) -> bool:
+        """Whether the last step verified a window and accepted every draft of it."""
+        return self.run > 0
+
+    def current_tracker(self) -> AcceptanceTracker:
+        """The tracker for the present state (no streak, or the run length's bucket)."""
+        if self.run <= 0:
+            return self.tracker
+        bucket = sum(1 for start in STREAK_BUCKETS if self.run >= start) - 1
+        return self.streak_trackers[bucket]
 
     def next_k(self) -> int:
         """The draft length for this step (> 0 when it is a probe, 0 for plain decode)."""
-        self._planned_in_streak = self.streak
+        self._planned = self.current_tracker()
         k = choose_k(self.curve, self.acceptances(), self.k_max, margin=self.margin,
                      draft_cost=self.draft_cost)
         if k > 0:
@@ -439,14 +460,16 @@ class AdaptiveK:
             self.probing = True
             return 1
         self.probing = False
-        self.streak = False  # a plain step verifies nothing: whatever ran is over
+        self.run = 0  # a plain step verifies nothing: whatever ran is over
         return 0
 
     def observe(self, proposed: int, accepted: int, *, censored: bool = False) -> None:
         """Feed back one step's verification (``proposed = 0``: nothing was verified)."""
-        tracker = self.streak_tracker if self._planned_in_streak else self.tracker
-        tracker.update(proposed, accepted, censored=censored)
-        self.streak = self.streaks and proposed > 0 and accepted == proposed
+        self._planned.update(proposed, accepted, censored=censored)
+        if self.streaks and proposed > 0 and accepted == proposed:
+            self.run += accepted
+        else:
+            self.run = 0
         if self.probing:
             if proposed > 0:
                 self.explorer.probe_result(accepted)

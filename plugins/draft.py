@@ -21,7 +21,7 @@ from .base import (
 )
 from .registry import int_option
 
-DEFAULT_MAX_LEN = 8
+DEFAULT_MAX_LEN = 16
 
 
 class DraftSequenceLike(Protocol):

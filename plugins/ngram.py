@@ -16,10 +16,11 @@ the first end-of-generation token (nothing after it can be committed).
 Defaults: ``min_n = 2`` (single-token matches are mostly noise: common tokens recur
 everywhere and their followers disagree), ``max_n = 4`` (longer contexts rarely change
 the match once 4 tokens agree, and each ``n`` costs one dict insert per token),
-``max_len = 8`` (on the measured CPU no verify batch beyond 8 rows pays; the adaptive
-layer truncates further). Option ``cycle`` (default off) lets a match at distance
-``p < max_len`` continue periodically (``draft[i] = seq[e + i % p]``), which catches
-repetition loops; off, such drafts stop at the current end.
+``max_len = 16`` (a long window pays only while the output copies the input nearly
+token for token, e.g. JSON reformatting; the adaptive layer truncates further).
+Option ``cycle`` (default off) lets a match at distance ``p < max_len`` continue
+periodically (``draft[i] = seq[e + i % p]``), which catches repetition loops; off, such
+drafts stop at the current end.
 
 Cost: the index maps each n-gram to the position after its latest occurrence, one dict
 per ``n``. It is extended only by the tokens added since the previous call (the engine
@@ -38,7 +39,7 @@ from .registry import bool_option, int_option
 
 DEFAULT_MIN_N = 2
 DEFAULT_MAX_N = 4
-DEFAULT_MAX_LEN = 8
+DEFAULT_MAX_LEN = 16
 
 
 class NgramIndex:

@@ -29,6 +29,7 @@ from meshd.daemon.bench_arms import (
     load_workloads,
 )
 from meshd.daemon.cli import main
+from meshd.native.context import DEFAULT_DRAFT_MAX
 
 SYNTHETIC = ("llama", "qwen35", "mimo2")
 
@@ -132,7 +133,7 @@ def test_tiny_bench_report_structure(tmp_path: Path) -> None:
     assert report["format"] == bench.FORMAT
     (model,) = report["models"]
     assert model["has_mtp"] and model["recurrent"]
-    assert len(model["cost_curve"]) == 9 and model["cost_curve"][0] == 1.0
+    assert len(model["cost_curve"]) == DEFAULT_DRAFT_MAX + 1 and model["cost_curve"][0] == 1.0
     assert model["limit"]["speedup"] >= 1.0
     assert model["unavailable"] == {}
     (wl,) = model["workloads"]

@@ -20,6 +20,7 @@ from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import SamplingParams
 from meshd.daemon.speculation import FinishReason
 from meshd.native import testmodels
+from meshd.native.context import DEFAULT_DRAFT_MAX, ROLLBACK_MAX
 from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
 from meshd.plugins.registry import Registry, default_registry
@@ -38,6 +39,10 @@ OPTIONS: dict[str, dict[str, object]] = {
 _runtimes: dict[tuple[str, float], ModelRuntime] = {}
 
 
+#: Longer than the in-place rollback depth, so recurrent models also take checkpoints.
+K_MAX = DEFAULT_DRAFT_MAX
+assert K_MAX > ROLLBACK_MAX
+
 def runtime(kind: str, acceptance: float = 0.9) -> ModelRuntime:
     key = (kind, acceptance)
     if key not in _runtimes:
@@ -45,12 +50,12 @@ def runtime(kind: str, acceptance: float = 0.9) -> ModelRuntime:
         path = None if arch == "smollm2" else str(
             testmodels.test_model_path(arch, acceptance=acceptance))
         _runtimes[key] = ModelRuntime(
-            RuntimeConfig(model_path=path, n_ctx_seq=1024, n_seq_max=2, draft_max=8,
+            RuntimeConfig(model_path=path, n_ctx_seq=1024, n_seq_max=2, draft_max=K_MAX,
                           calibrate=False, in_place_rollback=variant != "ckpt"),
             registry=default_registry(),
         )
         # A cheap-verify cost curve (like F32/F16 models) so the composite speculates.
-        _runtimes[key].curve = CostCurve.sanitized([1.0 + 0.15 * k for k in range(9)])
+        _runtimes[key].curve = CostCurve.sanitized([1.0 + 0.15 * k for k in range(K_MAX + 1)])
     return _runtimes[key]
 
 
@@ -88,7 +93,7 @@ texts = st.text(alphabet="abcdefghij klmnop\n", min_size=1, max_size=40)
 
 @pytest.mark.parametrize("kind", SYNTHETIC)
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
-@given(text=texts, k=st.integers(1, 8), max_tokens=st.integers(1, 120), data=st.data())
+@given(text=texts, k=st.integers(1, K_MAX), max_tokens=st.integers(1, 120), data=st.data())
 def test_identity_greedy(
     kind: str, text: str, k: int, max_tokens: int, data: st.DataObject
 ) -> None:
@@ -103,7 +108,7 @@ def test_identity_greedy(
 
 
 @pytest.mark.parametrize("kind", SYNTHETIC)
-@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("k", [1, 3, 8, K_MAX])  # K_MAX > ROLLBACK_MAX: checkpoints
 def test_identity_every_proposer(kind: str, k: int) -> None:
     rt = runtime(kind)
     prompt = prompt_for(rt, "abc abc abc def")
@@ -117,7 +122,7 @@ def test_identity_every_proposer(kind: str, k: int) -> None:
 
 @pytest.mark.parametrize("kind", SYNTHETIC)
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
-@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 8), temp=st.floats(0.3, 1.5))
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, K_MAX), temp=st.floats(0.3, 1.5))
 def test_identity_seeded_sampling(kind: str, seed: int, k: int, temp: float) -> None:
     rt = runtime(kind)
     prompt = prompt_for(rt, "sampled text")
@@ -138,7 +143,7 @@ def test_unseeded_sampling_is_not_speculated() -> None:
 
 @pytest.mark.parametrize("kind", SYNTHETIC)
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
-@given(cancel_at=st.integers(0, 60), k=st.integers(1, 8))
+@given(cancel_at=st.integers(0, 60), k=st.integers(1, K_MAX))
 def test_cancellation_point(kind: str, cancel_at: int, k: int) -> None:
     rt = runtime(kind)
     prompt = prompt_for(rt, "cancel me please")

@@ -387,7 +387,7 @@ def test_a_streak_ends_with_a_miss_or_a_plain_step() -> None:
     k = ctl.next_k()
     ctl.observe(k, k - 1)  # one draft rejected
     assert not ctl.streak
-    assert ctl.streak_tracker.updates == 1 and ctl.tracker.updates == 1
+    assert ctl.streak_trackers[0].updates == 1 and ctl.tracker.updates == 1
     off = AdaptiveK(Q8_0, k_max=8, streaks=False)
     off.observe(3, 3)
     assert not off.streak
@@ -408,3 +408,45 @@ def test_costly_probes_come_rarely() -> None:
             assert expected_cost <= 0.035 and probes <= 2 + steps // 260, probes
         else:
             assert probes > steps // 2  # free drafting that is always right: speculate
+
+
+#: The Q8_0 curve up to k = 16 (measured as above).
+MEASURED_Q8_0_16 = CostCurve((1.0, 1.97, 2.29, 2.44, 3.18, 3.34, 3.67, 3.67, 4.02, 4.38, 4.50,
+                              4.50, 4.87, 5.05, 5.26, 5.26, 5.60))
+
+
+def test_deeper_in_a_copy_run_the_windows_grow() -> None:
+    """Text that copies in long runs whose start is uncertain (a run begins with a few
+    tokens that may still diverge): the controller learns that acceptance is near 1 deep
+    in a run and drafts its longest windows there, shorter ones near the start."""
+    import random
+
+    rng = random.Random(3)
+    ctl = AdaptiveK(MEASURED_Q8_0_16, k_max=16)
+    by_bucket: dict[int, list[int]] = {0: [], 1: [], 2: [], 3: []}
+    pos_in_run = -1  # < 0: free text
+    for _ in range(20000):
+        run_before = ctl.run
+        k = ctl.next_k()
+        accepted = 0
+        while accepted < k:
+            if pos_in_run < 0:
+                right = rng.random() < 0.05
+            else:
+                right = rng.random() < (0.75 if pos_in_run < 4 else 0.998)
+            if not right:
+                break
+            accepted += 1
+            pos_in_run = pos_in_run + 1 if pos_in_run >= 0 else (0 if rng.random() < 0.3 else -1)
+        ctl.observe(k, accepted)
+        if k > 0:
+            bucket = sum(1 for start in (1, 4, 16) if run_before >= start)
+            by_bucket[bucket].append(k)
+        # The text moves on by the committed tokens; runs end now and then.
+        if pos_in_run >= 0 and rng.random() < 0.02:
+            pos_in_run = -1
+        elif pos_in_run < 0 and rng.random() < 0.03:
+            pos_in_run = 0
+    mean = {b: sum(ks) / len(ks) for b, ks in by_bucket.items() if ks}
+    assert mean[3] >= 12, mean
+    assert mean[3] > mean[1] + 3, mean

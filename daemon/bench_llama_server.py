@@ -18,11 +18,14 @@ measures); the HTTP round trip counts as host time. CPU use is read from the ser
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -52,6 +55,14 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the benchmark dies, so an
+    interrupted run (SIGTERM/SIGKILL, no ``finally``) leaves no server behind."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _proc_cpu_s(pid: int) -> float | None:
@@ -92,7 +103,8 @@ class LlamaServerRunner:
         cmd = server_command(binary, bm, spec_type, self.port)
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                         stdout=self._log_file, stderr=subprocess.STDOUT)
+                                         stdout=self._log_file, stderr=subprocess.STDOUT,
+                                         preexec_fn=_die_with_parent)
         except OSError as exc:
             self._log_file.close()
             raise BenchError(f"cannot run llama-server {binary!r}: {exc}") from exc
@@ -196,6 +208,12 @@ def llama_server_arms(binary: str, modes: Sequence[str] = NGRAM_MODES) -> list[A
     path = Path(binary)
     if not path.is_file() or not os.access(path, os.X_OK):
         raise BenchError(f"--llama-server {binary}: not an executable file")
+    known = (*NGRAM_MODES, "draft-mtp")
+    unknown = [m for m in modes if m not in known]
+    if unknown:
+        raise BenchError(f"unknown llama-server mode(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(known)}")
+    wanted = list(dict.fromkeys([*modes, "draft-mtp"]))  # once each, draft-mtp always
 
     def arm(spec_type: str | None) -> ArmSpec:
         def open_(bm: BenchModel) -> ArmRunner:
@@ -207,7 +225,7 @@ def llama_server_arms(binary: str, modes: Sequence[str] = NGRAM_MODES) -> list[A
         what = "plain decoding" if spec_type is None else f"--spec-type {spec_type}"
         return ArmSpec(name, f"llama.cpp's llama-server on loopback, {what}", open_)
 
-    return [arm(None), *(arm(m) for m in modes), arm("draft-mtp")]
+    return [arm(None), *(arm(m) for m in wanted)]
 
 
 def server_version(binary: str) -> str:

@@ -125,3 +125,10 @@ def test_a_missing_binary_is_a_usage_error(tmp_path: Path,
     assert "not an executable file" in capsys.readouterr().err
     with pytest.raises(bench.BenchError):
         llama_server_arms(os.devnull)
+
+
+def test_modes_are_checked_and_named_once(fake_server: Path) -> None:
+    names = [a.name for a in llama_server_arms(str(fake_server), ("ngram-mod", "draft-mtp"))]
+    assert names == ["llama-server", "llama-server-ngram-mod", "llama-server-draft-mtp"]
+    with pytest.raises(bench.BenchError, match="unknown llama-server mode"):
+        llama_server_arms(str(fake_server), ("ngram-fancy",))

@@ -23,7 +23,7 @@ from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
 from meshd.native.session import RuntimeSession
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
-from meshd.plugins.adaptive import AdaptiveK
+from meshd.plugins.adaptive import AdaptiveK, CostCurve, speedup_limit
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
 
 from .costs import CostModel
@@ -33,6 +33,11 @@ from .stopping import StopMatcher
 
 #: How long a proposer may take to answer before its draft counts as late.
 PROPOSER_DEADLINE_S = 0.050
+
+#: Decode-phase forwards before the MTP head's cost is judged (timings settle).
+HEAD_CHECK_FORWARDS = 16
+#: Drafted tokens verified before the head is judged by its measured acceptance.
+HEAD_CHECK_DRAFTS = 64
 
 
 @attrs.define
@@ -96,6 +101,24 @@ class SpeculationSettings:
 
     draft_max: int = DEFAULT_DRAFT_MAX
     adaptive: bool = True
+
+
+def mtp_head_pays(curve: CostCurve, *, overhead: float, draft_cost: float, k_max: int,
+                  acceptances: Sequence[Sequence[float]] = ()) -> bool:
+    """Whether following an MTP head can beat plain decoding without it.
+
+    ``overhead``: the head's catch-up time per target forward, as a fraction of it (paid
+    on plain steps too); ``draft_cost``: one drafted token, in decodes. Speculation must
+    beat ``1 + overhead``. With no ``acceptances`` only the bound at acceptance 1 is
+    judged; with them (one estimate per state), the best of them must beat it too.
+    """
+    target = 1.0 + overhead
+    if speedup_limit(curve, 1.0, k_max=k_max, draft_cost=draft_cost)[1] < target:
+        return False
+    if not acceptances:
+        return True
+    return max(speedup_limit(curve, acc, k_max=k_max, draft_cost=draft_cost)[1]
+               for acc in acceptances) >= target
 
 
 class MtpHead:
@@ -172,6 +195,8 @@ class Generation:
         self._started = False
         self._serial_decodes = 0
         self._draft_s_per_token: float | None = None
+        #: (forward ms, MTP catch-up ms, forwards) when decoding began (see _gate).
+        self._decode_base = (0.0, 0.0, 0)
         self._released = False
         self._cancel_at: int | None = None
         self._cancel_lock = threading.Lock()
@@ -209,6 +234,8 @@ class Generation:
                                "prompt")
         self.stats.reused_prompt_tokens = reused
         logits = self.session.prefill(self.prompt[reused:])
+        c = self.session.counters
+        self._decode_base = (c.decode_ms + c.verify_ms, c.mtp_ms, c.target_forwards)
         window = Window(self.prompt[-1], len(self.prompt) - 1, ())
         decision = self.decide_window(window, logits[None, :])
         events = self.apply(window, decision)
@@ -290,11 +317,54 @@ class Generation:
                     # Drafting is not free (an MTP head or draft model runs forwards):
                     # the cost model charges each drafted token what it measurably costs.
                     self.adaptive.draft_cost = self._draft_s_per_token / decode_s
+            if self.mtp_head is not None and self._mtp_head_cannot_pay():
+                self._drop_mtp_head()
+                self.stats.refuse("mtp_head_dropped")
+                return 0
             k = min(self.adaptive.next_k(), k_max)
             if k == 0:
                 self.stats.refuse("cost_model")
             return k
         return k_max
+
+    def _mtp_head_cannot_pay(self) -> bool:
+        """Whether following the MTP head costs more than its drafts can save.
+
+        Following the head is not free: every target forward is followed by an MTP
+        forward to catch it up (``o``, measured as a fraction of the target's forward
+        time), plain steps included. Speculation must therefore beat ``1 + o`` (plain
+        decoding without the head), not 1. The head is dropped when even drafts that are
+        always right could not (on a model whose head costs as much as its body), or,
+        once enough drafts were verified, when the measured acceptance cannot.
+        """
+        adaptive = self.adaptive
+        if adaptive is None or self._draft_s_per_token is None:
+            return False
+        c = self.session.counters
+        fwd_ms = c.decode_ms + c.verify_ms - self._decode_base[0]
+        mtp_ms = c.mtp_ms - self._decode_base[1]
+        if c.target_forwards - self._decode_base[2] < HEAD_CHECK_FORWARDS or fwd_ms <= mtp_ms:
+            return False
+        overhead = mtp_ms / (fwd_ms - mtp_ms)
+        measured: list[Sequence[float]] = []
+        if self.stats.drafted >= HEAD_CHECK_DRAFTS:
+            trackers = [adaptive.tracker, *(t for t in adaptive.streak_trackers if t.updates)]
+            measured = [t.acceptances(adaptive.k_max) for t in trackers]
+        return not mtp_head_pays(adaptive.curve, overhead=overhead,
+                                 draft_cost=adaptive.draft_cost, k_max=adaptive.k_max,
+                                 acceptances=measured)
+
+    def _drop_mtp_head(self) -> None:
+        """Decode the rest of the request plainly, without catching the head up."""
+        proposer, self.proposer = self.proposer, None
+        self.mtp_head = None
+        self.adaptive = None
+        self.session.detach_mtp()
+        if proposer is not None:
+            try:
+                proposer.close()
+            except Exception:
+                self.stats.fault("close_error")
 
     def plan(self) -> Window:
         """Choose this step's window: ask the proposer for up to k drafts (gated)."""

@@ -14,6 +14,7 @@ there serialize instead of corrupt memory.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -140,6 +141,8 @@ class TargetContext:
         self._free_slots = list(range(config.n_seq_max - 1, -1, -1))
         self.sessions: dict[int, RuntimeSession] = {}
         self.forward_id = 0
+        #: Seconds the last forward spent catching the MTP head up (0 without one).
+        self.last_mtp_s = 0.0
         self.mtp: MtpContext | None = None
         self._closed = False
         if config.use_mtp and info.has_mtp:
@@ -249,10 +252,13 @@ class TargetContext:
                 else np.empty((0, self.n_vocab), dtype=np.float32)
             )
             hidden: FloatArray | None = None
+            self.last_mtp_s = 0.0
             if self.mtp is not None and self.mtp.follows_any(rows):
+                t0 = time.perf_counter()
                 ptr = lcx.llama_get_embeddings_nextn(self.ctx)
                 hidden = float_rows(ptr, n, self.n_embd).copy()
                 self.mtp.catch_up(rows, hidden)
+                self.last_mtp_s = time.perf_counter() - t0
             return logits, hidden
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:

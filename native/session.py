@@ -52,6 +52,8 @@ class SessionCounters:
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     verify_ms: float = 0.0
+    #: Time inside those forwards spent catching the MTP head up (part of the above).
+    mtp_ms: float = 0.0
 
     def as_dict(self) -> dict[str, float | int]:
         return attrs.asdict(self)
@@ -160,6 +162,8 @@ class RuntimeSession:
         self._rolled_back = False
         self.n_past += n_rows
         self.counters.target_forwards += 1
+        if self.mtp is not None:
+            self.counters.mtp_ms += self.context.last_mtp_s * 1e3
 
     def prefill(self, tokens: Sequence[int]) -> FloatArray:
         """Decode a prompt in ``n_batch`` chunks; returns the last row's logits (a copy)."""

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshd.daemon.engine import Generation
+from meshd.daemon.engine import Generation, mtp_head_pays
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import SamplingParams
 from meshd.daemon.speculation import FinishReason
@@ -340,3 +340,38 @@ def test_draft_model_errors_are_clear() -> None:
     with pytest.raises(ValueError, match="draft:PATH"):
         rt.generation(prompt, max_tokens=4, proposer="draft")
     assert rt.idle_slots == rt.context.config.n_seq_max
+
+
+@pytest.mark.parametrize("kind", ["qwen35", "mimo2"])
+def test_an_mtp_head_that_cannot_pay_is_dropped(kind: str) -> None:
+    """On the synthetic models the MTP head costs about as much as the whole model: every
+    catch-up forward nearly doubles a step and no acceptance can win that back. The
+    engine measures it, stops following the head and decodes the rest plainly: same
+    tokens, no further MTP forwards."""
+    rt = runtime(kind, acceptance=1.0)
+    assert rt.context.mtp is not None
+    prompt = prompt_for(rt, "the head does not pay here")
+    ref = generate(rt, prompt, max_tokens=200)
+    gen = rt.generation(prompt, max_tokens=200, proposer="mtp", adaptive=True)
+    forwards_at_drop = None
+    for _ in gen.run():
+        if forwards_at_drop is None and gen.stats.refusals.get("mtp_head_dropped"):
+            forwards_at_drop = rt.context.mtp.forwards
+    assert gen.committed == ref.committed
+    assert gen.stats.refusals.get("mtp_head_dropped") == 1, gen.stats.refusals
+    assert forwards_at_drop is not None and rt.context.mtp.forwards == forwards_at_drop
+    assert rt.idle_slots == rt.context.config.n_seq_max
+
+
+def test_mtp_head_economics() -> None:
+    """The judgement behind dropping a head, on numbers: a real model's head (one layer
+    of many: ~5% catch-up, ~0.1 decode per draft) pays at good acceptance; a head as
+    dear as the body never does; measured acceptance too low to beat the catch-up
+    loses it."""
+    q8 = CostCurve((1.0, 1.9, 2.2, 2.3, 2.8, 3.0, 3.3, 3.3, 3.6))
+    assert mtp_head_pays(q8, overhead=0.05, draft_cost=0.1, k_max=8, acceptances=[[0.85] * 8])
+    assert not mtp_head_pays(q8, overhead=0.9, draft_cost=0.9, k_max=8)
+    cheap = CostCurve([1.0 + 0.05 * k for k in range(9)])
+    assert mtp_head_pays(cheap, overhead=0.3, draft_cost=0.1, k_max=8)  # bound only
+    assert not mtp_head_pays(cheap, overhead=0.3, draft_cost=0.1, k_max=8,
+                             acceptances=[[0.1] * 8, [0.2] * 8])

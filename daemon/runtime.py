@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import jinja2.sandbox
 
-from meshd.native.calibrate import measure_row_costs
+from meshd.native.calibrate import MtpCosts, measure_mtp_costs, measure_row_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
 from meshd.native.default_model import default_model_path
 from meshd.native.draft import DraftModel
@@ -28,7 +28,7 @@ from meshd.plugins.base import Proposer, ProposerEnv
 from meshd.plugins.registry import Registry, default_registry
 
 from .costs import CostModel, is_plausible
-from .engine import Generation, MtpHead, SpeculationSettings
+from .engine import Generation, MtpHead, SpeculationSettings, mtp_head_pays
 from .prefix_cache import PrefixCache
 from .sampling import GREEDY, SamplingParams
 
@@ -88,10 +88,23 @@ class ModelRuntime:
             max_tokens=cache_tokens,
         )
         self.costs: CostModel | None = None
+        #: The MTP head's measured costs (None: no head, or not calibrated).
+        self.mtp_costs: MtpCosts | None = None
         if config.calibrate and config.draft_max > 0:
             self.costs = CostModel(self._load_or_measure_costs(path, ctx_config))
+            self.mtp_costs = measure_mtp_costs(self.context)
         self._template: Any = None
         self._drafts: dict[str, DraftModel] = {}
+
+    @property
+    def mtp_head_pays(self) -> bool:
+        """Whether drafting with the MTP head can pay on this model and machine, even at
+        acceptance 1 (decides what ``auto`` means; True until measured)."""
+        m, curve = self.mtp_costs, self.curve
+        if m is None or curve is None:
+            return True
+        return mtp_head_pays(curve, overhead=m.overhead, draft_cost=m.draft_cost,
+                             k_max=curve.max_k)
 
     @property
     def curve(self) -> CostCurve | None:
@@ -193,7 +206,7 @@ class ModelRuntime:
         if name == "off":
             return None
         if name == "auto":
-            return "mtp" if self.model.info.has_mtp else "ngram"
+            return "mtp" if self.model.info.has_mtp and self.mtp_head_pays else "ngram"
         return name.partition(":")[0]
 
     def make_proposer(self, name: str | None, options: Mapping[str, object] | None = None,

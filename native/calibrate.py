@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 import time
 
+import attrs
+
 from .context import TargetContext
 
 
@@ -41,3 +43,47 @@ def measure_row_costs(
                     session.trim(base_pos)
     base = statistics.median(times[1])
     return [statistics.median(times[n]) / base for n in range(1, k_max + 2)]
+
+
+@attrs.frozen
+class MtpCosts:
+    """What following and using the MTP head costs, relative to the target's decode.
+
+    ``overhead``: the catch-up MTP forward that follows every target forward, as a
+    fraction of that forward; ``draft_cost``: one drafted token, in target decodes.
+    """
+
+    overhead: float
+    draft_cost: float
+
+
+def measure_mtp_costs(context: TargetContext, *, steps: int = 12, draft_len: int = 4,
+                      context_tokens: int = 64) -> MtpCosts | None:
+    """Measure the MTP head's costs on this model and machine (None: no head).
+
+    Why: a head is worth following only if what its drafts save beats what catching it
+    up costs on every forward; on a small model the head can cost as much as the body.
+    """
+    if context.mtp is None:
+        return None
+    n_vocab = context.n_vocab
+    filler = [(7 * i + 3) % n_vocab for i in range(context_tokens + steps + 2)]
+    with context.open_session(mtp=True) as session:
+        session.prefill(filler[:context_tokens])
+        for t in filler[context_tokens:context_tokens + 2]:  # warm-up
+            session.decode(t)
+        c = session.counters
+        fwd0, mtp0 = c.decode_ms, c.mtp_ms
+        for t in filler[context_tokens + 2:]:
+            session.decode(t)
+        body_ms = (c.decode_ms - fwd0) - (c.mtp_ms - mtp0)
+        if body_ms <= 0 or session.mtp is None:
+            return None
+        decode_ms = body_ms / steps
+        t0 = time.perf_counter()
+        drafted = 0
+        for _ in range(3):
+            tokens, _ = session.mtp.draft(filler[-1], session.n_past, draft_len)
+            drafted += len(tokens)
+        draft_ms = (time.perf_counter() - t0) * 1e3 / max(1, drafted)
+    return MtpCosts(overhead=(c.mtp_ms - mtp0) / body_ms, draft_cost=draft_ms / decode_ms)

@@ -375,3 +375,19 @@ def test_mtp_head_economics() -> None:
     assert mtp_head_pays(cheap, overhead=0.3, draft_cost=0.1, k_max=8)  # bound only
     assert not mtp_head_pays(cheap, overhead=0.3, draft_cost=0.1, k_max=8,
                              acceptances=[[0.1] * 8, [0.2] * 8])
+
+
+def test_auto_skips_a_head_that_costs_as_much_as_the_model() -> None:
+    """Calibration measures the head too: on the synthetic models catching it up costs
+    about a whole forward, so ``auto`` means prompt lookup there, not MTP."""
+    path = str(testmodels.test_model_path("qwen35", acceptance=0.9))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=1,
+                                    calibrate=True))
+    try:
+        m = rt.mtp_costs
+        assert m is not None and m.overhead > 0.3 and m.draft_cost > 0.3, m
+        assert not rt.mtp_head_pays
+        assert rt.resolve_proposer("auto") == "ngram"
+        assert rt.resolve_proposer("mtp") == "mtp"  # asked for by name, it is still used
+    finally:
+        rt.close()

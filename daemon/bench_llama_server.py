@@ -37,6 +37,10 @@ from .bench_arms import ArmRunner, ArmSpec, ArmUnavailable, BenchError, BenchMod
 #: llama-server's n-gram speculation types (``--spec-type``), each one arm.
 NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
+#: Modes whose n-gram table outlives a request (``ngram-mod`` hashes every prompt and
+#: output into one table, ``ngram-cache`` keeps a dynamic cache): restarted per run.
+STATEFUL_MODES = frozenset({"ngram-mod", "ngram-cache"})
+
 #: Prefix of every llama-server arm's name.
 ARM_PREFIX = "llama-server"
 
@@ -91,28 +95,51 @@ def server_command(binary: str, bm: BenchModel, spec_type: str | None, port: int
 
 
 class LlamaServerRunner:
-    """One llama-server process (one speculation type) and greedy completions on it."""
+    """One llama-server process (one speculation type) and greedy completions on it.
+
+    Modes in :data:`STATEFUL_MODES` keep an n-gram table across requests, so a repeated
+    prompt (every repetition of a benchmark) would be drafted from the earlier runs'
+    outputs; for them the server is restarted before each run (outside the timing), so
+    every run sees only its own prompt, as meshd's per-request prompt lookup does.
+    """
 
     def __init__(self, binary: str, bm: BenchModel, spec_type: str | None, *,
                  start_timeout_s: float = START_TIMEOUT_S) -> None:
         self.spec_type = spec_type
-        self.port = _free_port()
+        self.fresh_each_run = spec_type in STATEFUL_MODES
+        self._runs = 0
+        self._start_timeout_s = start_timeout_s
+        self._bm = bm
+        self._binary = binary
         # Held open for the process's lifetime (closed in close()), so no with-block.
         self._log_file: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
             prefix="meshd-llama-server-")
-        cmd = server_command(binary, bm, spec_type, self.port)
+        self._start()
+
+    def _start(self) -> None:
+        self.port = _free_port()
         try:
+            cmd = server_command(self._binary, self._bm, self.spec_type, self.port)
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                                          stdout=self._log_file, stderr=subprocess.STDOUT,
                                          preexec_fn=_die_with_parent)
         except OSError as exc:
             self._log_file.close()
-            raise BenchError(f"cannot run llama-server {binary!r}: {exc}") from exc
+            raise BenchError(f"cannot run llama-server {self._binary!r}: {exc}") from exc
         try:
-            self._wait_ready(start_timeout_s)
+            self._wait_ready(self._start_timeout_s)
         except BaseException:
             self.close()
             raise
+
+    def _stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
     def _log_tail(self, n: int = 12) -> str:
         self._log_file.flush()
@@ -164,6 +191,10 @@ class LlamaServerRunner:
             "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
             "seed": 0, "stream": False, "cache_prompt": False, "return_tokens": True,
         }
+        if self.fresh_each_run and self._runs:
+            self._stop()
+            self._start()
+        self._runs += 1
         cpu0 = _proc_cpu_s(self.proc.pid)
         t0 = time.perf_counter()
         try:
@@ -191,13 +222,7 @@ class LlamaServerRunner:
         )
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self._stop()
         with contextlib.suppress(OSError):
             self._log_file.close()
 

@@ -70,9 +70,10 @@ def test_server_arms_run_side_by_side_with_meshd(fake_server: Path) -> None:
     assert ngram_srv["acceptance"] == pytest.approx(0.5)
     assert ngram_srv["forwards_per_token"] == pytest.approx((11 - 6) / 12)
 
-    # Every server got the settings the other arms use, and its own speculation type.
+    # Every server got the settings the other arms use, and its own speculation type;
+    # ngram-mod keeps its table across requests, so it was restarted for its 2nd run.
     argvs = _argvs(fake_server)
-    assert len(argvs) == 2
+    assert len(argvs) == 3
     for argv in argvs:
         flags = dict(itertools.pairwise(argv))  # each flag -> the word after it
         assert flags["--threads"] == str(report["machine"]["threads"])
@@ -80,7 +81,7 @@ def test_server_arms_run_side_by_side_with_meshd(fake_server: Path) -> None:
         assert flags["--flash-attn"] == "on" and flags["--host"] == "127.0.0.1"
         assert flags["--model"] == model["path"]
     assert sorted(a[a.index("--spec-type") + 1] for a in argvs if "--spec-type" in a) == [
-        "ngram-mod"]
+        "ngram-mod", "ngram-mod"]
 
     targets = {t["target"]: t for t in report["targets"]}
     off_vs = targets["meshd-off >= 0.95x llama-server"]

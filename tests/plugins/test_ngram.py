@@ -49,7 +49,8 @@ def test_every_step_matches_brute_force(
     seq: list[int], sizes: tuple[int, int], max_len: int, cycle: bool
 ) -> None:
     min_n, max_n = sizes
-    prop = NgramProposer(min_n=min_n, max_n=max_n, max_len=max_len, cycle=cycle)
+    # The reference knows the lookup rule, not the match-length bound on the draft.
+    prop = NgramProposer(min_n=min_n, max_n=max_n, max_len=max_len, cycle=cycle, per_match=0)
     for t in range(len(seq) + 1):
         got = prop.propose(request(seq[:t]))
         want = reference(seq[:t], min_n, max_n, max_len, cycle=cycle)
@@ -125,7 +126,7 @@ def test_never_proposes_the_current_suffix_itself() -> None:
     # Period-1 repetition: the only earlier occurrence is one back; its follower is
     # the last token, so the draft stops at the current end unless cycling.
     assert NgramProposer(min_n=1).propose(request([3, 3])).tokens == (3,)  # type: ignore[union-attr]
-    cyc = NgramProposer(min_n=1, max_len=4, cycle=True).propose(request([3, 3]))
+    cyc = NgramProposer(min_n=1, max_len=4, cycle=True, per_match=0).propose(request([3, 3]))
     assert cyc is not None and cyc.tokens == (3, 3, 3, 3)
 
 
@@ -199,3 +200,17 @@ def test_factory_reads_options() -> None:
     for bad in ({"min_n": 0}, {"max_len": "8"}, {"min_n": 3, "max_n": 2}, {"cycle": 1}):
         with pytest.raises(ValueError):
             ngram_factory(ProposerEnv(vocab_size=10, eog_tokens=frozenset(), options=bad))
+
+
+def test_draft_length_follows_the_evidence_of_the_match() -> None:
+    """A draft may be at most ``per_match`` tokens per token of context that matched: a
+    two-token coincidence proposes little, a long copied stretch a long draft."""
+    text = list(range(10, 40))  # 30 distinct tokens
+    weak = [*text, 99, 10, 11]  # only (10, 11) matches: 2 tokens of evidence
+    got = NgramProposer(max_len=16).propose(request(weak))
+    assert got is not None and got.tokens == tuple(text[2:6])  # 2 x 2 tokens
+    strong = [*text, 99, *text[:12]]  # 12 tokens copied so far
+    got = NgramProposer(max_len=16).propose(request(strong))
+    assert got is not None and got.tokens == tuple(text[12:28])  # the full 16
+    assert NgramProposer(max_len=16, per_match=0).propose(request(weak)).tokens == tuple(
+        text[2:18])  # type: ignore[union-attr]

@@ -57,33 +57,41 @@ class MtpCosts:
     draft_cost: float
 
 
-def measure_mtp_costs(context: TargetContext, *, steps: int = 12, draft_len: int = 4,
+def measure_mtp_costs(context: TargetContext, *, steps: int = 15, draft_len: int = 4,
                       context_tokens: int = 64) -> MtpCosts | None:
     """Measure the MTP head's costs on this model and machine (None: no head).
 
     Why: a head is worth following only if what its drafts save beats what catching it
     up costs on every forward; on a small model the head can cost as much as the body.
+    Each quantity is a median of per-step ratios (catch-up vs body within one forward;
+    a drafted token vs the neighbouring decode), so a step slowed down by other load on
+    the machine shifts both sides of its ratio and not the result.
     """
     if context.mtp is None:
         return None
     n_vocab = context.n_vocab
     filler = [(7 * i + 3) % n_vocab for i in range(context_tokens + steps + 2)]
+    overheads: list[float] = []
+    draft_costs: list[float] = []
     with context.open_session(mtp=True) as session:
         session.prefill(filler[:context_tokens])
         for t in filler[context_tokens:context_tokens + 2]:  # warm-up
             session.decode(t)
         c = session.counters
-        fwd0, mtp0 = c.decode_ms, c.mtp_ms
         for t in filler[context_tokens + 2:]:
+            fwd0, mtp0 = c.decode_ms, c.mtp_ms
             session.decode(t)
-        body_ms = (c.decode_ms - fwd0) - (c.mtp_ms - mtp0)
-        if body_ms <= 0 or session.mtp is None:
-            return None
-        decode_ms = body_ms / steps
-        t0 = time.perf_counter()
-        drafted = 0
-        for _ in range(3):
-            tokens, _ = session.mtp.draft(filler[-1], session.n_past, draft_len)
-            drafted += len(tokens)
-        draft_ms = (time.perf_counter() - t0) * 1e3 / max(1, drafted)
-    return MtpCosts(overhead=(c.mtp_ms - mtp0) / body_ms, draft_cost=draft_ms / decode_ms)
+            mtp_ms = c.mtp_ms - mtp0
+            body_ms = (c.decode_ms - fwd0) - mtp_ms
+            if body_ms <= 0 or session.mtp is None:
+                return None
+            overheads.append(mtp_ms / body_ms)
+            t0 = time.perf_counter()
+            tokens, _ = session.mtp.draft(t, session.n_past, draft_len)
+            draft_ms = (time.perf_counter() - t0) * 1e3
+            if tokens:
+                draft_costs.append(draft_ms / len(tokens) / body_ms)
+    if not overheads or not draft_costs:
+        return None
+    return MtpCosts(overhead=statistics.median(overheads),
+                    draft_cost=statistics.median(draft_costs))

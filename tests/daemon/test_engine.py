@@ -20,6 +20,7 @@ from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import SamplingParams
 from meshd.daemon.speculation import FinishReason
 from meshd.native import testmodels
+from meshd.native.calibrate import MtpCosts
 from meshd.native.context import DEFAULT_DRAFT_MAX, ROLLBACK_MAX
 from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
@@ -344,23 +345,30 @@ def test_draft_model_errors_are_clear() -> None:
 
 @pytest.mark.parametrize("kind", ["qwen35", "mimo2"])
 def test_an_mtp_head_that_cannot_pay_is_dropped(kind: str) -> None:
-    """On the synthetic models the MTP head costs about as much as the whole model: every
-    catch-up forward nearly doubles a step and no acceptance can win that back. The
-    engine measures it, stops following the head and decodes the rest plainly: same
-    tokens, no further MTP forwards."""
-    rt = runtime(kind, acceptance=1.0)
-    assert rt.context.mtp is not None
-    prompt = prompt_for(rt, "the head does not pay here")
-    ref = generate(rt, prompt, max_tokens=200)
-    gen = rt.generation(prompt, max_tokens=200, proposer="mtp", adaptive=True)
-    forwards_at_drop = None
-    for _ in gen.run():
-        if forwards_at_drop is None and gen.stats.refusals.get("mtp_head_dropped"):
-            forwards_at_drop = rt.context.mtp.forwards
-    assert gen.committed == ref.committed
-    assert gen.stats.refusals.get("mtp_head_dropped") == 1, gen.stats.refusals
-    assert forwards_at_drop is not None and rt.context.mtp.forwards == forwards_at_drop
-    assert rt.idle_slots == rt.context.config.n_seq_max
+    """Where every verified row costs a full decode (a Q4_1-like cost curve, set by hand:
+    timings on a shared machine are no test input) nothing can pay for catching the head
+    up after every forward, whatever it costs. The engine measures that cost, stops
+    following the head and decodes the rest plainly: same tokens, no further MTP
+    forwards."""
+    path = str(testmodels.test_model_path(kind, acceptance=1.0))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=1,
+                                    calibrate=False))
+    try:
+        rt.curve = CostCurve([1.0 + k for k in range(K_MAX + 1)])
+        assert rt.context.mtp is not None
+        prompt = prompt_for(rt, "the head does not pay here")
+        ref = generate(rt, prompt, max_tokens=200)
+        gen = rt.generation(prompt, max_tokens=200, proposer="mtp", adaptive=True)
+        forwards_at_drop = None
+        for _ in gen.run():
+            if forwards_at_drop is None and gen.stats.refusals.get("mtp_head_dropped"):
+                forwards_at_drop = rt.context.mtp.forwards
+        assert gen.committed == ref.committed
+        assert gen.stats.refusals.get("mtp_head_dropped") == 1, gen.stats.refusals
+        assert forwards_at_drop is not None and rt.context.mtp.forwards == forwards_at_drop
+        assert rt.idle_slots == rt.context.config.n_seq_max
+    finally:
+        rt.close()
 
 
 def test_mtp_head_economics() -> None:
@@ -377,17 +385,24 @@ def test_mtp_head_economics() -> None:
                              acceptances=[[0.1] * 8, [0.2] * 8])
 
 
-def test_auto_skips_a_head_that_costs_as_much_as_the_model() -> None:
-    """Calibration measures the head too: on the synthetic models catching it up costs
-    about a whole forward, so ``auto`` means prompt lookup there, not MTP."""
+def test_auto_uses_the_head_only_where_it_can_pay() -> None:
+    """Calibration measures the head (its catch-up and drafting times, positive numbers
+    on any machine); what ``auto`` then means follows from them: prompt lookup where
+    even perfect drafts could not pay for the head (the synthetic models, whose head
+    costs about as much as their whole forward), MTP where it is cheap. The costs are
+    set by hand for the decision, since timings on a shared machine are no test input."""
     path = str(testmodels.test_model_path("qwen35", acceptance=0.9))
     rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=1,
                                     calibrate=True))
     try:
         m = rt.mtp_costs
-        assert m is not None and m.overhead > 0.3 and m.draft_cost > 0.3, m
+        assert m is not None and m.overhead > 0 and m.draft_cost > 0, m
+        rt.curve = CostCurve.sanitized([1.0 + 0.1 * k for k in range(17)])
+        rt.mtp_costs = MtpCosts(overhead=0.9, draft_cost=0.9)
         assert not rt.mtp_head_pays
         assert rt.resolve_proposer("auto") == "ngram"
         assert rt.resolve_proposer("mtp") == "mtp"  # asked for by name, it is still used
+        rt.mtp_costs = MtpCosts(overhead=0.05, draft_cost=0.1)
+        assert rt.mtp_head_pays and rt.resolve_proposer("auto") == "mtp"
     finally:
         rt.close()

@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         command += ["--model", args.model]
     if args.threads:
         command += ["--threads", str(args.threads)]
+    if args.proposer.startswith("draft:"):  # the demo's own request may name its draft
+        command += ["--draft-model", args.proposer.partition(":")[2]]
     daemon = subprocess.Popen(command, stdin=subprocess.DEVNULL)
     try:
         if not _wait_ready(daemon, socket_path):

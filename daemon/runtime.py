@@ -50,6 +50,10 @@ class RuntimeConfig:
     in_place_rollback: bool = True
     #: Keep finished sessions for prompts that share their prefix (0 disables).
     prefix_cache_tokens: int | None = None
+    #: The draft models ``draft:PATH`` may name (None: any readable file, for in-process
+    #: use by the local user; the daemon passes its ``--draft-model`` list, so a socket
+    #: client cannot make it load an arbitrary file).
+    allowed_drafts: tuple[str, ...] | None = None
 
 
 def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None) -> Path:
@@ -153,6 +157,11 @@ class ModelRuntime:
     def draft_model(self, path: str) -> DraftModel:
         """The draft model at ``path``, loaded once and shared by every request."""
         key = str(Path(path).resolve())
+        allowed = self.config.allowed_drafts
+        if allowed is not None and key not in {str(Path(p).resolve()) for p in allowed}:
+            offered = ", ".join(allowed) if allowed else "none (meshd serve --draft-model PATH)"
+            raise RequestError(f"draft model {path} is not one this daemon serves; "
+                               f"allowed: {offered}")
         if key not in self._drafts:
             cfg = self.context.config
             try:

@@ -58,6 +58,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--threads", type=positive, default=None)
     p.add_argument("--proposer", default="auto",
                    help="default proposer: off | auto | mtp | ngram | composite | a plugin")
+    p.add_argument("--draft-model", action="append", default=[], metavar="PATH",
+                   help="a GGUF that requests may name as 'draft:PATH' (repeatable; "
+                        "without it the draft proposer is refused)")
     p.add_argument("--max-tokens", type=positive, default=DEFAULT_MAX_TOKENS,
                    help="max_tokens of a request that does not say")
     p.add_argument("--max-tokens-limit", type=positive, default=None,
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, n_seq_max=args.slots,
         draft_max=args.draft_max, threads=args.threads, calibrate=not args.fixed_k,
-        default_proposer=args.proposer,
+        default_proposer=args.proposer, allowed_drafts=tuple(args.draft_model),
     )
     try:
         preflight(bind)

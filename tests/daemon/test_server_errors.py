@@ -23,6 +23,7 @@ from meshd.protocol import (
     Health,
     HealthReply,
     Hello,
+    ProtocolError,
     Response,
     SamplingParams,
     ServerBusy,
@@ -267,3 +268,27 @@ async def test_per_connection_request_limit(runtime: ModelRuntime) -> None:
             assert isinstance(frames[-1], Done)
         await wait_idle(server)
         assert_no_leaks(server)
+
+
+async def test_draft_models_are_limited_to_the_allowed_ones() -> None:
+    """``draft:PATH`` would let any client of the socket make the daemon load any file it
+    can read; the daemon serves only the drafts it was started with (``--draft-model``)."""
+    draft = str(testmodels.test_model_path("llama"))
+    rt = ModelRuntime(RuntimeConfig(model_path=draft, n_ctx_seq=CTX, n_seq_max=1, draft_max=4,
+                                    calibrate=False, threads=1, allowed_drafts=(draft,)))
+    try:
+        async with running_daemon(rt) as (server, path), Client.connect(path) as client:
+            other = str(testmodels.test_model_path("mimo2", acceptance=0.9))
+            with pytest.raises(ProtocolError, match="not one this daemon serves") as err:
+                await client.generate("abc abc", max_tokens=8, temperature=0.0,
+                                      proposer=f"draft:{other}").collect()
+            assert err.value.code in (ErrorCode.BAD_REQUEST, ErrorCode.MODEL_ERROR)
+            ref = await client.generate("abc abc", max_tokens=16, temperature=0.0,
+                                        proposer="off").collect()
+            got = await client.generate("abc abc", max_tokens=16, temperature=0.0,
+                                        proposer=f"draft:{draft}").collect()
+            assert list(got.token_ids) == list(ref.token_ids)
+            await wait_idle(server)
+            assert_no_leaks(server)
+    finally:
+        rt.close()

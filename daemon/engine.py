@@ -38,6 +38,8 @@ PROPOSER_DEADLINE_S = 0.050
 HEAD_CHECK_FORWARDS = 16
 #: Drafted tokens verified before the head is judged by its measured acceptance.
 HEAD_CHECK_DRAFTS = 64
+#: Forwards between two such judgements.
+HEAD_CHECK_EVERY = 8
 
 
 @attrs.define
@@ -197,6 +199,7 @@ class Generation:
         self._draft_s_per_token: float | None = None
         #: (forward ms, MTP catch-up ms, forwards) when decoding began (see _gate).
         self._decode_base = (0.0, 0.0, 0)
+        self._next_head_check = 0
         self._released = False
         self._cancel_at: int | None = None
         self._cancel_lock = threading.Lock()
@@ -341,9 +344,13 @@ class Generation:
         if adaptive is None or self._draft_s_per_token is None:
             return False
         c = self.session.counters
+        forwards = c.target_forwards - self._decode_base[2]
+        if forwards < max(HEAD_CHECK_FORWARDS, self._next_head_check):
+            return False
+        self._next_head_check = forwards + HEAD_CHECK_EVERY  # not on every step
         fwd_ms = c.decode_ms + c.verify_ms - self._decode_base[0]
         mtp_ms = c.mtp_ms - self._decode_base[1]
-        if c.target_forwards - self._decode_base[2] < HEAD_CHECK_FORWARDS or fwd_ms <= mtp_ms:
+        if fwd_ms <= mtp_ms:
             return False
         overhead = mtp_ms / (fwd_ms - mtp_ms)
         measured: list[Sequence[float]] = []

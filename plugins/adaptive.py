@@ -293,13 +293,11 @@ class AcceptanceTracker:
         if accepted < proposed and not censored:
             self._trials[min(accepted, last)] += 1.0
 
-    def acceptances(self, n: int | None = None, *, prior: float | None = None,
-                    ) -> tuple[float, ...]:
-        """Estimates for positions ``0 .. n-1`` (default: every tracked position);
-        ``prior`` replaces the fixed prior position 0 shrinks toward."""
+    def acceptances(self, n: int | None = None) -> tuple[float, ...]:
+        """Estimates for positions ``0 .. n-1`` (default: every tracked position)."""
         n = self.max_positions if n is None else n
         out: list[float] = []
-        mean = self.prior if prior is None else prior
+        mean = self.prior
         for i in range(n):
             if i < self.max_positions:
                 t, h = self._trials[i], self._hits[i]
@@ -371,7 +369,7 @@ class AdaptiveK:
     :func:`choose_k`, :class:`AcceptanceTracker` estimates and an :class:`Explorer`.
     (The composite proposer applies the same policy internally, per child.)
 
-    Acceptance is tracked in two states, because copying comes in runs: right after a
+    Acceptance is tracked apart by state, because copying comes in runs: right after a
     window whose every draft was accepted (``streak``; the text is most likely still
     being copied, so long drafts pay) and otherwise (after a rejection, an empty
     proposal or a plain step). One pooled estimate would average a run's near-certain
@@ -399,7 +397,6 @@ class AdaptiveK:
         self.curve = curve
         #: Acceptance outside a streak (after a rejection, an empty proposal, a plain step).
         self.tracker = tracker if tracker is not None else AcceptanceTracker()
-        #: Acceptance right after a fully accepted window.
         #: Acceptance right after fully accepted windows, one tracker per run length
         #: bucket (:data:`STREAK_BUCKETS`): the longer the output has been copying, the
         #: likelier it goes on, and the longer the window that pays.

@@ -562,21 +562,19 @@ def _llama_server_targets(name: str, wl: str, arms: Mapping[str, Mapping[str, An
     out = [_target("meshd-off >= 0.95x llama-server", name, wl, "meshd-off",
                    _ratio(rate("meshd-off"), rate(ARM_PREFIX)), 0.95,
                    na=_arm_na(arms.get("meshd-off")) or _arm_na(plain))]
-    ours = {a: rate(a) for a in arms if a.startswith("meshd-")}
-    theirs = {a: rate(a) for a in arms if a.startswith(f"{ARM_PREFIX}-ngram")}
-    ours_ok = {a: v for a, v in ours.items() if v}
-    theirs_ok = {a: v for a, v in theirs.items() if v}
-    if not ours_ok or not theirs_ok:
+    def best(prefix: str) -> tuple[str, float] | None:
+        rates = [(a, r) for a in arms if a.startswith(prefix) and (r := rate(a))]
+        return max(rates, key=lambda item: item[1], default=None)
+
+    ours, theirs = best("meshd-"), best(f"{ARM_PREFIX}-ngram")
+    if ours is None or theirs is None:
         out.append(_target("meshd best >= llama-server best n-gram", name, wl, "meshd-*",
                            None, 1.0, na="no n-gram mode of llama-server ran"
-                           if not theirs_ok else "no meshd arm ran"))
+                           if theirs is None else "no meshd arm ran"))
         return out
-    best_ours = max(ours_ok, key=lambda a: ours_ok[a])
-    best_theirs = max(theirs_ok, key=lambda a: theirs_ok[a])
-    out.append(_target("meshd best >= llama-server best n-gram", name, wl, best_ours,
-                       ours_ok[best_ours] / theirs_ok[best_theirs], 1.0,
-                       f"{best_ours} {ours_ok[best_ours]:.1f} vs {best_theirs} "
-                       f"{theirs_ok[best_theirs]:.1f} tok/s"))
+    out.append(_target("meshd best >= llama-server best n-gram", name, wl, ours[0],
+                       ours[1] / theirs[1], 1.0,
+                       f"{ours[0]} {ours[1]:.1f} vs {theirs[0]} {theirs[1]:.1f} tok/s"))
     return out
 
 

@@ -35,6 +35,9 @@ LLAMA_CPP_PYTHON = "llama-cpp-python"
 LLAMA_CPP_VERSION = "0.3.36"
 
 AMX_OFF = ["-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8"]
+# Every profile carries ggml's RPC backend, so `meshd worker` can offer this machine's
+# devices to a meshd elsewhere and `meshd serve --rpc` can use remote ones.
+RPC_ON = "-DGGML_RPC=ON"
 PRE_BLACKWELL_ARCHS = ["61", "75", "80", "86", "87", "89", "90"]
 CUDA13_MIN_ARCH = 75  # CUDA 13.0 dropped Maxwell, Pascal and Volta
 
@@ -215,7 +218,7 @@ def select_profile(
             wanted = "cuda"
         else:
             wanted = "cpu"
-    extra = tuple(a for a in (env.get("MESHD_EXTRA_CMAKE_ARGS") or "").split() if a)
+    extra = (RPC_ON, *(a for a in (env.get("MESHD_EXTRA_CMAKE_ARGS") or "").split() if a))
     if wanted == "cuda":
         prof = cuda_profile(env, run, which)
         return BuildProfile(prof.name, prof.cmake_args + extra, prof.notes)

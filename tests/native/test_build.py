@@ -280,7 +280,7 @@ def test_meshd_architectures_beat_cmake_architectures(tools: Tools) -> None:
 
 def test_override_works_with_nothing_installed(tools: Tools) -> None:
     prof = tools.select({"MESHD_GPU": "cuda", "MESHD_CUDA_ARCHITECTURES": "90"})
-    assert prof.cmake_args == ("-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90")
+    assert prof.cmake_args == ("-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90", build.RPC_ON)
 
 
 def test_cuda_requested_nothing_found_raises(tools: Tools) -> None:
@@ -345,7 +345,7 @@ def test_darwin_auto_is_metal(tools: Tools) -> None:
     tools.nvidia_smi()  # ignored on macOS
     prof = tools.select({}, system="Darwin", machine="arm64")
     assert prof.name == "metal"
-    assert prof.cmake_args == ("-DGGML_METAL=on",)
+    assert prof.cmake_args == ("-DGGML_METAL=on", build.RPC_ON)
     assert tools.calls() == []
 
 
@@ -366,7 +366,7 @@ def test_x86_cpu_profile_keeps_amx_off(tools: Tools, machine: str) -> None:
 def test_arm_cpu_profile_has_no_amx_flags(tools: Tools, machine: str) -> None:
     prof = tools.select({}, machine=machine)
     assert prof.name == "cpu"
-    assert prof.cmake_args == ("-DGGML_NATIVE=ON",)
+    assert prof.cmake_args == ("-DGGML_NATIVE=ON", build.RPC_ON)
     assert not any("amx" in a.lower() for a in prof.cmake_args)
 
 
@@ -389,6 +389,27 @@ def test_extra_cmake_args_appended(
     assert prof.name == base.name
     assert prof.notes == base.notes
     assert prof.key() != base.key()
+
+
+@pytest.mark.parametrize(
+    ("env", "machine", "system"),
+    [
+        ({"MESHD_GPU": "cpu"}, "x86_64", "Linux"),
+        ({"MESHD_GPU": "cpu"}, "aarch64", "Linux"),
+        ({"MESHD_GPU": "metal"}, "arm64", "Darwin"),
+        ({"MESHD_GPU": "cuda", "MESHD_CUDA_ARCHITECTURES": "89"}, "x86_64", "Linux"),
+        ({}, "x86_64", "Linux"),
+    ],
+)
+def test_every_profile_builds_the_rpc_backend(
+    tools: Tools, env: dict[str, str], machine: str, system: str
+) -> None:
+    """`meshd worker` and `serve --rpc` need ggml-rpc in whatever wheel gets built."""
+    prof = tools.select(env, system=system, machine=machine)
+    assert prof.cmake_args.count("-DGGML_RPC=ON") == 1
+    # the flag is part of the wheel-cache key: a wheel built without it is never reused
+    without = BuildProfile(prof.name, tuple(a for a in prof.cmake_args if a != build.RPC_ON))
+    assert prof.key() != without.key()
 
 
 @pytest.mark.parametrize("value", ["rocm", "gpu", "vulkan", "yes"])
@@ -521,7 +542,7 @@ def test_main_show_cpu(
     out = capsys.readouterr().out
     assert out.startswith("meshd build: native x86 build with AMX off")
     expected = BuildProfile(
-        "cpu-x86", ("-DGGML_NATIVE=ON", *build.AMX_OFF, "-DGGML_CCACHE=OFF")
+        "cpu-x86", ("-DGGML_NATIVE=ON", *build.AMX_OFF, build.RPC_ON, "-DGGML_CCACHE=OFF")
     ).as_json()
     assert _show_json(out) == expected
 
@@ -539,6 +560,7 @@ def test_main_show_auto_detects_stub_gpu(
     assert data["cmake_args"] == [
         "-DGGML_CUDA=on",
         f"-DCMAKE_CUDA_ARCHITECTURES={PRE_BLACKWELL};100;120",
+        build.RPC_ON,
     ]
     assert data["version"] == LLAMA_CPP_VERSION
 

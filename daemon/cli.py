@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 
-from .argtypes import non_negative, positive
+from .argtypes import add_placement_arguments, non_negative, positive
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
 from .sampling import SamplingParams
 
@@ -39,6 +39,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="always draft --draft-max tokens (no cost model)")
     p.add_argument("--ctx", type=positive, default=4096, help="context length")
     p.add_argument("--threads", type=positive, default=None)
+    add_placement_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -66,6 +67,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, draft_max=args.draft_max,
         threads=args.threads, calibrate=not args.fixed_k,
+        rpc_workers=args.rpc, tensor_split=args.tensor_split,
     )
     try:
         with ModelRuntime(config) as rt:
@@ -102,7 +104,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     f"refusals={st.refusals}",
                     file=sys.stderr,
                 )
-    except RequestError as exc:
+    except (RequestError, ValueError) as exc:
         print(f"meshd generate: {exc}", file=sys.stderr)
         return 2
     except NativeError as exc:
@@ -125,15 +127,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_generate(sub)
     _add_make_test_model(sub)
     _add_bench(sub)
-    from . import demo, serve
+    from . import demo, serve, worker
 
     serve.add_parser(sub)
     demo.add_parser(sub)
+    worker.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve.run(args)
     if args.command == "demo":
         return demo.run(args)
+    if args.command == "worker":
+        return worker.run(args)
     if args.command == "generate":
         return cmd_generate(args)
     if args.command == "bench":

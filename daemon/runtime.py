@@ -23,6 +23,8 @@ from meshd.native.default_model import default_model_path
 from meshd.native.draft import DraftModel
 from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
+from meshd.native.rpc import parse_endpoint
+from meshd.native.rpc_workers import RemoteWorkers
 from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Proposer, ProposerEnv
 from meshd.plugins.registry import Registry, default_registry
@@ -54,14 +56,22 @@ class RuntimeConfig:
     #: use by the local user; the daemon passes its ``--draft-model`` list, so a socket
     #: client cannot make it load an arbitrary file).
     allowed_drafts: tuple[str, ...] | None = None
+    #: Remote workers (``HOST:PORT``, llama.cpp RPC servers) the layers are split across.
+    rpc_workers: tuple[str, ...] = ()
+    #: Weights of the layer split over the devices (local accelerators, then workers).
+    tensor_split: tuple[float, ...] = ()
 
 
-def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None) -> Path:
+def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None,
+                     placement: Sequence[object] = ()) -> Path:
     st = model_path.stat()
-    key = json.dumps([str(model_path), st.st_size, st.st_mtime_ns, config.draft_max,
-                      threads, os.cpu_count()])
+    key = [str(model_path), st.st_size, st.st_mtime_ns, config.draft_max, threads,
+           os.cpu_count()]
+    if placement:  # layers on remote workers cost what their network and cores cost
+        key.append(list(placement))
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "meshd" / "costs" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+    return base / "meshd" / "costs" / (digest + ".json")
 
 
 class ModelRuntime:
@@ -71,18 +81,21 @@ class ModelRuntime:
                  registry: Registry | None = None) -> None:
         self.config = config
         path = Path(config.model_path) if config.model_path else default_model_path()
-        self.model = Model.load(path)
+        self.path = path
+        #: The workers the layers are split across (None: everything is local).
+        self.remote: RemoteWorkers | None = None
+        if config.rpc_workers:
+            self.remote = RemoteWorkers(
+                [parse_endpoint(w) for w in config.rpc_workers],
+                tensor_split=config.tensor_split)
         try:
-            ctx_config = ContextConfig(
-                n_ctx_seq=min(config.n_ctx_seq, self.model.info.n_ctx_train or config.n_ctx_seq),
-                n_seq_max=config.n_seq_max, n_batch=config.n_batch,
-                draft_max=config.draft_max, n_threads=config.threads,
-                in_place_rollback=config.in_place_rollback,
-            )
-            self.context = TargetContext(self.model, ctx_config)
-        except Exception:
-            self.model.close()
+            self.model, self.context = self._load()
+            self._loaded = True
+        except BaseException:
+            if self.remote is not None:
+                self.remote.close()
             raise
+        ctx_config = self.context.config
         self.registry = registry if registry is not None else default_registry()
         cache_tokens = config.prefix_cache_tokens
         if cache_tokens is None:
@@ -99,6 +112,44 @@ class ModelRuntime:
             self.mtp_costs = measure_mtp_costs(self.context)
         self._template: Any = None
         self._drafts: dict[str, DraftModel] = {}
+
+    def _load(self) -> tuple[Model, TargetContext]:
+        """Load the model (placing layers on the workers, if any) and its context."""
+        config = self.config
+        placement = self.remote.connect() if self.remote is not None else None
+        model = Model.load(self.path, placement=placement)
+        try:
+            ctx_config = ContextConfig(
+                n_ctx_seq=min(config.n_ctx_seq, model.info.n_ctx_train or config.n_ctx_seq),
+                n_seq_max=config.n_seq_max, n_batch=config.n_batch,
+                draft_max=config.draft_max, n_threads=config.threads,
+                in_place_rollback=config.in_place_rollback,
+            )
+            return model, TargetContext(model, ctx_config)
+        except BaseException:
+            model.close()
+            raise
+
+    @property
+    def degraded(self) -> bool:
+        """A remote worker was lost: forwards fail until :meth:`reload` succeeds."""
+        return self.remote is not None and (self.remote.degraded or not self._loaded)
+
+    def reload(self) -> bool:
+        """Load the model again after a lost worker is back; False (nothing changed)
+        while a session still uses the old context. Call on the model's worker thread."""
+        if self.remote is None:
+            return False
+        self.prefix_cache.clear()
+        if self.context.sessions:
+            return False
+        self._loaded = False
+        self.context.close()
+        self.model.close()
+        self.model, self.context = self._load()
+        self.prefix_cache.context = self.context
+        self._loaded = True
+        return True
 
     @property
     def mtp_head_pays(self) -> bool:
@@ -121,7 +172,8 @@ class ModelRuntime:
 
     def _load_or_measure_costs(self, path: Path, ctx_config: ContextConfig) -> list[float]:
         """The calibrated curve: cached per model/machine, re-measured when implausible."""
-        cache = _cost_cache_path(path, ctx_config, self.config.threads)
+        cache = _cost_cache_path(path, ctx_config, self.config.threads,
+                                 [*self.config.rpc_workers, *self.config.tensor_split])
         try:
             cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
             if is_plausible(cached) and len(cached) == ctx_config.draft_max + 1:
@@ -153,6 +205,8 @@ class ModelRuntime:
         self._drafts.clear()
         self.context.close()
         self.model.close()
+        if self.remote is not None:
+            self.remote.close()
 
     def draft_model(self, path: str) -> DraftModel:
         """The draft model at ``path``, loaded once and shared by every request."""

@@ -25,7 +25,7 @@ import anyio.abc
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 
-from .argtypes import non_negative, positive
+from .argtypes import add_placement_arguments, non_negative, positive
 from .listener import ListenerError, default_socket_path, open_listener, preflight
 from .logs import LEVELS, configure_logging, get_logger
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
@@ -67,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="largest max_tokens accepted (default: the context length)")
     p.add_argument("--fixed-k", action="store_true",
                    help="always draft --draft-max tokens (no cost model, no calibration)")
+    add_placement_arguments(p)
     p.add_argument("--log-level", choices=LEVELS, default="info")
     p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto",
                    help="auto: console on a terminal, JSON lines otherwise")
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         model_path=args.model, n_ctx_seq=args.ctx, n_seq_max=args.slots,
         draft_max=args.draft_max, threads=args.threads, calibrate=not args.fixed_k,
         default_proposer=args.proposer, allowed_drafts=tuple(args.draft_model),
+        rpc_workers=args.rpc, tensor_split=args.tensor_split,
     )
     try:
         preflight(bind)
@@ -89,11 +91,12 @@ def run(args: argparse.Namespace) -> int:
         log.error("listen_failed", address=bind, error=str(exc))
         print(f"meshd serve: {exc}", file=sys.stderr)
         return 1
-    log.info("loading_model", model=args.model or "embedded default")
+    log.info("loading_model", model=args.model or "embedded default",
+             workers=list(args.rpc))
     t0 = time.monotonic()
     try:
         runtime = ModelRuntime(config)
-    except (NativeError, RequestError, OSError) as exc:
+    except (NativeError, RequestError, OSError, ValueError) as exc:
         log.error("model_load_failed", error=str(exc))
         print(f"meshd serve: {exc}", file=sys.stderr)
         return 3

@@ -38,14 +38,19 @@ WARNING: meshd worker listens on {host}, not on loopback.
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "worker", help="offer this machine's CPU/GPU to a meshd elsewhere (llama.cpp RPC)")
+    from . import options as opt
+
+    p = opt.subparser(
+        sub, "worker", help="offer this machine's CPU/GPU to a meshd elsewhere (llama.cpp RPC)",
+        description="Run llama.cpp's RPC server: a meshd serve --rpc HOST:PORT elsewhere "
+                    "places some of its model's layers here. The protocol has no "
+                    "authentication: it listens on loopback unless --allow-remote.")
     p.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", metavar="HOST:PORT",
                    help=f"IPv4 address and port (default 127.0.0.1:{DEFAULT_PORT})")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --listen address (the protocol has no "
                         "authentication: see the warning it prints)")
-    p.add_argument("--threads", type=positive, default=None,
+    p.add_argument("-t", "--threads", type=positive, default=None, metavar="N",
                    help="CPU threads for the computations (default: half the cores)")
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="cache large tensors here, so a daemon reloading the same model "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,18 +60,49 @@ def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | Non
     st = model_path.stat()
     key = json.dumps([str(model_path), st.st_size, st.st_mtime_ns, config.draft_max,
                       threads, os.cpu_count()])
+    return cost_cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def cost_cache_dir() -> Path:
+    """Where calibrated cost curves are kept.
+
+    Under systemd (``CacheDirectory=meshd`` / ``StateDirectory=meshd``) the service's own
+    writable directories, since a hardened unit can write nowhere else (its home may be
+    ``/``); otherwise ``$XDG_CACHE_HOME/meshd/costs`` (default ``~/.cache``).
+    """
+    for variable in ("CACHE_DIRECTORY", "STATE_DIRECTORY"):
+        value = os.environ.get(variable)
+        if value:  # systemd passes a colon-separated list; the first is ours
+            return Path(value.split(":")[0]) / "costs"
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "meshd" / "costs" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+    return base / "meshd" / "costs"
+
+
+def _load_progress(path: Path, status: Callable[[str], object]) -> Callable[[float], None]:
+    """Model-load progress as status lines, one per 10% (llama.cpp calls back often)."""
+    last = [-1]
+
+    def progress(fraction: float) -> None:
+        step = int(fraction * 10)
+        if step != last[0]:
+            last[0] = step
+            status(f"loading {path.name}: {step * 10}%")
+
+    return progress
 
 
 class ModelRuntime:
     """A model loaded once, shared by every request on it."""
 
     def __init__(self, config: RuntimeConfig = RuntimeConfig(),
-                 registry: Registry | None = None) -> None:
+                 registry: Registry | None = None, *,
+                 on_status: Callable[[str], object] | None = None) -> None:
+        """Load the model, open its context and calibrate; ``on_status`` hears what it is
+        doing (model load progress, calibration) for a service manager's status line."""
         self.config = config
         path = Path(config.model_path) if config.model_path else default_model_path()
-        self.model = Model.load(path)
+        status = on_status or (lambda _text: None)
+        self.model = Model.load(path, on_progress=_load_progress(path, status))
         try:
             ctx_config = ContextConfig(
                 n_ctx_seq=min(config.n_ctx_seq, self.model.info.n_ctx_train or config.n_ctx_seq),
@@ -95,7 +126,10 @@ class ModelRuntime:
         #: The MTP head's measured costs (None: no head, or not calibrated).
         self.mtp_costs: MtpCosts | None = None
         if config.calibrate and config.draft_max > 0:
+            status(f"calibrating verify costs of {path.name}")
             self.costs = CostModel(self._load_or_measure_costs(path, ctx_config))
+            if self.context.mtp is not None:
+                status(f"calibrating the MTP head of {path.name}")
             self.mtp_costs = measure_mtp_costs(self.context)
         self._template: Any = None
         self._drafts: dict[str, DraftModel] = {}

@@ -134,6 +134,7 @@ class Scheduler:
         self._wakeup = anyio.Event()
         self.stats = SchedulerStats()
         self.started = time.monotonic()
+        self._native_since: float | None = None
 
     # ------------------------------------------------------------------ API
 
@@ -159,7 +160,23 @@ class Scheduler:
 
     async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a blocking llama.cpp call on a worker thread, one at a time per model."""
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        def timed() -> Any:
+            self._native_since = time.monotonic()
+            try:
+                return fn(*args)
+            finally:
+                self._native_since = None
+
+        return await anyio.to_thread.run_sync(timed, limiter=self.limiter)
+
+    def native_busy_s(self) -> float:
+        """How long the llama.cpp call running now has been running (0 when none).
+
+        The watchdog's measure of a wedged engine: one call is bounded by the step
+        budget plus one forward, so a call that runs far longer is stuck.
+        """
+        since = self._native_since
+        return time.monotonic() - since if since is not None else 0.0
 
     # ------------------------------------------------------------------ loop
 

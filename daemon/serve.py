@@ -1,21 +1,24 @@
 """``meshd serve``: load the model, listen on the socket, serve until SIGINT/SIGTERM.
 
 Why the order of things: the model loads (seconds) before the socket exists, so a
-client that can connect can also be served; "ready" is logged (and the ready hooks run,
-systemd notify later) only once the socket listens. The first SIGINT/SIGTERM shuts down
-gracefully (running generations end with ``done`` cancelled, the socket file goes); a
-second one stops at once.
+client that can connect can also be served; "ready" is logged and systemd told
+``READY=1`` only once the socket listens. Under socket activation the socket is
+systemd's and exists all along; connections wait in its backlog until then. The first
+SIGINT/SIGTERM shuts down gracefully (running generations get ``--shutdown-grace``
+seconds, then end with ``done`` and ``shutdown``; a socket file meshd created is
+removed); a second one stops at once. SIGHUP is handled in :mod:`.supervise`.
+
+Every message goes to the log (stderr), once: a person at a terminal reads the console
+format, journald gets priority-prefixed lines.
 
 Exit codes: 0 after a clean shutdown, 1 when the socket cannot be used, 2 bad usage,
-3 the model failed to load.
+3 the model failed to load, 130 when a second signal cut the shutdown short.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import signal
-import sys
 import time
 from typing import Any
 
@@ -25,12 +28,16 @@ import anyio.abc
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 
+from .activation import ActivationError, InheritedSocket, listen_fds
 from .argtypes import non_negative, positive
 from .listener import ListenerError, default_socket_path, open_listener, preflight
-from .logs import LEVELS, configure_logging, get_logger
+from .logs import FORMATS, LEVELS, configure_logging, get_logger
+from .notify import Notifier
+from .peercred import PeerPolicy
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
 from .server import Server
-from .service import DEFAULT_MAX_TOKENS, ServerConfig
+from .service import DEFAULT_MAX_TOKENS, DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
+from .supervise import Supervisor, pinging_while_starting
 
 __all__ = ["add_parser", "run"]
 
@@ -67,17 +74,34 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="largest max_tokens accepted (default: the context length)")
     p.add_argument("--fixed-k", action="store_true",
                    help="always draft --draft-max tokens (no cost model, no calibration)")
+    p.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
+                   metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, how long running requests may finish before "
+                        "they end with finish reason 'shutdown' (default %(default)s)")
+    p.add_argument("--allow-user", action="append", default=[], metavar="USER",
+                   help="serve only these users (name or uid; repeatable) and the groups "
+                        "of --allow-group; root and the daemon's own user always may")
+    p.add_argument("--allow-group", action="append", default=[], metavar="GROUP",
+                   help="serve members of this group (name or gid; repeatable)")
     p.add_argument("--log-level", choices=LEVELS, default="info")
-    p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto",
-                   help="auto: console on a terminal, JSON lines otherwise")
+    p.add_argument("--log-format", choices=FORMATS, default="auto",
+                   help="auto: journal under journald (priority prefixes), console on a "
+                        "terminal, JSON lines otherwise")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``meshd serve`` with parsed ``args``; returns the exit code."""
-    json_logs = {"auto": None, "json": True, "console": False}[args.log_format]
-    configure_logging(args.log_level, json=json_logs)
+    configure_logging(args.log_level, format=args.log_format)
     log = get_logger("meshd.serve")
-    bind = args.socket or default_socket_path()
+    notifier = Notifier()
+    if notifier.last_error:
+        log.warning("notify_unusable", error=notifier.last_error)
+    try:
+        inherited = listen_fds()
+    except ActivationError as exc:
+        log.error("socket_activation_failed", error=str(exc))
+        return 1
+    bind = args.socket or _activated_bind(inherited) or default_socket_path()
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, n_seq_max=args.slots,
         draft_max=args.draft_max, threads=args.threads, calibrate=not args.fixed_k,
@@ -85,63 +109,70 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         preflight(bind)
+        peers = PeerPolicy.from_names(args.allow_user, args.allow_group)
     except ListenerError as exc:
         log.error("listen_failed", address=bind, error=str(exc))
-        print(f"meshd serve: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:
+        log.error("bad_option", error=str(exc))
+        return 2
     log.info("loading_model", model=args.model or "embedded default")
+    notifier.status("loading the model")
     t0 = time.monotonic()
     try:
-        runtime = ModelRuntime(config)
+        with pinging_while_starting(notifier):
+            runtime = ModelRuntime(config, on_status=notifier.status)
     except (NativeError, RequestError, OSError) as exc:
         log.error("model_load_failed", error=str(exc))
-        print(f"meshd serve: {exc}", file=sys.stderr)
         return 3
     with runtime:
         log.info("model_loaded", path=runtime.model.info.path,
                  seconds=round(time.monotonic() - t0, 2))
         if args.proposer not in ("off", "auto") and \
                 runtime.resolve_proposer(args.proposer) not in runtime.registry:
-            print(f"meshd serve: unknown proposer {args.proposer!r}; available: off, auto, "
-                  f"{', '.join(runtime.registry.names())}", file=sys.stderr)
+            log.error("bad_option", error=f"unknown proposer {args.proposer!r}; available: "
+                      f"off, auto, {', '.join(runtime.registry.names())}")
             return 2
-        server = Server(runtime, ServerConfig(
+        server_config = ServerConfig(
             max_tokens_default=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
             max_queue=args.max_queue, stream_interval_s=args.stream_interval_ms / 1000,
-        ))
+            shutdown_grace_s=args.shutdown_grace, peers=peers,
+        )
+        server = Server(runtime, server_config)
+        supervisor = Supervisor(server, notifier)
+        server.ready_hooks = (supervisor.on_ready,)
         options: dict[str, Any] = {}
         if args.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
             options["use_uvloop"] = True
         try:
-            anyio.run(_serve_until_signalled, server, bind, backend=args.backend,
-                      backend_options=options)
+            anyio.run(_serve_until_signalled, server, supervisor, bind,
+                      backend=args.backend, backend_options=options)
         except ListenerError as exc:
             log.error("listen_failed", address=bind, error=str(exc))
-            print(f"meshd serve: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:  # a signal before the handlers were in place
             return 130
-    return 0
+        except Exception:  # a bug: logged as one event (with its traceback), not raw
+            log.exception("serve_crashed")
+            return 1
+        finally:
+            notifier.stopping("stopped")
+            notifier.close()
+    return 130 if supervisor.forced else 0
 
 
-async def _serve_until_signalled(server: Server, bind: str) -> None:
+def _activated_bind(inherited: list[InheritedSocket]) -> str | None:
+    """The socket-activated Unix socket to serve: the one named ``meshd`` (the unit's
+    ``FileDescriptorName=``), else the first Unix one."""
+    unix = [s for s in inherited if s.family == "unix"]
+    named = [s for s in unix if s.name == "meshd"]
+    chosen = named or unix
+    return chosen[0].bind if chosen else None
+
+
+async def _serve_until_signalled(server: Server, supervisor: Supervisor, bind: str) -> None:
     listener = await open_listener(bind)  # raises ListenerError plainly, before any task
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_signals, signals, server, tg.cancel_scope)
-            await server.serve(listener)
-            tg.cancel_scope.cancel()
-
-
-async def _watch_signals(signals: Any, server: Server, scope: anyio.CancelScope) -> None:
-    log = get_logger("meshd.serve")
-    stopping = False
-    async for signum in signals:
-        name = signal.Signals(signum).name
-        if not stopping:
-            stopping = True
-            log.info("signal_received", signal=name, action="graceful shutdown")
-            server.shutdown()
-        else:
-            log.warning("signal_received", signal=name, action="stopping now")
-            scope.cancel()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(supervisor.run, tg.cancel_scope)
+        await server.serve(listener)
+        tg.cancel_scope.cancel()

@@ -47,13 +47,19 @@ from meshd.protocol import (
 )
 
 from .mapping import model_info, sampling_params
+from .peercred import PeerPolicy
 from .runtime import ModelRuntime, RequestError
 from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
 
-__all__ = ["DEFAULT_MAX_TOKENS", "InFlight", "ServerConfig", "Service", "server_version"]
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SHUTDOWN_GRACE_S", "InFlight", "ServerConfig", "Service",
+           "server_version"]
 
 DEFAULT_MAX_TOKENS: Final = 256
 """Tokens generated when a request does not say (``max_tokens: null``)."""
+
+
+DEFAULT_SHUTDOWN_GRACE_S: Final = 30.0
+"""Seconds running generations may go on after SIGTERM (systemd's stop timeout is 90)."""
 
 
 def server_version() -> str:
@@ -82,8 +88,13 @@ class ServerConfig:
     """A connection that does not say ``hello`` within this is closed."""
     send_timeout_s: float = 60.0
     """A client that takes longer than this to accept one write is disconnected."""
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    """On shutdown, how long running generations may go on to finish normally; those
+    still running then end with ``done`` and ``finish_reason: shutdown``."""
     drain_timeout_s: float = 10.0
     """On shutdown, how long cancelled generations get to end with ``done``."""
+    peers: PeerPolicy = attrs.field(factory=PeerPolicy)
+    """Which peers (by uid/gid from the socket's credentials) are served."""
 
 
 class InFlight:
@@ -97,6 +108,8 @@ class InFlight:
         self.id = request_id
         self.handle: RequestHandle | None = None
         self.cancelled = False
+        #: Cancelled because the daemon is shutting down (``done`` says ``shutdown``).
+        self.shutdown = False
 
     def attach(self, handle: RequestHandle) -> None:
         self.handle = handle
@@ -340,11 +353,16 @@ class Service:
     def n_inflight(self) -> int:
         return self._n_inflight
 
-    async def drain(self, timeout_s: float) -> bool:
-        """Refuse new work, cancel every generation, wait for them to end (their clients
-        get ``done`` cancelled). Returns whether all ended within ``timeout_s``."""
+    async def drain(self, timeout_s: float, *, grace_s: float = 0.0) -> bool:
+        """Refuse new work, let running generations finish for up to ``grace_s``, then
+        cancel the rest (their clients get ``done`` with ``finish_reason: shutdown``) and
+        wait for them to end. Returns whether all ended within ``timeout_s`` of that."""
         self.draining = True
+        if grace_s > 0:
+            with anyio.move_on_after(grace_s):
+                await self._idle.wait()
         for entry in self.inflight():
+            entry.shutdown = True
             entry.cancel()
         with anyio.move_on_after(timeout_s):
             await self._idle.wait()

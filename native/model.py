@@ -100,7 +100,8 @@ class Model:
             params.progress_callback = cb
         handle = lc.llama_model_load_from_file(str(p).encode(), params)
         if not handle:
-            raise ModelLoadError(f"llama.cpp could not load {p} (see the meshd.llama log)")
+            raise ModelLoadError(f"llama.cpp could not load {p} (its reasons are logged "
+                                 "by the meshd.llama logger)")
         try:
             info, template = _read_info(handle, p)
         except Exception:

@@ -1,0 +1,72 @@
+"""The systemd units in systemd/ are valid (``systemd-analyze verify``) and hardened
+(``systemd-analyze security`` exposure at most 2.0; the score is printed)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+UNITS = Path(__file__).resolve().parents[1] / "systemd"
+SHIPPED_EXEC = "/opt/meshd/.venv/bin/meshd"
+MAX_EXPOSURE = 2.0
+
+
+def _analyze() -> str:
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd; "
+                    ".ci/run installs it)")
+    return tool
+
+
+@pytest.fixture
+def units(tmp_path: Path) -> Path:
+    """The shipped units, with ExecStart pointing at this checkout's meshd (verify checks
+    that the program exists)."""
+    meshd = Path(sys.executable).parent / "meshd"
+    assert meshd.exists(), "meshd is not installed in this environment"
+    text = (UNITS / "meshd.service").read_text()
+    assert SHIPPED_EXEC in text
+    (tmp_path / "meshd.service").write_text(text.replace(SHIPPED_EXEC, str(meshd)))
+    shutil.copy(UNITS / "meshd.socket", tmp_path / "meshd.socket")
+    return tmp_path
+
+
+def test_units_pass_systemd_analyze_verify(units: Path) -> None:
+    done = subprocess.run(
+        [_analyze(), "verify", "--man=no", str(units / "meshd.service"),
+         str(units / "meshd.socket")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+def test_service_exposure_is_at_most_two(units: Path) -> None:
+    done = subprocess.run(
+        [_analyze(), "security", "--offline=true", "--no-pager", str(units / "meshd.service")],
+        capture_output=True, text=True, timeout=60,
+    )
+    match = re.search(r"Overall exposure level for meshd\.service: ([0-9.]+)", done.stdout)
+    assert match, done.stdout + done.stderr
+    exposure = float(match.group(1))
+    print(f"systemd-analyze security: meshd.service exposure {exposure} "
+          f"(target <= {MAX_EXPOSURE})")
+    assert exposure <= MAX_EXPOSURE, done.stdout
+
+
+def test_socket_unit_matches_what_the_daemon_expects() -> None:
+    """The socket systemd creates is the one meshd serves by default under systemd
+    (RuntimeDirectory=meshd -> /run/meshd/meshd.sock), named as the daemon looks for it."""
+    socket_unit = (UNITS / "meshd.socket").read_text()
+    service = (UNITS / "meshd.service").read_text()
+    assert "ListenStream=/run/meshd/meshd.sock" in socket_unit
+    assert "FileDescriptorName=meshd" in socket_unit
+    assert "SocketMode=0660" in socket_unit and "SocketGroup=meshd" in socket_unit
+    assert "RuntimeDirectory=meshd" in service and "Type=notify" in service
+    assert "d /run/meshd 0750 meshd meshd" in (UNITS / "meshd.tmpfiles.conf").read_text()
+    assert re.search(r"^u meshd ", (UNITS / "meshd.sysusers.conf").read_text(), re.M)

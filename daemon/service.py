@@ -14,7 +14,6 @@ import collections
 import importlib.metadata
 import time
 from collections.abc import Iterator
-from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -47,6 +46,7 @@ from meshd.protocol import (
 )
 
 from .mapping import model_info, sampling_params
+from .options import DEFAULT_MAX_TOKENS
 from .peercred import PeerPolicy
 from .runtime import ModelRuntime, RequestError
 from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
@@ -54,8 +54,6 @@ from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SHUTDOWN_GRACE_S", "InFlight", "ServerConfig", "Service",
            "server_version"]
 
-DEFAULT_MAX_TOKENS: Final = 256
-"""Tokens generated when a request does not say (``max_tokens: null``)."""
 
 
 DEFAULT_SHUTDOWN_GRACE_S: Final = 30.0

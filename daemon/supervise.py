@@ -32,16 +32,48 @@ import attrs
 
 from .logs import get_logger
 from .notify import Notifier, watchdog_interval
+from .runtime import ProgressFactory, StepProgress
 from .server import Server
 from .service import ServerConfig
 
-__all__ = ["STATUS_INTERVAL_S", "Supervisor", "pinging_while_starting"]
+__all__ = ["STATUS_INTERVAL_S", "Supervisor", "notifying_progress", "pinging_while_starting"]
 
 STATUS_INTERVAL_S: Final = 5.0
 """How often the serving status line is refreshed (sent only when it changed)."""
 
 Reload = Callable[[], ServerConfig]
 """Reads the configuration again; raises (with a message naming the key) when it is bad."""
+
+
+class _NotifyingStep:
+    """One slow start-up step shown to systemd as ``STATUS=`` (every 10%) and to
+    whatever display ``inner`` is (a terminal progress line)."""
+
+    def __init__(self, what: str, notifier: Notifier, inner: StepProgress) -> None:
+        self.what = what
+        self.notifier = notifier
+        self.inner = inner
+        self._tenth = -1
+        notifier.status(what)
+
+    def update(self, fraction: float) -> None:
+        self.inner.update(fraction)
+        tenth = int(min(max(fraction, 0.0), 1.0) * 10)
+        if tenth != self._tenth:
+            self._tenth = tenth
+            self.notifier.status(f"{self.what}: {tenth * 10}%")
+
+    def done(self, result: str = "done") -> None:
+        self.inner.done(result)
+
+
+def notifying_progress(notifier: Notifier, inner: ProgressFactory) -> ProgressFactory:
+    """A progress factory for ``ModelRuntime`` that also tells systemd what is going on
+    while the model loads and calibrates."""
+    def factory(what: str) -> StepProgress:
+        return _NotifyingStep(what, notifier, inner(what))
+
+    return factory
 
 
 @contextmanager

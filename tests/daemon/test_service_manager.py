@@ -69,7 +69,7 @@ def test_notify_sequence_watchdog_and_cache_directory(workdir: str) -> None:
             before = [fields for _, fields in notify.messages[:-1]]
             statuses = [f["STATUS"] for f in before if "STATUS" in f]
             assert any(s.startswith("loading") for s in statuses), statuses
-            assert any(s.startswith("calibrating") for s in statuses), statuses
+            assert any(s.startswith("measuring the verify cost") for s in statuses), statuses
             # The calibrated curve went to systemd's CacheDirectory=, nowhere else.
             assert list(Path(cache, "costs").glob("*.json"))
             n_before = len(notify.messages)

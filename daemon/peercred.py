@@ -27,7 +27,7 @@ __all__ = ["PeerCredentials", "PeerPolicy", "peer_credentials", "resolve_gid", "
 
 _SO_PEERGROUPS: Final = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 _UCRED: Final = struct.Struct("3i")
-_MAX_GROUPS: Final = 1024
+_MAX_GROUPS: Final = 256  # Python caps getsockopt buffers at 1024 bytes
 
 
 @attrs.frozen

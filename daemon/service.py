@@ -14,6 +14,7 @@ import collections
 import importlib.metadata
 import time
 from collections.abc import Iterator
+from typing import Final
 
 import anyio
 import anyio.to_thread

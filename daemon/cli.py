@@ -1,4 +1,4 @@
-"""The ``meshd`` command line: serve, demo, generate, bench, make-test-model.
+"""The ``meshd`` command line: serve, demo, generate, bench, bench-threads, make-test-model.
 
 Exit codes: 0 success, 2 bad usage or request, 3 model/runtime error (``serve`` and
 ``demo`` document theirs).
@@ -65,6 +65,15 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="benchmark arms side by side against llama-cpp-python; --identity gate",
         parents=[opt.model_options(ctx=2048, model=False),
                  opt.speculation_options(proposer=False, fixed_k=False)]))
+
+
+def _add_bench_threads(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .bench_threads import add_arguments
+
+    add_arguments(opt.subparser(
+        sub, "bench-threads",
+        help="llama.cpp's thread wait policies and counts, on a quiet machine and with "
+             "competing CPU-bound processes"))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -144,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     _add_generate(sub)
     _add_bench(sub)
+    _add_bench_threads(sub)
     _add_make_test_model(sub)
     return parser
 
@@ -168,6 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import cmd_bench
 
         return cmd_bench(args)
+    if args.command == "bench-threads":
+        from .bench_threads import cmd_bench_threads
+
+        return cmd_bench_threads(args)
     return cmd_make_test_model(args)
 
 

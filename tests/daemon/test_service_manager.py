@@ -215,8 +215,11 @@ def _connect_as(path: str, *, uid: int, gid: int, groups: list[int] | None = Non
     code = (
         "import socket,sys,json\n"
         "s=socket.socket(socket.AF_UNIX); s.settimeout(30); s.connect(sys.argv[1])\n"
-        "s.sendall(b'{\"op\":\"hello\",\"id\":\"h\",\"protocol_version\":"
+        "try:\n"
+        "    s.sendall(b'{\"op\":\"hello\",\"id\":\"h\",\"protocol_version\":"
         f"{PROTOCOL_VERSION},\"client_name\":\"other\"}}\\n')\n"
+        "except OSError:\n"  # a refused peer may be cut off before it says hello
+        "    pass\n"
         "line=s.makefile('rb').readline()\n"
         "print(json.dumps(json.loads(line)))\n"
     )

@@ -26,6 +26,7 @@ from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 
 from .argtypes import non_negative, positive
+from .http.tcp import check_http_address, open_http_listener
 from .listener import ListenerError, default_socket_path, open_listener, preflight
 from .logs import LEVELS, configure_logging, get_logger
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
@@ -41,6 +42,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--socket", default=None, metavar="PATH",
                    help="socket path, unix:PATH or fd://N "
                         f"(default: {default_socket_path()})")
+    p.add_argument("--http", default=None, metavar="tcp:127.0.0.1:PORT",
+                   help="also serve HTTP (OpenAI API, /health, /metrics) on a loopback TCP "
+                        "port or an inherited socket (fd://N); the Unix socket always "
+                        "serves HTTP too")
     p.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio",
                    help="event loop (asyncio uses uvloop when installed)")
@@ -85,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         preflight(bind)
+        if args.http is not None:
+            check_http_address(args.http)
     except ListenerError as exc:
         log.error("listen_failed", address=bind, error=str(exc))
         print(f"meshd serve: {exc}", file=sys.stderr)
@@ -113,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
         if args.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
             options["use_uvloop"] = True
         try:
-            anyio.run(_serve_until_signalled, server, bind, backend=args.backend,
-                      backend_options=options)
+            anyio.run(_serve_until_signalled, server, bind, args.http,
+                      backend=args.backend, backend_options=options)
         except ListenerError as exc:
             log.error("listen_failed", address=bind, error=str(exc))
             print(f"meshd serve: {exc}", file=sys.stderr)
@@ -124,12 +131,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_until_signalled(server: Server, bind: str) -> None:
+async def _serve_until_signalled(server: Server, bind: str, http: str | None) -> None:
     listener = await open_listener(bind)  # raises ListenerError plainly, before any task
+    try:
+        http_listener = await open_http_listener(http) if http is not None else None
+    except BaseException:
+        await listener.aclose()
+        raise
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_signals, signals, server, tg.cancel_scope)
-            await server.serve(listener)
+            await server.serve(listener, http=http_listener)
             tg.cancel_scope.cancel()
 
 

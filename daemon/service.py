@@ -14,7 +14,6 @@ import collections
 import importlib.metadata
 import time
 from collections.abc import Iterator
-from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -48,13 +47,12 @@ from meshd.protocol import (
 
 from .http.config import HttpConfig
 from .mapping import model_info, sampling_params
+from .options import DEFAULT_MAX_TOKENS
 from .runtime import ModelRuntime, RequestError
 from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
 
 __all__ = ["DEFAULT_MAX_TOKENS", "InFlight", "ServerConfig", "Service", "server_version"]
 
-DEFAULT_MAX_TOKENS: Final = 256
-"""Tokens generated when a request does not say (``max_tokens: null``)."""
 
 
 def server_version() -> str:

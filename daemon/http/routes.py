@@ -69,6 +69,13 @@ class Routes:
         except ApiError as exc:
             status = exc.status
             await self.error(out, exc, allow=_ROUTES[path][0] if status == 405 else None)
+        except Exception:
+            # A bug must cost this request only; once a stream has begun the error
+            # cannot be sent and the connection closes instead.
+            self.log.exception("request_crashed", path=path)
+            status = 500
+            await self.error(out, ApiError(500, "internal error", code="internal",
+                                           kind="server_error"))
         self.log.info("http_request", method=method, path=path, status=status,
                       ms=round((time.perf_counter() - t0) * 1e3, 2))
 

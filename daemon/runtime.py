@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
-import jinja2.sandbox
 
 from meshd.native.calibrate import MtpCosts, measure_mtp_costs, measure_row_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
@@ -27,6 +26,7 @@ from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Proposer, ProposerEnv
 from meshd.plugins.registry import Registry, default_registry
 
+from .chat_template import ChatTemplate, ChatTemplateError
 from .costs import CostModel, is_plausible
 from .engine import Generation, MtpHead, SpeculationSettings, mtp_head_pays
 from .prefix_cache import PrefixCache
@@ -159,7 +159,7 @@ class ModelRuntime:
             self.context, max_entries=ctx_config.n_seq_max if cache_tokens else 0,
             max_tokens=cache_tokens,
         )
-        self._template: Any = None
+        self._template: ChatTemplate | None = None
         self._drafts: dict[str, DraftModel] = {}
         self.costs: CostModel | None = None
         #: The MTP head's measured costs (None: no head, or not calibrated).
@@ -279,28 +279,26 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ prompts
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """Render chat messages with the GGUF's own template (jinja2, sandboxed)."""
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """Render chat messages with the GGUF's own template (see ``chat_template``)."""
         source = self.model.chat_template
         if source is None:
             raise RequestError("this model has no chat template; send a plain prompt")
         if self._template is None:
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader()
-            )
-
-            def raise_exception(message: str) -> None:
-                raise RequestError(f"chat template: {message}")
-
-            env.globals["raise_exception"] = raise_exception
-            self._template = env.from_string(source)
-        tok = self.model.tokenizer
-        info = self.model.info
-        bos = tok.piece(info.bos_token, special=True).decode() if info.bos_token is not None else ""
-        eos = tok.piece(info.eos_token, special=True).decode() if info.eos_token is not None else ""
-        return str(self._template.render(
-            messages=list(messages), add_generation_prompt=True, bos_token=bos, eos_token=eos,
-        ))
+            tok = self.model.tokenizer
+            info = self.model.info
+            bos = tok.piece(info.bos_token, special=True).decode() \
+                if info.bos_token is not None else ""
+            eos = tok.piece(info.eos_token, special=True).decode() \
+                if info.eos_token is not None else ""
+            try:
+                self._template = ChatTemplate(source, bos_token=bos, eos_token=eos)
+            except ChatTemplateError as exc:
+                raise RequestError(str(exc)) from exc
+        try:
+            return self._template.render(messages)
+        except ChatTemplateError as exc:
+            raise RequestError(str(exc)) from exc
 
     def tokenize_prompt(self, text: str, *, chat: bool) -> list[int]:
         return self.model.tokenizer.tokenize(text, add_special=not chat, parse_special=chat)

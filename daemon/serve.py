@@ -32,6 +32,7 @@ from . import options as opt
 from .activation import ActivationError, InheritedSocket, listen_fds
 from .argtypes import non_negative, positive
 from .checks import check_model_args
+from .http.tcp import check_http_address, open_http_listener
 from .listener import ListenerError, default_socket_path, open_listener, preflight
 from .logs import FORMATS, configure_logging, get_logger
 from .notify import Notifier
@@ -56,6 +57,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("-s", "--socket", default=None, metavar="PATH",
                    help="socket path, unix:PATH or fd://N (default: $MESHD_SOCKET, else "
                         f"{default_socket_path()})")
+    p.add_argument("--http", default=None, metavar="tcp:127.0.0.1:PORT",
+                   help="also serve HTTP (OpenAI API, /health, /metrics) on a loopback TCP "
+                        "port or an inherited socket (fd://N); the Unix socket always "
+                        "serves HTTP too")
     p.add_argument("--slots", metavar="N", type=positive, default=4,
                    help="generations decoded together (sessions in the shared context)")
     p.add_argument("--max-queue", metavar="N", type=non_negative, default=64,
@@ -123,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         preflight(bind)
         peers = PeerPolicy.from_names(args.allow_user, args.allow_group)
+        if args.http is not None:
+            check_http_address(args.http)
     except ListenerError as exc:
         log.error("listen_failed", address=bind, error=str(exc))
         return 1
@@ -157,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         if args.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
             options["use_uvloop"] = True
         try:
-            anyio.run(_serve_until_signalled, server, supervisor, bind,
+            anyio.run(_serve_until_signalled, server, supervisor, bind, args.http,
                       backend=args.backend, backend_options=options)
         except ListenerError as exc:
             log.error("listen_failed", address=bind, error=str(exc))
@@ -182,9 +189,15 @@ def _activated_bind(inherited: list[InheritedSocket]) -> str | None:
     return chosen[0].bind if chosen else None
 
 
-async def _serve_until_signalled(server: Server, supervisor: Supervisor, bind: str) -> None:
+async def _serve_until_signalled(server: Server, supervisor: Supervisor, bind: str,
+                                 http: str | None) -> None:
     listener = await open_listener(bind)  # raises ListenerError plainly, before any task
+    try:
+        http_listener = await open_http_listener(http) if http is not None else None
+    except BaseException:
+        await listener.aclose()
+        raise
     async with anyio.create_task_group() as tg:
         tg.start_soon(supervisor.run, tg.cancel_scope)
-        await server.serve(listener)
+        await server.serve(listener, http=http_listener)
         tg.cancel_scope.cancel()

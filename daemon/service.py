@@ -46,6 +46,7 @@ from meshd.protocol import (
     Welcome,
 )
 
+from .http.config import HttpConfig
 from .mapping import model_info, sampling_params
 from .options import DEFAULT_MAX_TOKENS
 from .peercred import PeerPolicy
@@ -94,6 +95,8 @@ class ServerConfig:
     """On shutdown, how long cancelled generations get to end with ``done``."""
     peers: PeerPolicy = attrs.field(factory=PeerPolicy)
     """Which peers (by uid/gid from the socket's credentials) are served."""
+    http: HttpConfig = attrs.field(factory=HttpConfig)
+    """Limits and timeouts of HTTP connections (Unix socket and ``--http``)."""
 
 
 class InFlight:
@@ -131,6 +134,7 @@ class Service:
         self.scheduler = scheduler
         self.config = config
         self.started = time.monotonic()
+        self.started_at = time.time()
         self.draining = False
         self.counters: collections.Counter[str] = collections.Counter()
         self._model_info = model_info(runtime)
@@ -208,7 +212,17 @@ class Service:
             "idle_slots": self.runtime.idle_slots,
             "cached_sessions": len(self.runtime.prefix_cache),
             "errors_busy": st.rejected_busy,
+            "prefix_cache_tokens": self.runtime.prefix_cache.tokens,
+            "checkpoint_bytes": self.scheduler.checkpoint_bytes,
         }
+        for reason, n in st.finish_reasons.items():
+            counters[f"finish_{reason}"] = n
+        for name, hist in (("verify_seconds", st.verify_seconds),
+                           ("time_to_first_token_seconds", st.time_to_first_token_seconds),
+                           ("inter_token_latency_seconds", st.inter_token_latency_seconds)):
+            snap = hist.snapshot()
+            counters[f"{name}_count"] = snap.count
+            counters[f"{name}_sum"] = snap.sum
         for key, value in sorted(self.counters.items()):
             counters[key] = counters.get(key, 0) + value
         proposers = {

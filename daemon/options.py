@@ -52,6 +52,12 @@ DEFAULT_CTX: Final = 4096
 DEFAULT_MAX_TOKENS: Final = 256
 """Tokens generated when a request does not say: ``serve``, ``generate`` and ``demo``."""
 DEFAULT_PROPOSER: Final = "auto"
+DEFAULT_SLOTS: Final = 4
+"""Generations ``serve`` decodes together (sessions in the shared context)."""
+DEFAULT_MAX_QUEUE: Final = 64
+"""Requests waiting for a slot before new ones are answered ``busy``."""
+DEFAULT_STREAM_INTERVAL_MS: Final = 100
+"""Tokens are streamed in batches at most this far apart (after the first token)."""
 DEFAULT_BACKEND: Final = "asyncio"
 DEFAULT_LOG_LEVEL: Final = "info"
 

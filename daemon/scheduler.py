@@ -33,6 +33,7 @@ from meshd.native.session import verify_many
 from .costs import CostModel
 from .engine import Generation, GenerationStats, TokenEvent, Window
 from .histogram import Histogram
+from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
 from .runtime import ModelRuntime, RequestError
 from .sampling import GREEDY, SamplingParams
 from .speculation import Decision, FinishReason, RepairKind
@@ -130,8 +131,8 @@ class SchedulerStats:
 class Scheduler:
     """Owns one ModelRuntime's sessions; ``run`` is the engine loop."""
 
-    def __init__(self, runtime: ModelRuntime, *, max_queue: int = 64,
-                 step_budget_s: float = 0.1) -> None:
+    def __init__(self, runtime: ModelRuntime, *, max_queue: int = DEFAULT_MAX_QUEUE,
+                 step_budget_s: float = DEFAULT_STREAM_INTERVAL_MS / 1000) -> None:
         self.runtime = runtime
         self.max_queue = max_queue
         #: Run steps back to back on the worker thread for up to this long before handing

@@ -61,11 +61,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="also serve HTTP (OpenAI API, /health, /metrics) on a loopback TCP "
                         "port or an inherited socket (fd://N); the Unix socket always "
                         "serves HTTP too")
-    p.add_argument("--slots", metavar="N", type=positive, default=4,
+    p.add_argument("--slots", metavar="N", type=positive, default=opt.DEFAULT_SLOTS,
                    help="generations decoded together (sessions in the shared context)")
-    p.add_argument("--max-queue", metavar="N", type=non_negative, default=64,
+    p.add_argument("--max-queue", metavar="N", type=non_negative, default=opt.DEFAULT_MAX_QUEUE,
                    help="requests waiting for a slot before new ones are answered busy")
-    p.add_argument("--stream-interval-ms", metavar="MS", type=positive, default=100,
+    p.add_argument("--stream-interval-ms", metavar="MS", type=positive,
+                   default=opt.DEFAULT_STREAM_INTERVAL_MS,
                    help="stream tokens in batches at most this far apart (fewer wake-ups "
                         "of the client, which on a small machine steal the decode's cores)")
     p.add_argument("--draft-model", action="append", default=[], metavar="PATH",

@@ -48,7 +48,7 @@ from meshd.protocol import (
 
 from .http.config import HttpConfig
 from .mapping import model_info, sampling_params
-from .options import DEFAULT_MAX_TOKENS
+from .options import DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS, DEFAULT_STREAM_INTERVAL_MS
 from .peercred import PeerPolicy
 from .runtime import ModelRuntime, RequestError
 from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
@@ -78,9 +78,9 @@ class ServerConfig:
     max_tokens_limit: int | None = None
     """Largest ``max_tokens`` accepted; ``None`` means the per-session context length."""
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_queue: int = 64
+    max_queue: int = DEFAULT_MAX_QUEUE
     """Generations waiting for a slot before new ones are answered ``busy``."""
-    stream_interval_s: float = 0.1
+    stream_interval_s: float = DEFAULT_STREAM_INTERVAL_MS / 1000
     """Tokens are streamed in batches at most this far apart (after the first token)."""
     max_requests_per_connection: int = 256
     """Concurrent requests one connection may have in flight before ``busy``."""

@@ -34,7 +34,8 @@ from meshd.protocol import (
 
 
 def test_protocol_version_is_an_int() -> None:
-    assert PROTOCOL_VERSION == 1
+    assert isinstance(PROTOCOL_VERSION, int)
+    assert PROTOCOL_VERSION == 2  # 2: finish reason "shutdown", error code "forbidden"
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from meshd.protocol import (
     Generate,
     InternalError,
     ModelError,
+    PermissionDenied,
     ProposerStats,
     ProtocolError,
     RequestCancelled,
@@ -95,6 +96,7 @@ def test_every_code_has_an_exception() -> None:
         ErrorCode.MODEL_ERROR: ModelError,
         ErrorCode.CANCELLED: RequestCancelled,
         ErrorCode.INTERNAL: InternalError,
+        ErrorCode.FORBIDDEN: PermissionDenied,
     }
     assert set(expected) == set(ErrorCode)
     for code, cls in expected.items():
@@ -132,4 +134,5 @@ def test_errors_pickle_and_reattribute() -> None:
 
 
 def test_finish_reasons() -> None:
-    assert [r.value for r in FinishReason] == ["stop", "length", "eog", "cancelled", "error"]
+    assert [r.value for r in FinishReason] == ["stop", "length", "eog", "cancelled", "shutdown",
+                                              "error"]

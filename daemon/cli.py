@@ -1,4 +1,5 @@
-"""The ``meshd`` command line: serve, demo, generate, bench, bench-threads, make-test-model.
+"""The ``meshd`` command line: serve, demo, generate, bench, bench-threads, config,
+make-test-model.
 
 Exit codes: 0 success, 2 bad usage or request, 3 model/runtime error (``serve`` and
 ``demo`` document theirs).
@@ -74,6 +75,32 @@ def _add_bench_threads(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         sub, "bench-threads",
         help="llama.cpp's thread wait policies and counts, on a quiet machine and with "
              "competing CPU-bound processes"))
+
+
+def _add_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .config import DEFAULT_CONFIG_PATH
+
+    p = opt.subparser(sub, "config", help="check and print the daemon's configuration")
+    actions = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = opt.subparser(
+        actions, "check",
+        help="print the effective configuration of meshd serve (file, MESHD_<SECTION>_<KEY> "
+             "variables, defaults) with each value's source; exit 2 naming the bad key")
+    check.add_argument("-C", "--config", metavar="FILE", default=None,
+                       help=f"TOML file (default: {DEFAULT_CONFIG_PATH} if it exists)")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from . import config
+
+    try:
+        loaded = config.load(args.config)
+        config.server_config(loaded.config)  # user and group names must resolve
+    except (config.ConfigError, ValueError) as exc:
+        print(f"meshd config check: {exc}", file=sys.stderr)
+        return 2
+    print(config.render(loaded))
+    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -154,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_bench(sub)
     _add_bench_threads(sub)
+    _add_config(sub)
     _add_make_test_model(sub)
     return parser
 
@@ -178,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import cmd_bench
 
         return cmd_bench(args)
+    if args.command == "config":
+        return cmd_config(args)
     if args.command == "bench-threads":
         from .bench_threads import cmd_bench_threads
 

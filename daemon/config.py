@@ -225,7 +225,7 @@ def _first_error(exc: BaseException, path: str = "") -> str:
             name = note.rsplit(" ", 1)[-1] if note else ""
             sub_path = f"{path}.{name}" if name and path else (name or path)
             return _first_error(sub, sub_path)
-    message = str(exc)
+    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
     rule = re.match(r"'(\w+)' must be (.*?)(?:: (.*))?$", message)
     if rule:  # an attrs validator: "'slots' must be >= 1: 0"
         name, what, got = rule.groups()
@@ -328,15 +328,16 @@ def _read_env(environ: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], di
 
 
 def load(path: str | None = None, *, environ: Mapping[str, str] | None = None,
-         flags: Mapping[str, Any] | None = None) -> Loaded:
+         flags: Mapping[str, Any] | None = None,
+         default_path: str | None = DEFAULT_CONFIG_PATH) -> Loaded:
     """The effective configuration: ``flags`` (argparse dests given on the command line)
     over ``environ`` (default ``os.environ``) over the file over the defaults.
 
-    ``path`` None reads :data:`DEFAULT_CONFIG_PATH` if it exists. Raises ConfigError.
+    ``path`` None reads ``default_path`` if it exists. Raises ConfigError.
     """
     env = os.environ if environ is None else environ
     chosen = path if path is not None else (
-        DEFAULT_CONFIG_PATH if os.path.exists(DEFAULT_CONFIG_PATH) else None)
+        default_path if default_path and os.path.exists(default_path) else None)
     file_data = _read_file(chosen) if chosen is not None else {}
     env_data, env_names = _read_env(env)
     flag_values = dict(flags or {})

@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -28,6 +29,7 @@ import anyio.abc
 
 from meshd.native.errors import NativeError
 
+from . import config as cfg
 from . import options as opt
 from .activation import ActivationError, InheritedSocket, listen_fds
 from .argtypes import non_negative, positive
@@ -36,7 +38,6 @@ from .http.tcp import check_http_address, open_http_listener
 from .listener import ListenerError, default_socket_path, open_listener, preflight
 from .logs import FORMATS, configure_logging, get_logger
 from .notify import Notifier
-from .peercred import PeerPolicy
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
 from .server import Server
 from .service import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
@@ -88,6 +89,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--log-format", choices=FORMATS, default="auto",
                    help="auto: journal under journald (priority prefixes), console on a "
                         "terminal, JSON lines otherwise")
+    cfg.add_config_flags(p)
 
 
 def socket_address(explicit: str | None) -> str:
@@ -98,8 +100,19 @@ def socket_address(explicit: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``meshd serve`` with parsed ``args``; returns the exit code."""
-    configure_logging(args.log_level, format=args.log_format)
+    flags = cfg.explicit_flags(args)
+    try:
+        loaded = cfg.load(args.config, flags=flags)
+    except cfg.ConfigError as exc:
+        configure_logging(flags.get("log_level", opt.DEFAULT_LOG_LEVEL),
+                          format=flags.get("log_format", "auto"))
+        get_logger("meshd.serve").error("bad_config", error=str(exc))
+        return 2
+    c = loaded.config
+    configure_logging(c.log.level, format=c.log.format)
     log = get_logger("meshd.serve")
+    if loaded.path:
+        log.info("config_loaded", path=loaded.path)
     notifier = Notifier()
     if notifier.last_error:
         log.warning("notify_unusable", error=notifier.last_error)
@@ -108,36 +121,42 @@ def run(args: argparse.Namespace) -> int:
     except ActivationError as exc:
         log.error("socket_activation_failed", error=str(exc))
         return 1
-    bind = args.socket or _activated_bind(inherited) or socket_address(None)
-    proposer = args.proposer
-    if proposer.startswith("draft:") and proposer.partition(":")[2] not in args.draft_model:
-        message = (f"--proposer {proposer} names a draft model that is not among the "
-                   "--draft-model files; add --draft-model "
+    bind = c.serve.socket or _activated_bind(inherited) or socket_address(None)
+    drafts = list(c.model.draft_models)
+    try:
+        proposer = opt.proposer_name(c.speculation.proposer)
+    except argparse.ArgumentTypeError as exc:
+        log.error("bad_config", error=f"speculation.proposer: {exc}")
+        return 2
+    if proposer.startswith("draft:") and proposer.partition(":")[2] not in drafts:
+        message = (f"proposer {proposer} names a draft model that is not among the "
+                   "draft models; add --draft-model "
                    f"{proposer.partition(':')[2]}")
         log.error("bad_usage", error=message)
         return 2
     try:
-        check_model_args(args.model, proposer, args.draft_model)
+        check_model_args(c.model.path, proposer, drafts)
     except NativeError as exc:
         log.error("model_load_failed", error=str(exc))
         return 3
     config = RuntimeConfig(
-        model_path=args.model, n_ctx_seq=args.ctx, n_seq_max=args.slots,
-        draft_max=args.draft_max, threads=args.threads, calibrate=not args.fixed_k,
-        default_proposer=proposer, allowed_drafts=tuple(args.draft_model),
+        model_path=c.model.path, n_ctx_seq=c.model.ctx, n_seq_max=c.serve.slots,
+        draft_max=c.speculation.draft_max, threads=c.model.threads,
+        calibrate=not c.speculation.fixed_k, default_proposer=proposer,
+        allowed_drafts=tuple(drafts),
     )
     try:
         preflight(bind)
-        peers = PeerPolicy.from_names(args.allow_user, args.allow_group)
-        if args.http is not None:
-            check_http_address(args.http)
+        server_config = cfg.server_config(c)
+        if c.serve.http is not None:
+            check_http_address(c.serve.http)
     except ListenerError as exc:
         log.error("listen_failed", address=bind, error=str(exc))
         return 1
     except ValueError as exc:
-        log.error("bad_option", error=str(exc))
+        log.error("bad_config", error=str(exc))
         return 2
-    log.info("loading_model", model=args.model or "embedded default")
+    log.info("loading_model", model=c.model.path or "embedded default")
     t0 = time.monotonic()
 
     def note(event: str, message: str) -> None:
@@ -153,20 +172,15 @@ def run(args: argparse.Namespace) -> int:
     with runtime:
         log.info("model_loaded", path=runtime.model.info.path,
                  seconds=round(time.monotonic() - t0, 2))
-        server_config = ServerConfig(
-            max_tokens_default=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
-            max_queue=args.max_queue, stream_interval_s=args.stream_interval_ms / 1000,
-            shutdown_grace_s=args.shutdown_grace, peers=peers,
-        )
         server = Server(runtime, server_config)
-        supervisor = Supervisor(server, notifier)
+        supervisor = Supervisor(server, notifier, reload=_reloader(loaded))
         server.ready_hooks = (supervisor.on_ready,)
         options: dict[str, Any] = {}
-        if args.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
+        if c.serve.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
             options["use_uvloop"] = True
         try:
-            anyio.run(_serve_until_signalled, server, supervisor, bind, args.http,
-                      backend=args.backend, backend_options=options)
+            anyio.run(_serve_until_signalled, server, supervisor, bind, c.serve.http,
+                      backend=c.serve.backend, backend_options=options)
         except ListenerError as exc:
             log.error("listen_failed", address=bind, error=str(exc))
             return 1
@@ -179,6 +193,25 @@ def run(args: argparse.Namespace) -> int:
             notifier.stopping("stopped")
             notifier.close()
     return 130 if supervisor.forced else 0
+
+
+def _reloader(loaded: cfg.Loaded) -> Callable[[], ServerConfig]:
+    """SIGHUP: read the file and environment again (the command line's flags still win),
+    apply what can change live, say which changed keys need a restart."""
+    current = [loaded.config]
+
+    def reload() -> ServerConfig:
+        new = cfg.load(loaded.path, flags=loaded.flags).config
+        server_config = cfg.server_config(new)  # raises before anything is applied
+        needs_restart = cfg.restart_needed(current[0], new)
+        if needs_restart:
+            get_logger("meshd.serve").warning("restart_needed", keys=needs_restart)
+        if new.log.level != current[0].log.level:
+            configure_logging(new.log.level, format=current[0].log.format)
+        current[0] = new
+        return server_config
+
+    return reload
 
 
 def _activated_bind(inherited: list[InheritedSocket]) -> str | None:

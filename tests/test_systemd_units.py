@@ -70,3 +70,16 @@ def test_socket_unit_matches_what_the_daemon_expects() -> None:
     assert "RuntimeDirectory=meshd" in service and "Type=notify" in service
     assert "d /run/meshd 0750 meshd meshd" in (UNITS / "meshd.tmpfiles.conf").read_text()
     assert re.search(r"^u meshd ", (UNITS / "meshd.sysusers.conf").read_text(), re.M)
+
+
+def test_example_configuration_loads_and_documents_every_key() -> None:
+    from meshd.daemon import config as cfg
+
+    example = UNITS / "meshd.toml"
+    loaded = cfg.load(str(example), environ={})
+    assert loaded.config.serve.allow_groups == ("meshd",)
+    text = example.read_text()
+    for section, cls in cfg.SECTIONS.items():
+        assert f"[{section}]" in text
+        for name in cfg.attrs.fields_dict(cls):
+            assert re.search(rf"^#? ?{name} = ", text, re.M), f"{section}.{name} undocumented"

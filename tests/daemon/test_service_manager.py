@@ -233,3 +233,56 @@ def _connect_as(path: str, *, uid: int, gid: int, groups: list[int] | None = Non
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_sighup_reloads_live_settings(workdir: str) -> None:
+    """SIGHUP re-reads the file: a live key (serve.max_tokens) changes at once, a key that
+    needs a restart is reported, a bad file is refused and the old settings stay."""
+    notify = NotifySocket(os.path.join(workdir, "notify"))
+    conf = Path(workdir, "meshd.toml")
+    conf.write_text(f'[model]\npath = "{_synthetic()}"\nctx = 512\n[serve]\nmax_tokens = 3\n')
+    sock_path = os.path.join(workdir, "s")
+    args = ["--config", str(conf), "--socket", sock_path, "--threads", "1", "--slots", "1",
+            "--fixed-k"]
+    try:
+        with reaped(start(args, daemon_env(NOTIFY_SOCKET=notify.path))) as proc:
+            notify.until("READY", timeout=120, proc=proc)
+            assert _default_length(sock_path) == 3
+            conf.write_text(f'[model]\npath = "{_synthetic()}"\nctx = 256\n'
+                            '[serve]\nmax_tokens = 5\n')
+            proc.send_signal(signal.SIGHUP)
+            reloading = notify.until("RELOADING", timeout=30, proc=proc)
+            assert int(reloading["MONOTONIC_USEC"]) > 0
+            notify.until("READY", timeout=30, proc=proc)
+            assert _default_length(sock_path) == 5
+            conf.write_text("[serve]\nmax_tokens = 0\n")
+            proc.send_signal(signal.SIGHUP)
+            notify.until("RELOADING", timeout=30, proc=proc)
+            notify.until("READY", timeout=30, proc=proc)
+            assert _default_length(sock_path) == 5  # the bad file changed nothing
+            code, err = stop(proc)
+        assert code == 0, err
+        events = log_events(err)
+        reloaded = next(e for e in events if e["event"] == "reloaded")
+        assert reloaded["changed"] == ["max_tokens_default"]
+        restart = next(e for e in events if e["event"] == "restart_needed")
+        assert restart["keys"] == ["model.ctx"]
+        failed = next(e for e in events if e["event"] == "reload_failed")
+        assert str(conf) in failed["error"] and "serve.max_tokens" in failed["error"]
+    finally:
+        notify.close()
+
+
+def _default_length(sock_path: str) -> int:
+    """Tokens generated for a request that does not say max_tokens."""
+    wire = Wire(sock_path)
+    try:
+        wire.hello()
+        wire.send(op="generate", id="d", prompt="abc", max_tokens=None)
+        while (frame := wire.recv()) is not None:
+            if frame["op"] in ("done", "error"):
+                assert frame["op"] == "done", frame
+                return int(frame["usage"]["completion_tokens"])
+        raise AssertionError("connection closed before done")
+    finally:
+        wire.close()

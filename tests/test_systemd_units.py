@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -83,3 +84,31 @@ def test_example_configuration_loads_and_documents_every_key() -> None:
         assert f"[{section}]" in text
         for name in cfg.attrs.fields_dict(cls):
             assert re.search(rf"^#? ?{name} = ", text, re.M), f"{section}.{name} undocumented"
+
+
+_MDWE_LAUNCHER = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(65, 1, 0, 0, 0) != 0:  # PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN
+    sys.exit(77)
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def test_llama_cpp_runs_without_writable_executable_memory() -> None:
+    """The unit sets MemoryDenyWriteExecute=yes: a generation (llama.cpp's CPU backend,
+    the ctypes callbacks for its log and progress) must work without W+X memory. The
+    kernel's PR_SET_MDWE (Linux >= 6.3) enforces the same rule on this process tree."""
+    from meshd.native import testmodels
+
+    model = str(testmodels.test_model_path("llama"))
+    done = subprocess.run(
+        [sys.executable, "-c", _MDWE_LAUNCHER, sys.executable, "-m", "meshd", "generate",
+         "-m", model, "-p", "abc", "--raw", "--max-tokens", "4", "-t", "1", "--json"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_WAIT_POLICY": "passive"},
+    )
+    if done.returncode == 77:
+        pytest.skip("this kernel has no PR_SET_MDWE (Linux < 6.3)")
+    assert done.returncode == 0, done.stderr
+    assert '"finish_reason": "length"' in done.stdout

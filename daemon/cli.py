@@ -15,7 +15,7 @@ from meshd.native.errors import NativeError
 
 from .argtypes import non_negative, positive
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
-from .sampling import SamplingParams
+from .sampling import SamplingParams, with_chosen_seed
 
 
 def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,7 +59,10 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def cmd_generate(args: argparse.Namespace) -> int:
     try:
-        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        # Like the daemon: sampling without --seed gets a chosen seed (printed), so it
+        # can be replayed and speculation verifies it exactly.
+        sampling = with_chosen_seed(
+            SamplingParams(args.temperature, args.top_k, args.top_p, args.seed))
     except ValueError as exc:
         print(f"meshd generate: {exc}", file=sys.stderr)
         return 2
@@ -89,6 +92,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "finish_reason": gen.finish.value,
                     "proposer": proposer_name or "off",
                     "model": rt.model.info.path,
+                    "seed": None if sampling.greedy else sampling.seed,
                     "stats": gen.stats.as_dict(),
                 }))
             else:
@@ -99,7 +103,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     f"\n--\nfinish={gen.finish.value} tokens={st.emitted} "
                     f"tok/s={rate:.1f} proposer={proposer_name or 'off'} "
                     f"forwards={st.target_forwards} accepted={acc} "
-                    f"refusals={st.refusals}",
+                    f"refusals={st.refusals}"
+                    + ("" if sampling.greedy else f" seed={sampling.seed}"),
                     file=sys.stderr,
                 )
     except RequestError as exc:

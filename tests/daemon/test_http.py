@@ -222,6 +222,8 @@ async def test_metrics_parse_and_move_and_agree_with_stats(smol: ModelRuntime) -
             == stats.proposers["ngram"].drafted
         assert final[("meshd_time_to_first_token_seconds_count", ())] == \
             stats.counters["time_to_first_token_seconds_count"]
+        assert final[("meshd_protocol_errors_total", (("code", "bad_request"),))] == \
+            stats.counters["errors_bad_request"]
         assert_no_leaks(server)
 
 

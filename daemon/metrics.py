@@ -67,8 +67,8 @@ class DaemonCollector(Collector):
         counters = svc.stats(Stats(id="metrics")).counters
         codes = {k.removeprefix(_ERROR_PREFIX): v for k, v in counters.items()
                  if k.startswith(_ERROR_PREFIX)}
-        for code, n in sorted(codes.items()):
-            errors.add_metric([code], n)
+        for code, count in sorted(codes.items()):
+            errors.add_metric([code], count)
         yield errors
         yield _histogram("meshd_verify_seconds",
                          "One batched target forward verifying every active window.",

@@ -290,7 +290,7 @@ class Connection:
         stats = GenerationStats(prompt_tokens=len(gen.prompt))
         finish = _finish_reason(FinishReason.CANCELLED, entry)
         await self._send(done_message(request_id, finish, stats, None,
-                                      prompt_tokens=len(gen.prompt)))
+                                      prompt_tokens=len(gen.prompt), sampling=gen.sampling))
         self._log_finished(request_id, finish.value, stats, None, gen)
 
     async def _stream(self, request_id: str, gen: GenRequest, handle: RequestHandle,
@@ -334,7 +334,7 @@ class Connection:
             finish = _finish_reason(final.finish, entry)
             self._log_finished(request_id, finish.value, final.stats, final.proposer, gen)
             return done_message(request_id, finish, final.stats, final.proposer,
-                                prompt_tokens=len(gen.prompt))
+                                prompt_tokens=len(gen.prompt), sampling=gen.sampling)
         error: ProtocolError = (
             BadRequest(f"generate: {final.message}", request_id=request_id)
             if final.kind == "request"
@@ -350,7 +350,8 @@ class Connection:
         self._log_finished(request_id, "error", stats, handle.proposer, gen)
         return done_message(request_id, WireFinishReason.ERROR, stats, handle.proposer,
                             prompt_tokens=len(gen.prompt),
-                            error_message=final.message or "generation failed")
+                            error_message=final.message or "generation failed",
+                            sampling=gen.sampling)
 
     def _log_finished(self, request_id: str, finish: str, stats: GenerationStats,
                       proposer: str | None, gen: GenRequest) -> None:

@@ -87,6 +87,13 @@ async def test_openai_completion_equals_native_output(smol: ModelRuntime) -> Non
             extra_body={"speculative": {"enabled": False}})
         assert off.choices[0].text == ref.text
         assert (off.model_extra or {})["meshd"]["proposer"] is None
+        # Seeded sampling: the same draws as the native request with the same parameters.
+        sampled = await api.completions.create(model="smollm2", prompt=PROMPT, max_tokens=24,
+                                               temperature=0.9, top_p=0.95, seed=1234)
+        async with Client.connect(path) as native:
+            ref_sampled = await native.generate(PROMPT, max_tokens=24, temperature=0.9,
+                                                top_k=0, top_p=0.95, seed=1234).collect()
+        assert sampled.choices[0].text == ref_sampled.text
         await wait_idle(server)
         assert_no_leaks(server)
 
@@ -222,6 +229,8 @@ async def test_metrics_parse_and_move_and_agree_with_stats(smol: ModelRuntime) -
             == stats.proposers["ngram"].drafted
         assert final[("meshd_time_to_first_token_seconds_count", ())] == \
             stats.counters["time_to_first_token_seconds_count"]
+        assert final[("meshd_protocol_errors_total", (("code", "bad_request"),))] == \
+            stats.counters["errors_bad_request"]
         assert_no_leaks(server)
 
 
@@ -335,3 +344,29 @@ async def test_curl_over_the_unix_socket(smol: ModelRuntime) -> None:
             [curl, "-sS", "--unix-socket", path, "http://localhost/metrics"])).stdout.decode()
         assert "meshd_spec_decode_num_drafts_total" in metrics_text or \
             "meshd_spec_decode_num_drafts" in metrics_text
+
+
+async def test_expect_100_continue(smol: ModelRuntime) -> None:
+    body = json.dumps({"prompt": "word " * 400, "max_tokens": 2, "temperature": 0}).encode()
+    async with http_daemon(smol) as (server, path, _http):
+        stream = await anyio.connect_unix(path)
+        receiver = StreamReceiver(stream)
+        try:
+            await stream.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                              b"Expect: 100-continue\r\nConnection: close\r\n"
+                              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+            with anyio.fail_after(30):
+                interim = await receiver.receive()
+                assert interim.startswith(b"HTTP/1.1 100 ")
+                await stream.send(body)
+                got = bytearray()
+                while True:
+                    try:
+                        got += await receiver.receive()
+                    except anyio.EndOfStream:
+                        break
+        finally:
+            await receiver.aclose()
+        assert status_of(bytes(got)) == 200
+        assert json.loads(bytes(got).partition(b"\r\n\r\n")[2])["usage"]["completion_tokens"] == 2
+        assert_no_leaks(server)

@@ -286,3 +286,28 @@ def _default_length(sock_path: str) -> int:
         raise AssertionError("connection closed before done")
     finally:
         wire.close()
+
+
+@pytest.mark.slow
+def test_a_second_sigint_forces_the_exit(workdir: str) -> None:
+    """With a long grace period, the first SIGINT waits for the running request; the
+    second one stops at once (exit 130) and still removes the socket."""
+    sock_path = os.path.join(workdir, "s")
+    args = _serve_args(sock_path, "--shutdown-grace", "600", "--stream-interval-ms", "20",
+                       "--fixed-k")
+    with reaped(start(args, daemon_env())) as proc:
+        wait_for_socket(sock_path, proc)
+        wire = Wire(sock_path)
+        wire.hello()
+        wire.send(op="generate", id="long", prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
+                  max_tokens=400)
+        assert (wire.recv() or {}).get("op") == "token"
+        proc.send_signal(signal.SIGINT)
+        assert (wire.recv() or {}).get("op") == "token"  # still generating: grace period
+        proc.send_signal(signal.SIGINT)
+        code, err = stop(proc, sig=None, timeout=30)
+        wire.close()
+    assert code == 130, err
+    assert not os.path.exists(sock_path)
+    actions = [e.get("action") for e in log_events(err) if e["event"] == "signal_received"]
+    assert actions == ["graceful shutdown", "stopping now"]

@@ -128,8 +128,13 @@ def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True) -> argparse.Arg
                    help="context length per session in tokens; capped at the model's "
                         "training context (a note says so)")
     g.add_argument("-t", "--threads", type=positive, default=None, metavar="N",
-                   help="CPU threads for llama.cpp (default: every core this process may "
-                        "use; on a shared machine use 1)")
+                   help="CPU threads for llama.cpp (default: the CPUs this process may "
+                        "use: its affinity mask, capped by its cgroup CPU quota). Between "
+                        "operations the threads sleep (OMP_WAIT_POLICY=passive, unless "
+                        "OMP_WAIT_POLICY or GOMP_SPINCOUNT is set): spinning "
+                        "(OMP_WAIT_POLICY=active) is faster on an idle machine but collapses "
+                        "when other processes want the cores; meshd bench-threads measures "
+                        "both")
     return p
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
+from meshd.protocol import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
 from .argtypes import non_negative, positive
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
@@ -27,10 +28,13 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--max-tokens", type=positive, default=128)
     p.add_argument("--stop", action="append", default=[], metavar="S",
                    help="stop string (repeatable); not included in the output")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                   help=f"0 = greedy (default {DEFAULT_TEMPERATURE:g})")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--top-k", type=non_negative, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=non_negative, default=DEFAULT_TOP_K,
+                   help=f"0 disables the filter (default {DEFAULT_TOP_K})")
+    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P,
+                   help=f"1 disables the filter (default {DEFAULT_TOP_P:g})")
     p.add_argument("--proposer", default="auto",
                    help="off | auto | mtp | ngram | composite | any installed plugin")
     p.add_argument("--draft-max", type=non_negative, default=DEFAULT_DRAFT_MAX,
@@ -76,12 +80,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop,
                 proposer=args.proposer, adaptive=not args.fixed_k,
             )
-            proposer_name = rt.resolve_proposer(args.proposer)
             for ev in gen.run():
                 if not args.json and ev.text:
                     sys.stdout.write(ev.text)
                     sys.stdout.flush()
             assert gen.finish is not None
+            proposer_name = gen.stats.proposer_that_ran(rt.resolve_proposer(args.proposer))
             if args.json:
                 print(json.dumps({
                     "text": gen.text,
@@ -125,15 +129,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_generate(sub)
     _add_make_test_model(sub)
     _add_bench(sub)
-    from . import demo, serve
+    from . import demo, serve, soak
 
     serve.add_parser(sub)
     demo.add_parser(sub)
+    soak.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve.run(args)
     if args.command == "demo":
         return demo.run(args)
+    if args.command == "soak":
+        return soak.run(args)
     if args.command == "generate":
         return cmd_generate(args)
     if args.command == "bench":

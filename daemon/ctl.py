@@ -31,6 +31,9 @@ from collections.abc import Callable, Sequence
 from typing import Final, TextIO
 
 from meshd.protocol import (
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
     BadRequest,
     ChatMessage,
     ConnectionClosed,
@@ -216,10 +219,13 @@ def _positive(text: str) -> int:
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=_positive, default=None,
                    help="most tokens to generate (default: the daemon's)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                   help=f"0 = greedy (default {DEFAULT_TEMPERATURE:g})")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K,
+                   help=f"0 disables the filter (default {DEFAULT_TOP_K})")
+    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P,
+                   help=f"1 disables the filter (default {DEFAULT_TOP_P:g})")
     p.add_argument("--stop", action="append", default=[], metavar="S",
                    help="stop string (repeatable); not included in the output")
     p.add_argument("--proposer", default=None,

@@ -25,7 +25,7 @@ import anyio.abc
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 
-from .argtypes import non_negative, positive
+from .argtypes import non_negative, positive, positive_seconds
 from .listener import ListenerError, default_socket_path, open_listener, preflight
 from .logs import LEVELS, configure_logging, get_logger
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
@@ -67,6 +67,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="largest max_tokens accepted (default: the context length)")
     p.add_argument("--fixed-k", action="store_true",
                    help="always draft --draft-max tokens (no cost model, no calibration)")
+    defaults = ServerConfig()
+    p.add_argument("--max-connections", type=positive, default=defaults.max_connections,
+                   help="open connections at once; one more is answered busy and closed "
+                        f"(default {defaults.max_connections})")
+    p.add_argument("--idle-timeout", type=positive_seconds, default=defaults.idle_timeout_s,
+                   metavar="SECONDS",
+                   help="close a connection with nothing in flight that sends nothing for "
+                        f"this long (default {defaults.idle_timeout_s:g})")
+    p.add_argument("--frame-timeout", type=positive_seconds, default=defaults.frame_timeout_s,
+                   metavar="SECONDS",
+                   help="a frame that has begun must end within this, else the connection "
+                        f"gets an error and is closed (default {defaults.frame_timeout_s:g})")
+    p.add_argument("--backlog", type=positive, default=None,
+                   help="listen backlog (default: the system maximum, "
+                        "/proc/sys/net/core/somaxconn)")
     p.add_argument("--log-level", choices=LEVELS, default="info")
     p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto",
                    help="auto: console on a terminal, JSON lines otherwise")
@@ -108,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         server = Server(runtime, ServerConfig(
             max_tokens_default=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
             max_queue=args.max_queue, stream_interval_s=args.stream_interval_ms / 1000,
+            max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+            frame_timeout_s=args.frame_timeout, backlog=args.backlog,
         ))
         options: dict[str, Any] = {}
         if args.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
@@ -125,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve_until_signalled(server: Server, bind: str) -> None:
-    listener = await open_listener(bind)  # raises ListenerError plainly, before any task
+    # Raises ListenerError plainly, before any task.
+    listener = await open_listener(bind, backlog=server.config.backlog)
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_signals, signals, server, tg.cancel_scope)

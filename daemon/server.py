@@ -14,12 +14,15 @@ The same code runs on asyncio (uvloop when installed) and trio through anyio.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
+
+from meshd.protocol import ServerBusy, encode
 
 from .connection import Connection
 from .listener import BindSpec, Listener, open_listener
@@ -49,6 +52,7 @@ class Server:
         self.listener: Listener | None = None
         self._connections: set[Connection] = set()
         self._ids = itertools.count(1)
+        self._starting = 0  # connections accepted whose task has not begun yet
         self._stop = anyio.Event()
 
     def shutdown(self) -> None:
@@ -69,7 +73,8 @@ class Server:
         Reports the bind address (``unix:PATH``) as started once it accepts connections.
         Raises ListenerError (before starting anything) when it cannot listen.
         """
-        listener = bind if isinstance(bind, Listener) else await open_listener(bind)
+        listener = bind if isinstance(bind, Listener) else \
+            await open_listener(bind, backlog=self.config.backlog)
         self.listener = listener
         async with listener, anyio.create_task_group() as engine:
             await engine.start(self.scheduler.run)
@@ -113,12 +118,33 @@ class Server:
                 self.log.error("accept_failed", error=str(exc))
                 await anyio.sleep(0.1)
                 continue
-            conn = Connection(stream, self.service, conn_id=next(self._ids), log=self.log)
             self.service.counters["connections_total"] += 1
+            if len(self._connections) + self._starting >= self.config.max_connections:
+                await self._refuse(stream)
+                continue
+            conn = Connection(stream, self.service, conn_id=next(self._ids), log=self.log)
+            self._starting += 1
             conns.start_soon(self._run_connection, conn)
 
+    async def _refuse(self, stream: anyio.abc.SocketStream) -> None:
+        """Answer a connection over the limit with a ``busy`` error and close it at once
+        (it gets a typed answer, and holds no descriptor of ours afterwards)."""
+        limit = self.config.max_connections
+        self.service.counters["connections_refused"] += 1
+        self.service.counters["errors_busy"] += 1
+        self.log.warning("connection_refused", reason="max_connections", limit=limit)
+        frame = encode(ServerBusy(f"too many connections (limit {limit}); retry later")
+                       .to_message())
+        sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        with contextlib.suppress(OSError):
+            sock.send(frame)  # a fresh socket's buffer takes one small frame
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
+
     async def _run_connection(self, conn: Connection) -> None:
+        self._starting -= 1
         self._connections.add(conn)
+        self.service.open_connections = len(self._connections)
         try:
             await conn.run()
         except Exception:
@@ -127,6 +153,7 @@ class Server:
             self.log.exception("connection_crashed", conn=conn.conn_id)
         finally:
             self._connections.discard(conn)
+            self.service.open_connections = len(self._connections)
 
 
 @asynccontextmanager

@@ -39,7 +39,7 @@ def smol() -> Iterator[ModelRuntime]:
 
 def _cli_tokens(capsys: pytest.CaptureFixture[str], *extra: str) -> list[int]:
     argv = ["generate", "--model", str(default_model_path()), "--prompt", PROMPT,
-            "--max-tokens", "16", "--proposer", "off", "--threads", "1", "--json", *extra]
+            "--max-tokens", "16", "--proposer", "off", "--threads", "1", "--raw", "--json", *extra]
     assert main(argv) == 0
     return list(json.loads(capsys.readouterr().out)["tokens"])
 

@@ -55,7 +55,8 @@ from meshd.protocol import (
     encode,
 )
 
-from .argtypes import positive
+from .argtypes import integer, positive
+from .options import subparser
 from .soak_probe import ProbeConnection, Record, Refused
 from .soak_report import SoakReport, sample_process
 
@@ -210,10 +211,20 @@ class Soak:
     async def load(self, monitor: ProbeConnection) -> None:
         """``clients`` concurrent clients for ``seconds``, the daemon sampled meanwhile."""
         end = time.monotonic() + self.config.seconds
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._sample_until, end, monitor)
-            for i in range(self.config.clients):
-                tg.start_soon(self._client, i, end)
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(self._keep_alive, monitor)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._sample_until, end)
+                for i in range(self.config.clients):
+                    tg.start_soon(self._client, i, end)
+            outer.cancel_scope.cancel()
+
+    async def _keep_alive(self, monitor: ProbeConnection) -> None:
+        """Health checks keep the monitor connection from being closed as idle."""
+        while True:
+            await self.answered(monitor, await monitor.request(Health(id=monitor.new_id())),
+                                "monitor health")
+            await anyio.sleep(self.config.idle_timeout_s / 4)
 
     async def settle(self, monitor: ProbeConnection) -> StatsReply | None:
         """Wait (bounded) until nothing is in flight and only ``monitor`` is connected."""
@@ -316,19 +327,16 @@ class Soak:
                       if a != b), min(len(record.tokens), len(ref.tokens)))
             rep.mismatches.append(f"{item.key}: differs from the single-client run at {n}")
 
-    async def _sample_until(self, end: float, monitor: ProbeConnection) -> None:
-        """Sample RSS and fds; the monitor connection's health checks keep it from
-        being closed as idle."""
+    async def _sample_until(self, end: float) -> None:
+        """Sample the daemon's RSS and open descriptors until ``end``."""
         while True:
-            await self.answered(monitor, await monitor.request(Health(id=monitor.new_id())),
-                                "monitor health")
             with contextlib.suppress(OSError, ValueError):
                 self.report.samples.append(
                     sample_process(self.pid, time.monotonic() - self.t0))
             if time.monotonic() >= end:
                 return
-            interval = min(self.config.sample_interval_s, self.config.idle_timeout_s / 3)
-            await anyio.sleep(min(interval, max(0.0, end - time.monotonic())))
+            await anyio.sleep(min(self.config.sample_interval_s,
+                                  max(0.0, end - time.monotonic())))
 
     # ------------------------------------------------------------------ clients
 
@@ -591,23 +599,37 @@ def _logged_errors(log: str) -> list[str]:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``meshd soak``."""
-    p = sub.add_parser("soak", help="run the daemon under mixed load and bad input; "
-                                    "report violations, mismatches, leaks, RSS and fds")
+    p = subparser(
+        sub, "soak", help="run the daemon under mixed load and bad input and judge it",
+        description="Start meshd serve as a child process, record single-client reference "
+                    "outputs, then run concurrent clients (generate, chat, cancels, dropped "
+                    "connections, tokenize, stats, garbage frames, stalled and idle "
+                    "connections) and report errors by kind, protocol violations, outputs "
+                    "unequal to the references, leaks, and RSS and fd counts over time. "
+                    "Exit 0 when nothing was found, 1 otherwise.",
+    )
     when = p.add_mutually_exclusive_group()
-    when.add_argument("--minutes", type=float, default=None, help="load duration")
-    when.add_argument("--seconds", type=float, default=None,
-                      help="load duration (default 60 s)")
-    p.add_argument("--clients", type=positive, default=8)
-    p.add_argument("--model", default=None,
-                   help="GGUF file (default: the synthetic hybrid qwen35 with an MTP head)")
-    p.add_argument("--slots", type=positive, default=4)
-    p.add_argument("--threads", type=positive, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sample-interval", type=float, default=None,
-                   help="seconds between RSS/fd samples (default: duration / 60, >= 1)")
-    p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
-    p.add_argument("--log-dir", default=None,
-                   help="keep the daemon's log (daemon.log) in this directory")
+    when.add_argument("--minutes", type=float, default=None, metavar="N",
+                      help="load duration in minutes")
+    when.add_argument("--seconds", type=float, default=None, metavar="S",
+                      help="load duration in seconds (default: 60)")
+    p.add_argument("--clients", type=positive, default=8, metavar="N",
+                   help="concurrent clients")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="GGUF file (default: the synthetic hybrid qwen35 with an MTP head, "
+                        "and two synthetic draft models)")
+    p.add_argument("--slots", type=positive, default=4, metavar="N",
+                   help="the daemon's --slots")
+    p.add_argument("--threads", type=positive, default=1, metavar="N",
+                   help="the daemon's --threads")
+    p.add_argument("--seed", type=integer, default=0, metavar="S",
+                   help="seed of the clients' random choices")
+    p.add_argument("--sample-interval", type=float, default=None, metavar="S",
+                   help="seconds between RSS/fd samples (default: duration / 60, at least 1)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--log-dir", default=None, metavar="DIR",
+                   help="keep the daemon's log (daemon.log) in this directory (default: "
+                        "a temporary one, removed)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from meshd.native.errors import NativeError
 from . import options as opt
 from .checks import check_model_args
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
-from .sampling import SamplingParams
+from .sampling import SamplingParams, with_chosen_seed
 from .terminal import Progress, stats_line
 
 DESCRIPTION = "A local LLM daemon that makes speculative decoding pay on one machine."
@@ -68,7 +68,10 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    # Like the daemon: sampling without --seed gets a chosen seed (printed), so it can
+    # be replayed and speculation verifies it exactly.
+    sampling = with_chosen_seed(
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed))
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, draft_max=args.draft_max,
         threads=args.threads, calibrate=not args.fixed_k,
@@ -99,6 +102,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "proposer": proposer_name or "off",
                     "chat": chat,
                     "model": rt.model.info.path,
+                    "seed": None if sampling.greedy else sampling.seed,
                     "stats": gen.stats.as_dict(),
                 }))
             else:
@@ -109,7 +113,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     finish=gen.finish.value, tokens=st.emitted, prompt=st.prompt_tokens,
                     wall_ms=st.wall_ms, proposer=proposer_name, forwards=st.target_forwards
                     - st.prefill_forwards, drafted=st.drafted, accepted=st.accepted,
-                    refusals=st.refusals, extra={"chat": "yes" if chat else "no"},
+                    refusals=st.refusals, extra={"chat": "yes" if chat else "no",
+                           **({} if sampling.greedy else {"seed": str(sampling.seed)})},
                 ), file=sys.stderr)
     except RequestError as exc:
         print(f"meshd generate: {exc}", file=sys.stderr)

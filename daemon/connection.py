@@ -331,7 +331,7 @@ class Connection:
         """A request cancelled before it reached the scheduler still ends with ``done``."""
         stats = GenerationStats(prompt_tokens=len(gen.prompt))
         await self._send(done_message(request_id, FinishReason.CANCELLED, stats, None,
-                                      prompt_tokens=len(gen.prompt)))
+                                      prompt_tokens=len(gen.prompt), sampling=gen.sampling))
         self._log_finished(request_id, "cancelled", stats, None, gen)
 
     async def _stream(self, request_id: str, gen: GenRequest, handle: RequestHandle) -> None:
@@ -373,7 +373,7 @@ class Connection:
         if isinstance(final, Finished):
             self._log_finished(request_id, final.finish.value, final.stats, final.proposer, gen)
             return done_message(request_id, final.finish, final.stats, final.proposer,
-                                prompt_tokens=len(gen.prompt))
+                                prompt_tokens=len(gen.prompt), sampling=gen.sampling)
         error: ProtocolError = (
             BadRequest(f"generate: {final.message}", request_id=request_id)
             if final.kind == "request"
@@ -390,7 +390,8 @@ class Connection:
         self._log_finished(request_id, "error", stats, ran, gen)
         return done_message(request_id, WireFinishReason.ERROR, stats, ran,
                             prompt_tokens=len(gen.prompt),
-                            error_message=final.message or "generation failed")
+                            error_message=final.message or "generation failed",
+                            sampling=gen.sampling)
 
     def _log_finished(self, request_id: str, finish: str, stats: GenerationStats,
                       proposer: str | None, gen: GenRequest) -> None:

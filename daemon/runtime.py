@@ -24,6 +24,7 @@ from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
 from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Proposer, ProposerEnv
+from meshd.plugins.match_stats import SharedMatchStats
 from meshd.plugins.registry import Registry, default_registry
 
 from .chat_template import ChatTemplate, ChatTemplateError
@@ -151,6 +152,9 @@ class ModelRuntime:
         )
         self._template: ChatTemplate | None = None
         self._drafts: dict[str, DraftModel] = {}
+        #: Prompt lookup's acceptance by match length, pooled across requests (it sets
+        #: draft lengths only; every draft is verified, so output cannot change).
+        self.ngram_stats = SharedMatchStats()
         self.costs: CostModel | None = None
         #: The MTP head's measured costs (None: no head, or not calibrated).
         self.mtp_costs: MtpCosts | None = None
@@ -305,9 +309,12 @@ class ModelRuntime:
         return name.partition(":")[0]
 
     def make_proposer(self, name: str | None, options: Mapping[str, object] | None = None,
-                      ) -> tuple[Proposer | None, MtpHead | None]:
+                      *, adaptive: bool = True) -> tuple[Proposer | None, MtpHead | None]:
         """The request's proposer and, on a model with an MTP head, the (unbound) head
-        it was given; the caller binds the head to the session if the proposer needs it."""
+        it was given; the caller binds the head to the session if the proposer needs it.
+
+        ``adaptive``: proposers that choose their own draft length get the live cost
+        curve (``cost_curve_now``); without it they draft by their fixed rule."""
         resolved = self.resolve_proposer(name)
         if resolved is None:
             return None, None
@@ -315,6 +322,9 @@ class ModelRuntime:
         resources: dict[str, object] = {}
         if self.curve is not None:
             resources["cost_curve"] = self.curve
+            if adaptive:
+                resources["cost_curve_now"] = lambda: self.curve
+        resources["ngram_stats"] = self.ngram_stats
         draft_path = (name or "").partition(":")[2]
         if resolved == "draft":
             if not draft_path:
@@ -356,7 +366,7 @@ class ModelRuntime:
                 f"{self.context.config.n_ctx_seq} tokens"
             )
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
-        prop, head = self.make_proposer(proposer, proposer_options)
+        prop, head = self.make_proposer(proposer, proposer_options, adaptive=adaptive)
         if k == 0 and prop is not None:
             prop.close()
             prop = None

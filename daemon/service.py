@@ -49,6 +49,7 @@ from .http.config import HttpConfig
 from .mapping import model_info, sampling_params
 from .options import DEFAULT_MAX_TOKENS
 from .runtime import ModelRuntime, RequestError
+from .sampling import with_chosen_seed
 from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
 
 __all__ = ["DEFAULT_MAX_TOKENS", "InFlight", "ServerConfig", "Service", "server_version"]
@@ -285,7 +286,9 @@ class Service:
                     f"{', '.join(self.proposers())})",
                 ).with_request_id(rid)
         try:
-            sampling = sampling_params(request.sampling)
+            # Unseeded sampling gets a daemon-chosen seed (reported in ``done``), so it
+            # can be verified exactly and speculation runs for API clients by default.
+            sampling = with_chosen_seed(sampling_params(request.sampling))
         except ValueError as exc:
             raise BadRequest(f"generate.sampling: {exc}", request_id=rid) from exc
         try:

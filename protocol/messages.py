@@ -486,6 +486,9 @@ class Done:
     )
     error_message: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
     """Why the generation failed, when ``finish_reason`` is ``error``."""
+    seed: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_SEED, True))
+    """The seed the tokens were sampled with (the request's, or one the daemon chose for
+    an unseeded sampled request, so it can be replayed); ``None`` for greedy decoding."""
 
 
 @attrs.frozen

@@ -124,12 +124,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop,
                 proposer=args.proposer, adaptive=not args.fixed_k,
             )
-            proposer_name = rt.resolve_proposer(args.proposer)
             for ev in gen.run():
                 if not args.json and ev.text:
                     sys.stdout.write(ev.text)
                     sys.stdout.flush()
             assert gen.finish is not None
+            proposer_name = gen.stats.proposer_that_ran(rt.resolve_proposer(args.proposer))
             if args.json:
                 print(json.dumps({
                     "text": gen.text,
@@ -179,11 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_version(parser, "meshd")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
-    from . import demo, serve
+    from . import demo, serve, soak
 
     serve.add_parser(sub)
     demo.add_parser(sub)
     _add_generate(sub)
+    soak.add_parser(sub)
     _add_bench(sub)
     _add_bench_threads(sub)
     _add_config(sub)
@@ -207,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return demo.run(args)
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "soak":
+        from . import soak
+
+        return soak.run(args)
     if args.command == "bench":
         from .bench import cmd_bench
 

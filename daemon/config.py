@@ -73,6 +73,7 @@ def key(default: Any, help: str, *, flag: str | None = None, live: bool = False,
     return attrs.field(default=default, metadata=metadata, validator=validator)
 
 
+_SERVER = attrs.fields(ServerConfig)
 _positive = v.optional(v.ge(1))
 _non_negative = v.ge(0)
 _non_negative_float = v.ge(0.0)
@@ -130,6 +131,17 @@ class ServeSection:
                                  live=True)
     allow_groups: tuple[str, ...] = key((), "groups (names or gids) allowed to connect",
                                   flag="allow_group", live=True)
+    max_connections: int = key(_SERVER.max_connections.default, "open connections at once; "
+                               "one more is answered busy and closed", flag="max_connections",
+                               live=True, validator=_positive)
+    idle_timeout: float = key(_SERVER.idle_timeout_s.default, "seconds a connection with "
+                              "nothing in flight may stay silent", flag="idle_timeout",
+                              live=True, validator=v.gt(0.0))
+    frame_timeout: float = key(_SERVER.frame_timeout_s.default, "seconds a frame that has "
+                               "begun may take to end", flag="frame_timeout", live=True,
+                               validator=v.gt(0.0))
+    backlog: int | None = key(_SERVER.backlog.default, "listen backlog (default: the "
+                              "system maximum)", flag="backlog", validator=_positive)
 
 
 _HTTP = attrs.fields(HttpConfig)
@@ -429,6 +441,8 @@ def server_config(config: Config) -> ServerConfig:
         max_queue=s.max_queue, stream_interval_s=s.stream_interval_ms / 1000,
         shutdown_grace_s=s.shutdown_grace,
         peers=PeerPolicy.from_names(s.allow_users, s.allow_groups),
+        max_connections=s.max_connections, idle_timeout_s=s.idle_timeout,
+        frame_timeout_s=s.frame_timeout, backlog=s.backlog,
         http=HttpConfig(max_header_bytes=h.max_header_bytes, max_body_bytes=h.max_body_bytes,
                         request_timeout_s=h.request_timeout_s,
                         idle_timeout_s=h.idle_timeout_s),

@@ -62,6 +62,7 @@ class Finished:
     finish: FinishReason
     stats: GenerationStats
     proposer: str | None
+    """The proposer that ran (``None`` when speculation was refused at every step)."""
 
 
 @attrs.frozen
@@ -305,8 +306,9 @@ class Scheduler:
             return False
         await self.run_sync(gen.close)  # releases the slot
         assert gen.finish is not None
-        self._account(handle.proposer, gen.stats)
-        self._finish(handle, Finished(gen.finish, gen.stats, handle.proposer))
+        ran = gen.stats.proposer_that_ran(handle.proposer)
+        self._account(ran, gen.stats)
+        self._finish(handle, Finished(gen.finish, gen.stats, ran))
         return True
 
     def _account(self, proposer: str | None, st: GenerationStats) -> None:

@@ -32,7 +32,7 @@ from meshd.native.errors import NativeError
 from . import config as cfg
 from . import options as opt
 from .activation import ActivationError, InheritedSocket, listen_fds
-from .argtypes import non_negative, positive
+from .argtypes import non_negative, positive, positive_seconds
 from .checks import check_model_args
 from .http.tcp import check_http_address, open_http_listener
 from .listener import ListenerError, default_socket_path, open_listener, preflight
@@ -77,6 +77,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="max_tokens of a request that does not say")
     p.add_argument("--max-tokens-limit", metavar="N", type=positive, default=None,
                    help="largest max_tokens accepted (default: the context length)")
+    defaults = ServerConfig()
+    p.add_argument("--max-connections", type=positive, default=defaults.max_connections,
+                   metavar="N",
+                   help="open connections at once; one more is answered busy and closed")
+    p.add_argument("--idle-timeout", type=positive_seconds, default=defaults.idle_timeout_s,
+                   metavar="SECONDS",
+                   help="close a connection with nothing in flight that sends nothing for "
+                        "this long")
+    p.add_argument("--frame-timeout", type=positive_seconds, default=defaults.frame_timeout_s,
+                   metavar="SECONDS",
+                   help="a frame that has begun must end within this, else the connection "
+                        "gets an error and is closed")
+    p.add_argument("--backlog", type=positive, default=None, metavar="N",
+                   help="listen backlog (default: the system maximum, "
+                        "/proc/sys/net/core/somaxconn)")
     p.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
                    metavar="SECONDS",
                    help="on SIGTERM/SIGINT, how long running requests may finish before "
@@ -225,7 +240,8 @@ def _activated_bind(inherited: list[InheritedSocket]) -> str | None:
 
 async def _serve_until_signalled(server: Server, supervisor: Supervisor, bind: str,
                                  http: str | None) -> None:
-    listener = await open_listener(bind)  # raises ListenerError plainly, before any task
+    # Raises ListenerError plainly, before any task.
+    listener = await open_listener(bind, backlog=server.config.backlog)
     try:
         http_listener = await open_http_listener(http) if http is not None else None
     except BaseException:

@@ -87,6 +87,16 @@ class ServerConfig:
     """Concurrent requests one connection may have in flight before ``busy``."""
     hello_timeout_s: float = 10.0
     """A connection that does not say ``hello`` within this is closed."""
+    idle_timeout_s: float = 300.0
+    """After the handshake, a connection with no request in flight that sends no frame
+    for this long is closed (each connection holds a file descriptor)."""
+    frame_timeout_s: float = 30.0
+    """A frame that has begun must be complete (newline) within this; else the client
+    gets a ``bad_request`` error and the connection is closed."""
+    max_connections: int = 1024
+    """Open connections at once; one more is answered ``busy`` and closed."""
+    backlog: int | None = None
+    """Listen backlog; ``None`` takes the system's maximum (``net.core.somaxconn``)."""
     send_timeout_s: float = 60.0
     """A client that takes longer than this to accept one write is disconnected."""
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
@@ -138,6 +148,7 @@ class Service:
         self.started_at = time.time()
         self.draining = False
         self.counters: collections.Counter[str] = collections.Counter()
+        self.open_connections = 0
         self._model_info = model_info(runtime)
         self._inflight: dict[str, list[InFlight]] = {}
         self._n_inflight = 0
@@ -212,7 +223,10 @@ class Service:
             "queued_requests": self.scheduler.queued,
             "idle_slots": self.runtime.idle_slots,
             "cached_sessions": len(self.runtime.prefix_cache),
-            "errors_busy": st.rejected_busy,
+            "connections_open": self.open_connections,
+            # Every busy refusal is counted where its answer is sent (the connection),
+            # the scheduler's queue-full ones included.
+            "errors_busy": 0,
             "prefix_cache_tokens": self.runtime.prefix_cache.tokens,
             "checkpoint_bytes": self.scheduler.checkpoint_bytes,
         }

@@ -38,6 +38,9 @@ from .errors import (
 )
 from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
     MAX_ID_LENGTH,
     PROPOSER_OFF,
     PROTOCOL_VERSION,
@@ -77,6 +80,9 @@ from .transport import StreamReceiver
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
+    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOP_K",
+    "DEFAULT_TOP_P",
     "MAX_ID_LENGTH",
     "PROPOSER_OFF",
     "PROTOCOL_VERSION",

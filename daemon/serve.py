@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("socket_activation_failed", error=str(exc))
         return 1
     bind = c.serve.socket or _activated_bind(inherited) or socket_address(None)
+    http = c.serve.http or _activated_http(inherited)
     drafts = list(c.model.draft_models)
     try:
         proposer = opt.proposer_name(c.speculation.proposer)
@@ -163,8 +164,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         preflight(bind)
         server_config = cfg.server_config(c)
-        if c.serve.http is not None:
-            check_http_address(c.serve.http)
+        if http is not None:
+            check_http_address(http)
     except ListenerError as exc:
         log.error("listen_failed", address=bind, error=str(exc))
         return 1
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         if c.serve.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
             options["use_uvloop"] = True
         try:
-            anyio.run(_serve_until_signalled, server, supervisor, bind, c.serve.http,
+            anyio.run(_serve_until_signalled, server, supervisor, bind, http,
                       backend=c.serve.backend, backend_options=options)
         except ListenerError as exc:
             log.error("listen_failed", address=bind, error=str(exc))
@@ -235,6 +236,15 @@ def _activated_bind(inherited: list[InheritedSocket]) -> str | None:
     unix = [s for s in inherited if s.family == "unix"]
     named = [s for s in unix if s.name == "meshd"]
     chosen = named or unix
+    return chosen[0].bind if chosen else None
+
+
+def _activated_http(inherited: list[InheritedSocket]) -> str | None:
+    """A socket-activated TCP socket for HTTP: the one named ``http`` (a second socket
+    unit with ``FileDescriptorName=http``), else the first TCP one."""
+    tcp = [s for s in inherited if s.family in ("inet", "inet6")]
+    named = [s for s in tcp if s.name == "http"]
+    chosen = named or tcp
     return chosen[0].bind if chosen else None
 
 

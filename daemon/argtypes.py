@@ -62,6 +62,17 @@ def probability(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """A duration in seconds > 0, or a usage error naming the value."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text}")
+    return value
+
+
 def workers(text: str) -> tuple[str, ...]:
     """``HOST:PORT[,HOST:PORT...]``: remote workers (llama.cpp RPC servers)."""
     from meshd.native.rpc import parse_endpoints

@@ -171,3 +171,18 @@ async def test_worker_killed_mid_request(workers: Workers) -> None:
             assert list(done.token_ids) == reference
     finally:
         rt.close()
+
+
+def test_workers_in_the_configuration(tmp_path: pytest.TempPathFactory) -> None:
+    from meshd.daemon import config as cfg
+
+    path = f"{tmp_path}/meshd.toml"
+    with open(path, "w") as f:
+        f.write('[model]\nrpc = ["10.0.0.2:50052", "10.0.0.3:50052"]\n')
+    loaded = cfg.load(path, environ={"MESHD_MODEL_TENSOR_SPLIT": "3,1"}, flags={})
+    assert loaded.config.model.rpc == ("10.0.0.2:50052", "10.0.0.3:50052")
+    assert loaded.config.model.tensor_split == (3.0, 1.0)
+    flagged = cfg.load(path, environ={}, flags={"rpc": ("127.0.0.1:6000",)})
+    assert flagged.config.model.rpc == ("127.0.0.1:6000",)
+    with pytest.raises(cfg.ConfigError, match="HOST:PORT"):
+        cfg.load(None, environ={"MESHD_MODEL_RPC": "nohost"}, flags={}, default_path=None)

@@ -58,6 +58,7 @@ def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.Spec
         "prefill_forwards": stats.prefill_forwards,
         "trims": stats.trims,
         "propose_ms": stats.propose_ms,
+        "proposals": stats.proposals,
     }
     for kind, count in stats.proposer_faults.items():
         extra[f"proposer_fault_{kind}"] = count

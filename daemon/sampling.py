@@ -17,6 +17,8 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from meshd.protocol import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+
 FloatArray = npt.NDArray[np.float32]
 
 
@@ -24,9 +26,9 @@ FloatArray = npt.NDArray[np.float32]
 class SamplingParams:
     """How to choose each token. ``temperature == 0`` is greedy (argmax)."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
     seed: int | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -47,7 +49,7 @@ class SamplingParams:
         return self.greedy or self.seed is not None
 
 
-GREEDY = SamplingParams()
+GREEDY = SamplingParams(temperature=0.0)
 
 #: Seeds the daemon chooses are below this (the wire allows 0 <= seed <= 2**64 - 1).
 CHOSEN_SEED_BITS = 63

@@ -58,10 +58,11 @@ async def serve_completion(routes: Routes, req: CompletionRequest, out: Responde
             raise ApiError.from_protocol(exc) from None
         entry.attach(handle)
         prompt_tokens = len(gen.prompt)
+        seed = None if gen.sampling.greedy else gen.sampling.seed
         if req.stream:
-            await _stream(routes, req, handle, out, prompt_tokens)
+            await _stream(routes, req, handle, out, prompt_tokens, seed)
         else:
-            await _collect(routes, req, handle, out, prompt_tokens)
+            await _collect(routes, req, handle, out, prompt_tokens, seed)
     finally:
         service.unregister(entry)
 
@@ -75,7 +76,7 @@ def _failure(final: Failed) -> ApiError:
 
 
 async def _collect(routes: Routes, req: CompletionRequest, handle: RequestHandle,
-                   out: Responder, prompt_tokens: int) -> None:
+                   out: Responder, prompt_tokens: int, seed: int | None) -> None:
     parts: list[str] = []
     async with handle.events:
         async for event in handle.events:
@@ -87,7 +88,7 @@ async def _collect(routes: Routes, req: CompletionRequest, handle: RequestHandle
                 _log_finished(routes, req, event, prompt_tokens)
                 body = completion_response(
                     req, routes.service.model.name, "".join(parts), event.finish.value,
-                    event.stats, event.proposer, prompt_tokens)
+                    event.stats, event.proposer, prompt_tokens, seed)
                 await out.send(200, json_bytes(body), JSON)
                 return
     raise ApiError(500, "the generation ended without a result", code="internal",
@@ -95,7 +96,7 @@ async def _collect(routes: Routes, req: CompletionRequest, handle: RequestHandle
 
 
 async def _stream(routes: Routes, req: CompletionRequest, handle: RequestHandle,
-                  out: Responder, prompt_tokens: int) -> None:
+                  out: Responder, prompt_tokens: int, seed: int | None) -> None:
     """SSE: a chunk per batch of committed text, the finish chunk (with ``timings`` and
     ``meshd``), the usage chunk if asked, then ``data: [DONE]``."""
     model = routes.service.model.name
@@ -128,7 +129,7 @@ async def _stream(routes: Routes, req: CompletionRequest, handle: RequestHandle,
             if isinstance(final, Finished):
                 _log_finished(routes, req, final, prompt_tokens)
                 data += _closing(req, model, final.finish.value, final.stats, final.proposer,
-                                 prompt_tokens)
+                                 prompt_tokens, seed)
             elif isinstance(final, Failed):
                 data += sse.event(error_body(_failure(final)))
                 data += sse.DONE
@@ -141,10 +142,10 @@ async def _stream(routes: Routes, req: CompletionRequest, handle: RequestHandle,
 
 
 def _closing(req: CompletionRequest, model: str, finish: str, stats: GenerationStats,
-             proposer: str | None, prompt_tokens: int) -> bytes:
+             proposer: str | None, prompt_tokens: int, seed: int | None) -> bytes:
     last = chunk(req, model, finish=finish)
     last["timings"] = timings(stats)
-    last["meshd"] = meshd_block(stats, proposer)
+    last["meshd"] = meshd_block(stats, proposer, seed)
     data = sse.event(last)
     if req.include_usage:
         data += sse.event({"id": req.generate.id, "object": last["object"],

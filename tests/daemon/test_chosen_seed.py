@@ -1,9 +1,9 @@
-"""Speculation for API clients by default: an unseeded sampled request gets a seed.
+"""Speculation for sampled requests: an unseeded sampled request gets a seed.
 
-The wire's default sampling is temperature 0.8 with no seed. The daemon chooses a seed
-for such a request, reports it in ``done`` and verifies drafts by sample-and-match, so
-a request that gives only a prompt speculates, and sending the reported seed back
-replays the same tokens, with speculation on or off, for every proposer.
+A request that asks for a temperature but no seed gets a seed chosen by the daemon,
+reported in ``done``; drafts are verified by sample-and-match, so such a request
+speculates, and sending the reported seed back replays the same tokens, with
+speculation on or off, for every proposer.
 """
 
 from __future__ import annotations
@@ -92,12 +92,13 @@ def smollm2_runtime() -> Iterator[ModelRuntime]:
 
 @pytest.mark.anyio
 @pytest.mark.slow
-async def test_a_prompt_only_request_drafts_and_accepts(smollm2_runtime: ModelRuntime) -> None:
-    """Default wire sampling (temperature 0.8, no seed) on a copy workload speculates."""
+async def test_an_unseeded_sampled_request_drafts(smollm2_runtime: ModelRuntime) -> None:
+    """Sampling without a seed (temperature 0.8) on a copy workload speculates."""
     rt = smollm2_runtime
     async with running_daemon(rt) as (server, path), Client.connect(path) as client:
         # Sampled text may still wander off or end early: judge a few requests together.
-        runs = [await client.generate(COPY_PROMPT, max_tokens=48).collect() for _ in range(3)]
+        runs = [await client.generate(COPY_PROMPT, max_tokens=48, temperature=0.8).collect()
+                for _ in range(3)]
         await wait_idle(server)
     seeds = {run.done.seed for run in runs}
     assert None not in seeds and len(seeds) == 3  # chosen per request: samples still vary
@@ -111,12 +112,12 @@ async def test_done_reports_the_seed_that_replays_the_request() -> None:
     rt = _synthetic("llama")
     try:
         async with running_daemon(rt) as (server, path), Client.connect(path) as client:
-            chosen = await client.generate("replay me", max_tokens=30,
+            chosen = await client.generate("replay me", max_tokens=30, temperature=0.8,
                                            proposer="ngram").collect()
             seed = chosen.done.seed
             assert seed is not None
             again = await client.generate("replay me", max_tokens=30, seed=seed,
-                                          proposer="off").collect()
+                                          temperature=0.8, proposer="off").collect()
             greedy = await client.generate("replay me", max_tokens=5,
                                            temperature=0.0).collect()
             await wait_idle(server)

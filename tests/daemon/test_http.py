@@ -94,6 +94,15 @@ async def test_openai_completion_equals_native_output(smol: ModelRuntime) -> Non
             ref_sampled = await native.generate(PROMPT, max_tokens=24, temperature=0.9,
                                                 top_k=0, top_p=0.95, seed=1234).collect()
         assert sampled.choices[0].text == ref_sampled.text
+        assert (sampled.model_extra or {})["meshd"]["seed"] == 1234
+        assert extra["meshd"]["seed"] is None  # greedy
+        # Unseeded sampling reports the seed the daemon chose; sending it back repeats.
+        first = await api.completions.create(model="smollm2", prompt=PROMPT, max_tokens=12,
+                                             temperature=1.0)
+        chosen = (first.model_extra or {})["meshd"]["seed"]
+        again = await api.completions.create(model="smollm2", prompt=PROMPT, max_tokens=12,
+                                             temperature=1.0, seed=chosen)
+        assert isinstance(chosen, int) and again.choices[0].text == first.choices[0].text
         await wait_idle(server)
         assert_no_leaks(server)
 

@@ -243,10 +243,12 @@ def _activated_bind(inherited: list[InheritedSocket]) -> str | None:
 
 
 def _activated_http(inherited: list[InheritedSocket]) -> str | None:
-    """The socket-activated HTTP listener: the one named ``http`` (a second socket unit
-    with ``FileDescriptorName=http``), served as with ``--http fd://N``."""
-    named = [s for s in inherited if s.name == HTTP_FD_NAME]
-    return named[0].bind if named else None
+    """A socket-activated TCP socket for HTTP: the one named ``http`` (a second socket
+    unit with ``FileDescriptorName=http``), else the first TCP one."""
+    tcp = [s for s in inherited if s.family in ("inet", "inet6")]
+    named = [s for s in tcp if s.name == HTTP_FD_NAME]
+    chosen = named or tcp
+    return chosen[0].bind if chosen else None
 
 
 async def _serve_until_signalled(server: Server, supervisor: Supervisor, bind: str,

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -65,62 +64,6 @@ def test_serve_answers_http_on_loopback_tcp_and_the_unix_socket() -> None:
                                      "http://localhost/health"],
                                     capture_output=True, text=True, timeout=60)
             assert json.loads(health.stdout)["status"] == "ok"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            shutil.rmtree(directory, ignore_errors=True)
-    assert proc.returncode == 0
-
-
-# Puts the two sockets at fds 3 and 4 with their names and execs meshd (same pid), as
-# systemd does for a service two socket units activate.
-_TWO_SOCKETS = """
-import os, sys
-unix, tcp, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-os.dup2(unix, 3); os.dup2(tcp, 4)
-os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="2", LISTEN_FDNAMES="meshd:http")
-os.execv(argv[0], argv)
-"""
-
-
-@pytest.mark.slow
-def test_a_socket_named_http_is_served_as_http() -> None:
-    """Socket activation with a second socket unit (``FileDescriptorName=http``): meshd
-    serves HTTP on the inherited TCP socket and its protocol on the Unix one."""
-    directory = short_tempdir()
-    path = os.path.join(directory, "s")
-    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    unix.bind(path)
-    unix.listen(8)
-    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    tcp.bind(("127.0.0.1", 0))
-    tcp.listen(8)
-    port = tcp.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LISTEN_")}
-    env["OMP_WAIT_POLICY"] = "passive"
-    command = [sys.executable, "-m", "meshd.daemon.cli", "serve", "--threads", "1",
-               "--slots", "1", "--ctx", "512", "--fixed-k", "--log-format", "json"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _TWO_SOCKETS, str(unix.fileno()), str(tcp.fileno()),
-         *command], env=env, pass_fds=(unix.fileno(), tcp.fileno()),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    unix.close()
-    tcp.close()
-    try:
-        assert proc.stdout is not None
-        ready = None
-        for line in proc.stdout:
-            if '"ready"' in line:
-                ready = json.loads(line)
-                break
-        assert ready is not None
-        assert ready["address"] == "fd://3" and ready["http"] == f"tcp:127.0.0.1:{port}"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as r:
-            assert json.load(r)["status"] == "ok"
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

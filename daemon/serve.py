@@ -22,7 +22,7 @@ import importlib.util
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import anyio.abc
@@ -44,7 +44,10 @@ from .service import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
 from .supervise import Supervisor, notifying_progress, pinging_while_starting
 from .terminal import Progress
 
-__all__ = ["add_parser", "run", "socket_address"]
+HTTP_FD_NAME: Final = "http"
+"""``FileDescriptorName=`` of an inherited socket to serve HTTP on."""
+
+__all__ = ["HTTP_FD_NAME", "add_parser", "run", "socket_address"]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("socket_activation_failed", error=str(exc))
         return 1
     bind = c.serve.socket or _activated_bind(inherited) or socket_address(None)
+    http = c.serve.http or _activated_http(inherited)
     drafts = list(c.model.draft_models)
     try:
         proposer = opt.proposer_name(c.speculation.proposer)
@@ -163,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         preflight(bind)
         server_config = cfg.server_config(c)
-        if c.serve.http is not None:
-            check_http_address(c.serve.http)
+        if http is not None:
+            check_http_address(http)
     except ListenerError as exc:
         log.error("listen_failed", address=bind, error=str(exc))
         return 1
@@ -194,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         if c.serve.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
             options["use_uvloop"] = True
         try:
-            anyio.run(_serve_until_signalled, server, supervisor, bind, c.serve.http,
+            anyio.run(_serve_until_signalled, server, supervisor, bind, http,
                       backend=c.serve.backend, backend_options=options)
         except ListenerError as exc:
             log.error("listen_failed", address=bind, error=str(exc))
@@ -232,9 +236,18 @@ def _reloader(loaded: cfg.Loaded) -> Callable[[], ServerConfig]:
 def _activated_bind(inherited: list[InheritedSocket]) -> str | None:
     """The socket-activated Unix socket to serve: the one named ``meshd`` (the unit's
     ``FileDescriptorName=``), else the first Unix one."""
-    unix = [s for s in inherited if s.family == "unix"]
+    unix = [s for s in inherited if s.family == "unix" and s.name != HTTP_FD_NAME]
     named = [s for s in unix if s.name == "meshd"]
     chosen = named or unix
+    return chosen[0].bind if chosen else None
+
+
+def _activated_http(inherited: list[InheritedSocket]) -> str | None:
+    """A socket-activated TCP socket for HTTP: the one named ``http`` (a second socket
+    unit with ``FileDescriptorName=http``), else the first TCP one."""
+    tcp = [s for s in inherited if s.family in ("inet", "inet6")]
+    named = [s for s in tcp if s.name == HTTP_FD_NAME]
+    chosen = named or tcp
     return chosen[0].bind if chosen else None
 
 

@@ -24,10 +24,14 @@ SERVE = [sys.executable, "-m", "meshd.daemon.cli", "serve"]
 # exactly what systemd does for a socket-activated service.
 _ACTIVATION_LAUNCHER = """
 import os, sys
-fd, names, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
-os.dup2(fd, 3)
-os.close(fd)
-os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1", LISTEN_FDNAMES=names)
+fds, names, argv = [int(x) for x in sys.argv[1].split(",")], sys.argv[2], sys.argv[3:]
+for i, fd in enumerate(fds):
+    os.dup2(fd, 3 + i)
+for fd in fds:
+    if fd >= 3 + len(fds):
+        os.close(fd)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS=str(len(fds)),
+                  LISTEN_FDNAMES=names)
 os.execv(argv[0], argv)
 """
 
@@ -73,14 +77,17 @@ class Daemon:
 
 
 def start(args: Sequence[str], env: Mapping[str, str], *,
-          inherit: socket.socket | None = None, name: str = "meshd") -> Daemon:
-    """``meshd serve ARGS``; with ``inherit``, as if socket-activated with that socket."""
+          inherit: socket.socket | Sequence[socket.socket] | None = None,
+          name: str = "meshd") -> Daemon:
+    """``meshd serve ARGS``; with ``inherit``, as if socket-activated with those sockets
+    (fds 3, 4, ...; ``name`` is ``$LISTEN_FDNAMES``, colon-separated)."""
     command = [*SERVE, *args]
     if inherit is None:
         return Daemon(command, env)
-    fd = inherit.fileno()
-    return Daemon([sys.executable, "-c", _ACTIVATION_LAUNCHER, str(fd), name, *command],
-                  env, pass_fds=(fd,))
+    socks = [inherit] if isinstance(inherit, socket.socket) else list(inherit)
+    fds = [s.fileno() for s in socks]
+    return Daemon([sys.executable, "-c", _ACTIVATION_LAUNCHER, ",".join(map(str, fds)), name,
+                   *command], env, pass_fds=tuple(fds))
 
 
 def stop(proc: Daemon, sig: int | None = signal.SIGTERM,

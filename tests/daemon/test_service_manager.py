@@ -129,6 +129,36 @@ def test_socket_activation_serves_the_inherited_socket(workdir: str) -> None:
         listening.close()
 
 
+def test_socket_activation_with_an_http_socket(workdir: str) -> None:
+    """Two sockets, as from meshd.socket plus a TCP socket unit named http: the Unix one
+    serves the protocol, the TCP one HTTP."""
+    path = os.path.join(workdir, "activated.sock")
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(path)
+    unix.listen(16)
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(16)
+    port = tcp.getsockname()[1]
+    try:
+        with reaped(start(_serve_args(None, model=_synthetic()), daemon_env(),
+                          inherit=[unix, tcp], name="meshd:http")) as proc:
+            unix.close()
+            tcp.close()
+            wait_for_socket(path, proc)
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as http:
+                http.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                reply = b""
+                while chunk := http.recv(65536):
+                    reply += chunk
+            assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+            code, err = stop(proc)
+        assert code == 0, err
+    finally:
+        unix.close()
+        tcp.close()
+
+
 def test_socket_activation_refuses_a_socket_of_the_wrong_type(workdir: str) -> None:
     dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     dgram.bind(os.path.join(workdir, "d"))

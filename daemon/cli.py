@@ -15,7 +15,7 @@ from meshd.native.errors import NativeError
 
 from . import options as opt
 from .checks import check_model_args
-from .runtime import ModelRuntime, RequestError, RuntimeConfig
+from .runtime import ModelRuntime, PromptTooLong, RequestError, RuntimeConfig
 from .sampling import SamplingParams
 from .terminal import Progress, stats_line
 
@@ -111,6 +111,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     - st.prefill_forwards, drafted=st.drafted, accepted=st.accepted,
                     refusals=st.refusals, extra={"chat": "yes" if chat else "no"},
                 ), file=sys.stderr)
+    except PromptTooLong as exc:  # meshctl exits 3 for it too (the daemon's model_error)
+        print(f"meshd generate: {exc}", file=sys.stderr)
+        return 3
     except RequestError as exc:
         print(f"meshd generate: {exc}", file=sys.stderr)
         return 2

@@ -37,6 +37,11 @@ class RequestError(ValueError):
     """The request cannot be served as asked (bad proposer name, prompt too long, ...)."""
 
 
+class PromptTooLong(RequestError):
+    """The prompt does not fit the context (the daemon answers ``model_error``; ``meshd
+    generate`` exits 3 like meshctl)."""
+
+
 class StepProgress(Protocol):
     """A slow step's progress display (``meshd.daemon.terminal.Progress`` on a terminal)."""
 
@@ -292,6 +297,19 @@ class ModelRuntime:
             messages=list(messages), add_generation_prompt=True, bos_token=bos, eos_token=eos,
         ))
 
+    def prompt_too_long(self, n_prompt: int) -> str:
+        """Why a prompt of ``n_prompt`` tokens cannot run, naming ``--ctx`` and the limit."""
+        n_ctx = self.context.config.n_ctx_seq
+        n_train = self.model.info.n_ctx_train
+        message = (f"prompt of {n_prompt} tokens does not fit the context of {n_ctx} tokens "
+                   f"per session (--ctx): at most {n_ctx - 1} prompt tokens")
+        if n_train and n_ctx < n_train:
+            return f"{message}; a larger --ctx (up to {n_train}, the model's training " \
+                   "context) makes room"
+        if n_train and n_ctx >= n_train:
+            return f"{message}; that is the model's training context, the most --ctx allows"
+        return message
+
     def tokenize_prompt(self, text: str, *, chat: bool) -> list[int]:
         return self.model.tokenizer.tokenize(text, add_special=not chat, parse_special=chat)
 
@@ -353,10 +371,7 @@ class ModelRuntime:
             raise RequestError("the prompt is empty")
         need = len(prompt) + 1
         if need > self.context.config.n_ctx_seq:
-            raise RequestError(
-                f"prompt of {len(prompt)} tokens does not fit the context of "
-                f"{self.context.config.n_ctx_seq} tokens"
-            )
+            raise PromptTooLong(self.prompt_too_long(len(prompt)))
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
         prop, head = self.make_proposer(proposer, proposer_options)
         if k == 0 and prop is not None:

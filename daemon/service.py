@@ -269,10 +269,7 @@ class Service:
         if not prompt:
             raise BadRequest("generate.prompt: tokenizes to no tokens", request_id=rid)
         if len(prompt) + 1 > n_ctx:
-            raise ModelError(
-                f"prompt of {len(prompt)} tokens does not fit the context of {n_ctx} tokens",
-                request_id=rid,
-            )
+            raise ModelError(self.runtime.prompt_too_long(len(prompt)), request_id=rid)
         return GenRequest(
             prompt=tuple(prompt), max_tokens=max_tokens, sampling=sampling,
             stop=tuple(request.stop), proposer=proposer,

@@ -315,6 +315,47 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ generations
 
+    def unavailable_proposers(self) -> dict[str, str]:
+        """Installed proposers that cannot serve this model, with the reason for each."""
+        out: dict[str, str] = {}
+        if "mtp" in self.registry and self.context.mtp is None:
+            out["mtp"] = "the model has no MTP head"
+        if "draft" in self.registry and self.config.allowed_drafts == ():
+            out["draft"] = "no draft model (start meshd serve with --draft-model PATH)"
+        for name, why in self.registry.errors.items():
+            out[name] = f"the plugin failed to load: {why}"
+        return out
+
+    def usable_proposers(self) -> list[str]:
+        """What a request may name besides ``off``: ``auto``, every installed proposer
+        that can serve this model, and ``draft:PATH`` for each allowed draft model."""
+        bad = self.unavailable_proposers()
+        names = ["auto"]
+        for name in self.registry.names():
+            if name in bad:
+                continue
+            if name == "draft" and self.config.allowed_drafts:
+                names += [f"draft:{p}" for p in self.config.allowed_drafts]
+            else:
+                names.append(name)
+        return names
+
+    def proposer_problem(self, name: str | None) -> str | None:
+        """Why a request's proposer cannot be used here (None: it can, or it is a
+        ``draft:PATH`` whose path is checked when it is loaded)."""
+        name = name or self.config.default_proposer
+        if name == "off":
+            return None
+        base = name.partition(":")[0]
+        bad = self.unavailable_proposers()
+        available = ", ".join(["off", *self.usable_proposers()])
+        if base in bad:
+            return f"proposer {name!r} cannot serve this model: {bad[base]} " \
+                   f"(available: {available})"
+        if base != "auto" and base not in self.registry:
+            return f"unknown proposer {name!r} (available: {available})"
+        return None
+
     def resolve_proposer(self, name: str | None) -> str | None:
         """The registry name for a request's proposer ("draft:PATH" is "draft")."""
         name = name or self.config.default_proposer
@@ -331,6 +372,9 @@ class ModelRuntime:
         resolved = self.resolve_proposer(name)
         if resolved is None:
             return None, None
+        problem = self.proposer_problem(name)
+        if problem is not None:
+            raise RequestError(problem)
         head = MtpHead() if self.context.mtp is not None else None
         resources: dict[str, object] = {}
         if self.curve is not None:
@@ -344,11 +388,6 @@ class ModelRuntime:
             vocab_size=self.model.info.n_vocab, eog_tokens=self.model.info.eog_tokens,
             mtp=head, options=dict(options or {}), resources=resources,
         )
-        if resolved not in self.registry:
-            raise RequestError(
-                f"unknown proposer {resolved!r}; available: off, auto, "
-                f"{', '.join(self.registry.names())}"
-            )
         try:
             return self.registry.create(resolved, env), head
         except Exception as exc:

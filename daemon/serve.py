@@ -118,7 +118,14 @@ def run(args: argparse.Namespace) -> int:
         return 3
     with runtime:
         log.info("model_loaded", path=runtime.model.info.path,
-                 seconds=round(time.monotonic() - t0, 2))
+                 seconds=round(time.monotonic() - t0, 2),
+                 proposers=runtime.usable_proposers(),
+                 unavailable=runtime.unavailable_proposers())
+        problem = runtime.proposer_problem(proposer)
+        if problem is not None:
+            log.error("bad_usage", error=f"--proposer: {problem}")
+            print(f"meshd serve: --proposer: {problem}", file=sys.stderr)
+            return 2
         server = Server(runtime, ServerConfig(
             max_tokens_default=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
             max_queue=args.max_queue, stream_interval_s=args.stream_interval_ms / 1000,

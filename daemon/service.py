@@ -159,8 +159,9 @@ class Service:
         )
 
     def proposers(self) -> tuple[str, ...]:
-        """Names ``generate.speculative.proposer`` may use (``off`` is always allowed)."""
-        return ("auto", *self.runtime.registry.names())
+        """Names ``generate.speculative.proposer`` may use on this model (``off`` is
+        always allowed); installed ones that cannot serve it are left out."""
+        return tuple(self.runtime.usable_proposers())
 
     def models(self, request: Models) -> ModelsReply:
         return ModelsReply(id=request.id, models=(self._model_info,))
@@ -249,13 +250,10 @@ class Service:
         max_tokens = min(max_tokens, limit)
         proposer = request.speculative.proposer
         if proposer is not None and proposer != PROPOSER_OFF:
-            name = proposer.partition(":")[0]
-            if name not in ("auto", *self.runtime.registry.names()):
+            problem = self.runtime.proposer_problem(proposer)
+            if problem is not None:
                 raise BadRequest.invalid_field(
-                    "generate.speculative.proposer",
-                    f"unknown proposer {proposer!r} (available: off, "
-                    f"{', '.join(self.proposers())})",
-                ).with_request_id(rid)
+                    "generate.speculative.proposer", problem).with_request_id(rid)
         try:
             sampling = sampling_params(request.sampling)
         except ValueError as exc:

@@ -59,3 +59,42 @@ async def check_field_paths(client: Client) -> None:
         SamplingParams(top_k=-1)  # a message object alone knows only its own field names
     with pytest.raises(BadRequest, match=r"^ack: must be a non-empty string"):
         Cancel(id="x", ack="")
+
+
+@pytest.mark.anyio
+async def test_advertised_proposers_are_the_usable_ones() -> None:
+    """welcome.proposers and the "available" list leave out proposers that cannot serve
+    the model, and a request naming one is told why."""
+    llama = str(testmodels.test_model_path("llama"))
+    mimo2 = str(testmodels.test_model_path("mimo2", acceptance=0.9))
+    for model, drafts, expected in (
+        (llama, (), ["auto", "composite", "ngram"]),
+        (llama, (mimo2,), ["auto", "composite", f"draft:{mimo2}", "ngram"]),
+        (mimo2, (), ["auto", "composite", "mtp", "ngram"]),
+    ):
+        with capture_logs(), ModelRuntime(RuntimeConfig(
+                model_path=model, n_ctx_seq=128, calibrate=False, threads=1,
+                allowed_drafts=drafts)) as rt:
+            async with running_daemon(rt) as (_, sock), Client.connect(sock) as client:
+                assert list(client.welcome.proposers) == expected
+                if "mtp" in expected:
+                    continue
+                with pytest.raises(BadRequest) as info:
+                    await client.generate("abc", max_tokens=2, proposer="mtp").collect()
+                assert info.value.message == (
+                    "generate.speculative.proposer: proposer 'mtp' cannot serve this model: "
+                    f"the model has no MTP head (available: off, {', '.join(expected)})")
+                if not drafts:
+                    with pytest.raises(BadRequest, match="start meshd serve with "
+                                                         "--draft-model PATH"):
+                        await client.generate("abc", max_tokens=2,
+                                              proposer=f"draft:{mimo2}").collect()
+
+
+def test_generate_says_why_a_proposer_cannot_serve_the_model(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(testmodels.test_model_path("llama"))
+    assert main(["generate", "-m", path, "-t", "1", "--raw", "-p", "x", "--proposer",
+                 "mtp", "--fixed-k"]) == 2
+    assert "proposer 'mtp' cannot serve this model: the model has no MTP head" \
+        in capsys.readouterr().err

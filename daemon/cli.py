@@ -1,4 +1,5 @@
-"""The ``meshd`` command line: serve, demo, generate, bench, make-test-model.
+"""The ``meshd`` command line: serve, demo, generate, bench, bench-threads, config,
+make-test-model.
 
 Exit codes: 0 success, 2 bad usage or request, 3 model/runtime error (``serve`` and
 ``demo`` document theirs).
@@ -16,7 +17,7 @@ from meshd.native.errors import NativeError
 from . import options as opt
 from .checks import check_model_args
 from .runtime import ModelRuntime, PromptTooLong, RequestError, RuntimeConfig
-from .sampling import SamplingParams
+from .sampling import SamplingParams, with_chosen_seed
 from .terminal import Progress, stats_line
 
 DESCRIPTION = "A local LLM daemon that makes speculative decoding pay on one machine."
@@ -67,8 +68,46 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                  opt.speculation_options(proposer=False, fixed_k=False)]))
 
 
+def _add_bench_threads(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .bench_threads import add_arguments
+
+    add_arguments(opt.subparser(
+        sub, "bench-threads",
+        help="llama.cpp's thread wait policies and counts, on a quiet machine and with "
+             "competing CPU-bound processes"))
+
+
+def _add_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .config import DEFAULT_CONFIG_PATH
+
+    p = opt.subparser(sub, "config", help="check and print the daemon's configuration")
+    actions = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = opt.subparser(
+        actions, "check",
+        help="print the effective configuration of meshd serve (file, MESHD_<SECTION>_<KEY> "
+             "variables, defaults) with each value's source; exit 2 naming the bad key")
+    check.add_argument("-C", "--config", metavar="FILE", default=None,
+                       help=f"TOML file (default: {DEFAULT_CONFIG_PATH} if it exists)")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from . import config
+
+    try:
+        loaded = config.load(args.config)
+        config.server_config(loaded.config)  # user and group names must resolve
+    except (config.ConfigError, ValueError) as exc:
+        print(f"meshd config check: {exc}", file=sys.stderr)
+        return 2
+    print(config.render(loaded))
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    # Like the daemon: sampling without --seed gets a chosen seed (printed), so it can
+    # be replayed and speculation verifies it exactly.
+    sampling = with_chosen_seed(
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed))
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, draft_max=args.draft_max,
         threads=args.threads, calibrate=not args.fixed_k,
@@ -85,12 +124,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop,
                 proposer=args.proposer, adaptive=not args.fixed_k,
             )
-            proposer_name = rt.resolve_proposer(args.proposer)
             for ev in gen.run():
                 if not args.json and ev.text:
                     sys.stdout.write(ev.text)
                     sys.stdout.flush()
             assert gen.finish is not None
+            proposer_name = gen.stats.proposer_that_ran(rt.resolve_proposer(args.proposer))
             if args.json:
                 print(json.dumps({
                     "text": gen.text,
@@ -99,6 +138,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "proposer": proposer_name or "off",
                     "chat": chat,
                     "model": rt.model.info.path,
+                    "seed": None if sampling.greedy else sampling.seed,
                     "stats": gen.stats.as_dict(),
                 }))
             else:
@@ -109,7 +149,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     finish=gen.finish.value, tokens=st.emitted, prompt=st.prompt_tokens,
                     wall_ms=st.wall_ms, proposer=proposer_name, forwards=st.target_forwards
                     - st.prefill_forwards, drafted=st.drafted, accepted=st.accepted,
-                    refusals=st.refusals, extra={"chat": "yes" if chat else "no"},
+                    refusals=st.refusals, extra={"chat": "yes" if chat else "no",
+                           **({} if sampling.greedy else {"seed": str(sampling.seed)})},
                 ), file=sys.stderr)
     except PromptTooLong as exc:  # meshctl exits 3 for it too (the daemon's model_error)
         print(f"meshd generate: {exc}", file=sys.stderr)
@@ -141,12 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_version(parser, "meshd")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
-    from . import demo, serve
+    from . import demo, serve, soak
 
     serve.add_parser(sub)
     demo.add_parser(sub)
     _add_generate(sub)
+    soak.add_parser(sub)
     _add_bench(sub)
+    _add_bench_threads(sub)
+    _add_config(sub)
     _add_make_test_model(sub)
     return parser
 
@@ -167,10 +211,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return demo.run(args)
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "soak":
+        from . import soak
+
+        return soak.run(args)
     if args.command == "bench":
         from .bench import cmd_bench
 
         return cmd_bench(args)
+    if args.command == "config":
+        return cmd_config(args)
+    if args.command == "bench-threads":
+        from .bench_threads import cmd_bench_threads
+
+        return cmd_bench_threads(args)
     return cmd_make_test_model(args)
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
-import jinja2.sandbox
 
 from meshd.native.calibrate import MtpCosts, measure_mtp_costs, measure_row_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
@@ -25,8 +24,10 @@ from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
 from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Proposer, ProposerEnv
+from meshd.plugins.match_stats import SharedMatchStats
 from meshd.plugins.registry import Registry, default_registry
 
+from .chat_template import ChatTemplate, ChatTemplateError
 from .costs import CostModel, is_plausible
 from .engine import Generation, MtpHead, SpeculationSettings, mtp_head_pays
 from .prefix_cache import PrefixCache
@@ -91,6 +92,16 @@ def _cost_model_key(model_path: Path, config: ContextConfig) -> list[object]:
 
 
 def _cost_cache_dir() -> Path:
+    """Where calibrated cost curves are kept.
+
+    Under systemd (``CacheDirectory=meshd`` / ``StateDirectory=meshd``) the service's own
+    writable directories, since a hardened unit can write nowhere else (its home may be
+    ``/``); otherwise ``$XDG_CACHE_HOME/meshd/costs`` (default ``~/.cache``).
+    """
+    for variable in ("CACHE_DIRECTORY", "STATE_DIRECTORY"):
+        value = os.environ.get(variable)
+        if value:  # systemd passes a colon-separated list; the first is ours
+            return Path(value.split(":")[0]) / "costs"
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "meshd" / "costs"
 
@@ -154,8 +165,11 @@ class ModelRuntime:
             self.context, max_entries=ctx_config.n_seq_max if cache_tokens else 0,
             max_tokens=cache_tokens,
         )
-        self._template: Any = None
+        self._template: ChatTemplate | None = None
         self._drafts: dict[str, DraftModel] = {}
+        #: Prompt lookup's acceptance by match length, pooled across requests (it sets
+        #: draft lengths only; every draft is verified, so output cannot change).
+        self.ngram_stats = SharedMatchStats()
         self.costs: CostModel | None = None
         #: The MTP head's measured costs (None: no head, or not calibrated).
         self.mtp_costs: MtpCosts | None = None
@@ -274,28 +288,26 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ prompts
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """Render chat messages with the GGUF's own template (jinja2, sandboxed)."""
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """Render chat messages with the GGUF's own template (see ``chat_template``)."""
         source = self.model.chat_template
         if source is None:
             raise RequestError("this model has no chat template; send a plain prompt")
         if self._template is None:
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader()
-            )
-
-            def raise_exception(message: str) -> None:
-                raise RequestError(f"chat template: {message}")
-
-            env.globals["raise_exception"] = raise_exception
-            self._template = env.from_string(source)
-        tok = self.model.tokenizer
-        info = self.model.info
-        bos = tok.piece(info.bos_token, special=True).decode() if info.bos_token is not None else ""
-        eos = tok.piece(info.eos_token, special=True).decode() if info.eos_token is not None else ""
-        return str(self._template.render(
-            messages=list(messages), add_generation_prompt=True, bos_token=bos, eos_token=eos,
-        ))
+            tok = self.model.tokenizer
+            info = self.model.info
+            bos = tok.piece(info.bos_token, special=True).decode() \
+                if info.bos_token is not None else ""
+            eos = tok.piece(info.eos_token, special=True).decode() \
+                if info.eos_token is not None else ""
+            try:
+                self._template = ChatTemplate(source, bos_token=bos, eos_token=eos)
+            except ChatTemplateError as exc:
+                raise RequestError(str(exc)) from exc
+        try:
+            return self._template.render(messages)
+        except ChatTemplateError as exc:
+            raise RequestError(str(exc)) from exc
 
     def prompt_too_long(self, n_prompt: int) -> str:
         """Why a prompt of ``n_prompt`` tokens cannot run, naming ``--ctx`` and the limit."""
@@ -366,9 +378,12 @@ class ModelRuntime:
         return name.partition(":")[0]
 
     def make_proposer(self, name: str | None, options: Mapping[str, object] | None = None,
-                      ) -> tuple[Proposer | None, MtpHead | None]:
+                      *, adaptive: bool = True) -> tuple[Proposer | None, MtpHead | None]:
         """The request's proposer and, on a model with an MTP head, the (unbound) head
-        it was given; the caller binds the head to the session if the proposer needs it."""
+        it was given; the caller binds the head to the session if the proposer needs it.
+
+        ``adaptive``: proposers that choose their own draft length get the live cost
+        curve (``cost_curve_now``); without it they draft by their fixed rule."""
         resolved = self.resolve_proposer(name)
         if resolved is None:
             return None, None
@@ -379,6 +394,9 @@ class ModelRuntime:
         resources: dict[str, object] = {}
         if self.curve is not None:
             resources["cost_curve"] = self.curve
+            if adaptive:
+                resources["cost_curve_now"] = lambda: self.curve
+        resources["ngram_stats"] = self.ngram_stats
         draft_path = (name or "").partition(":")[2]
         if resolved == "draft":
             if not draft_path:
@@ -412,7 +430,7 @@ class ModelRuntime:
         if need > self.context.config.n_ctx_seq:
             raise PromptTooLong(self.prompt_too_long(len(prompt)))
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
-        prop, head = self.make_proposer(proposer, proposer_options)
+        prop, head = self.make_proposer(proposer, proposer_options, adaptive=adaptive)
         if k == 0 and prop is not None:
             prop.close()
             prop = None

@@ -190,7 +190,13 @@ def run(args: argparse.Namespace) -> int:
         return 3
     with runtime:
         log.info("model_loaded", path=runtime.model.info.path,
-                 seconds=round(time.monotonic() - t0, 2))
+                 seconds=round(time.monotonic() - t0, 2),
+                 proposers=runtime.usable_proposers(),
+                 unavailable=runtime.unavailable_proposers())
+        problem = runtime.proposer_problem(proposer)
+        if problem is not None:
+            log.error("bad_usage", error=f"proposer: {problem}")
+            return 2
         server = Server(runtime, server_config)
         supervisor = Supervisor(server, notifier, reload=_reloader(loaded))
         server.ready_hooks = (supervisor.on_ready,)

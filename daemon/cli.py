@@ -16,7 +16,7 @@ from meshd.native.errors import NativeError
 
 from . import options as opt
 from .checks import check_model_args
-from .runtime import ModelRuntime, RequestError, RuntimeConfig
+from .runtime import ModelRuntime, PromptTooLong, RequestError, RuntimeConfig
 from .sampling import SamplingParams, with_chosen_seed
 from .terminal import Progress, stats_line
 
@@ -153,6 +153,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     refusals=st.refusals, extra={"chat": "yes" if chat else "no",
                            **({} if sampling.greedy else {"seed": str(sampling.seed)})},
                 ), file=sys.stderr)
+    except PromptTooLong as exc:  # meshctl exits 3 for it too (the daemon's model_error)
+        print(f"meshd generate: {exc}", file=sys.stderr)
+        return 3
     except (RequestError, ValueError) as exc:  # ValueError: --tensor-split vs devices
         print(f"meshd generate: {exc}", file=sys.stderr)
         return 2

@@ -40,6 +40,11 @@ class RequestError(ValueError):
     """The request cannot be served as asked (bad proposer name, prompt too long, ...)."""
 
 
+class PromptTooLong(RequestError):
+    """The prompt does not fit the context (the daemon answers ``model_error``; ``meshd
+    generate`` exits 3 like meshctl)."""
+
+
 class StepProgress(Protocol):
     """A slow step's progress display (``meshd.daemon.terminal.Progress`` on a terminal)."""
 
@@ -360,10 +365,64 @@ class ModelRuntime:
         except ChatTemplateError as exc:
             raise RequestError(str(exc)) from exc
 
+    def prompt_too_long(self, n_prompt: int) -> str:
+        """Why a prompt of ``n_prompt`` tokens cannot run, naming ``--ctx`` and the limit."""
+        n_ctx = self.context.config.n_ctx_seq
+        n_train = self.model.info.n_ctx_train
+        message = (f"prompt of {n_prompt} tokens does not fit the context of {n_ctx} tokens "
+                   f"per session (--ctx): at most {n_ctx - 1} prompt tokens")
+        if n_train and n_ctx < n_train:
+            return f"{message}; a larger --ctx (up to {n_train}, the model's training " \
+                   "context) makes room"
+        if n_train and n_ctx >= n_train:
+            return f"{message}; that is the model's training context, the most --ctx allows"
+        return message
+
     def tokenize_prompt(self, text: str, *, chat: bool) -> list[int]:
         return self.model.tokenizer.tokenize(text, add_special=not chat, parse_special=chat)
 
     # ------------------------------------------------------------------ generations
+
+    def unavailable_proposers(self) -> dict[str, str]:
+        """Installed proposers that cannot serve this model, with the reason for each."""
+        out: dict[str, str] = {}
+        if "mtp" in self.registry and self.context.mtp is None:
+            out["mtp"] = "the model has no MTP head"
+        if "draft" in self.registry and self.config.allowed_drafts == ():
+            out["draft"] = "no draft model (start meshd serve with --draft-model PATH)"
+        for name, why in self.registry.errors.items():
+            out[name] = f"the plugin failed to load: {why}"
+        return out
+
+    def usable_proposers(self) -> list[str]:
+        """What a request may name besides ``off``: ``auto``, every installed proposer
+        that can serve this model, and ``draft:PATH`` for each allowed draft model."""
+        bad = self.unavailable_proposers()
+        names = ["auto"]
+        for name in self.registry.names():
+            if name in bad:
+                continue
+            if name == "draft" and self.config.allowed_drafts:
+                names += [f"draft:{p}" for p in self.config.allowed_drafts]
+            else:
+                names.append(name)
+        return names
+
+    def proposer_problem(self, name: str | None) -> str | None:
+        """Why a request's proposer cannot be used here (None: it can, or it is a
+        ``draft:PATH`` whose path is checked when it is loaded)."""
+        name = name or self.config.default_proposer
+        if name == "off":
+            return None
+        base = name.partition(":")[0]
+        bad = self.unavailable_proposers()
+        available = ", ".join(["off", *self.usable_proposers()])
+        if base in bad:
+            return f"proposer {name!r} cannot serve this model: {bad[base]} " \
+                   f"(available: {available})"
+        if base != "auto" and base not in self.registry:
+            return f"unknown proposer {name!r} (available: {available})"
+        return None
 
     def resolve_proposer(self, name: str | None) -> str | None:
         """The registry name for a request's proposer ("draft:PATH" is "draft")."""
@@ -384,6 +443,9 @@ class ModelRuntime:
         resolved = self.resolve_proposer(name)
         if resolved is None:
             return None, None
+        problem = self.proposer_problem(name)
+        if problem is not None:
+            raise RequestError(problem)
         head = MtpHead() if self.context.mtp is not None else None
         resources: dict[str, object] = {}
         if self.curve is not None:
@@ -400,11 +462,6 @@ class ModelRuntime:
             vocab_size=self.model.info.n_vocab, eog_tokens=self.model.info.eog_tokens,
             mtp=head, options=dict(options or {}), resources=resources,
         )
-        if resolved not in self.registry:
-            raise RequestError(
-                f"unknown proposer {resolved!r}; available: off, auto, "
-                f"{', '.join(self.registry.names())}"
-            )
         try:
             return self.registry.create(resolved, env), head
         except Exception as exc:
@@ -427,10 +484,7 @@ class ModelRuntime:
             raise RequestError("the prompt is empty")
         need = len(prompt) + 1
         if need > self.context.config.n_ctx_seq:
-            raise RequestError(
-                f"prompt of {len(prompt)} tokens does not fit the context of "
-                f"{self.context.config.n_ctx_seq} tokens"
-            )
+            raise PromptTooLong(self.prompt_too_long(len(prompt)))
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
         prop, head = self.make_proposer(proposer, proposer_options, adaptive=adaptive)
         if k == 0 and prop is not None:

@@ -22,7 +22,7 @@ import importlib.util
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import anyio.abc
@@ -44,7 +44,10 @@ from .service import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
 from .supervise import Supervisor, notifying_progress, pinging_while_starting
 from .terminal import Progress
 
-__all__ = ["add_parser", "run", "socket_address"]
+HTTP_FD_NAME: Final = "http"
+"""``FileDescriptorName=`` of an inherited socket to serve HTTP on."""
+
+__all__ = ["HTTP_FD_NAME", "add_parser", "run", "socket_address"]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -190,7 +193,13 @@ def run(args: argparse.Namespace) -> int:
         return 3
     with runtime:
         log.info("model_loaded", path=runtime.model.info.path,
-                 seconds=round(time.monotonic() - t0, 2))
+                 seconds=round(time.monotonic() - t0, 2),
+                 proposers=runtime.usable_proposers(),
+                 unavailable=runtime.unavailable_proposers())
+        problem = runtime.proposer_problem(proposer)
+        if problem is not None:
+            log.error("bad_usage", error=f"proposer: {problem}")
+            return 2
         server = Server(runtime, server_config)
         supervisor = Supervisor(server, notifier, reload=_reloader(loaded))
         server.ready_hooks = (supervisor.on_ready,)
@@ -236,7 +245,7 @@ def _reloader(loaded: cfg.Loaded) -> Callable[[], ServerConfig]:
 def _activated_bind(inherited: list[InheritedSocket]) -> str | None:
     """The socket-activated Unix socket to serve: the one named ``meshd`` (the unit's
     ``FileDescriptorName=``), else the first Unix one."""
-    unix = [s for s in inherited if s.family == "unix"]
+    unix = [s for s in inherited if s.family == "unix" and s.name != HTTP_FD_NAME]
     named = [s for s in unix if s.name == "meshd"]
     chosen = named or unix
     return chosen[0].bind if chosen else None
@@ -246,7 +255,7 @@ def _activated_http(inherited: list[InheritedSocket]) -> str | None:
     """A socket-activated TCP socket for HTTP: the one named ``http`` (a second socket
     unit with ``FileDescriptorName=http``), else the first TCP one."""
     tcp = [s for s in inherited if s.family in ("inet", "inet6")]
-    named = [s for s in tcp if s.name == "http"]
+    named = [s for s in tcp if s.name == HTTP_FD_NAME]
     chosen = named or tcp
     return chosen[0].bind if chosen else None
 

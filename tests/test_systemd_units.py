@@ -35,13 +35,14 @@ def units(tmp_path: Path) -> Path:
     assert SHIPPED_EXEC in text
     (tmp_path / "meshd.service").write_text(text.replace(SHIPPED_EXEC, str(meshd)))
     shutil.copy(UNITS / "meshd.socket", tmp_path / "meshd.socket")
+    shutil.copy(UNITS / "meshd-http.socket", tmp_path / "meshd-http.socket")
     return tmp_path
 
 
 def test_units_pass_systemd_analyze_verify(units: Path) -> None:
     done = subprocess.run(
         [_analyze(), "verify", "--man=no", str(units / "meshd.service"),
-         str(units / "meshd.socket")],
+         str(units / "meshd.socket"), str(units / "meshd-http.socket")],
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
@@ -112,3 +113,14 @@ def test_llama_cpp_runs_without_writable_executable_memory() -> None:
         pytest.skip("this kernel has no PR_SET_MDWE (Linux < 6.3)")
     assert done.returncode == 0, done.stderr
     assert '"finish_reason": "length"' in done.stdout
+
+
+def test_http_socket_unit_hands_meshd_a_socket_named_http() -> None:
+    """The optional HTTP socket names the service and the descriptor name meshd serves
+    HTTP on, and listens on loopback only."""
+    from meshd.daemon.serve import HTTP_FD_NAME
+
+    unit = (UNITS / "meshd-http.socket").read_text()
+    assert f"FileDescriptorName={HTTP_FD_NAME}" in unit
+    assert "Service=meshd.service" in unit
+    assert "ListenStream=127.0.0.1:" in unit

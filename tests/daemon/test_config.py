@@ -150,3 +150,13 @@ def test_config_check_prints_the_effective_config(tmp_path: Path) -> None:
                          env={"MESHD_SERVE_SLOTS": "none", "PATH": "/usr/bin:/bin"})
     assert bad.returncode == 2
     assert "$MESHD_SERVE_SLOTS: serve.slots: expected an integer, got 'none'" in bad.stderr
+
+
+def test_every_serve_option_is_a_configuration_key() -> None:
+    """A serve flag without a key would be settable only on the command line (and not
+    from /etc/meshd/meshd.toml or the environment): declare it in meshd.daemon.config."""
+    keys = {field.metadata.get("flag") or f"{section}_{field.name}"
+            for section, cls in cfg.SECTIONS.items() for field in attrs.fields(cls)}
+    options = {a.dest for a in _serve_parser()._actions
+               if a.option_strings and a.dest not in ("help", "config")}
+    assert options - keys == set(), "serve options without a configuration key"

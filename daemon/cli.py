@@ -68,6 +68,16 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                  opt.speculation_options(proposer=False, fixed_k=False)]))
 
 
+def _add_bench_rpc(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .bench_rpc import add_arguments
+
+    add_arguments(opt.subparser(
+        sub, "bench-rpc",
+        help="a model split over 1, 2, 3 loopback workers: tokens/s and round trips per "
+             "verify window, with and without speculation",
+        parents=[opt.model_options(ctx=2048)]))
+
+
 def _add_bench_threads(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .bench_threads import add_arguments
 
@@ -191,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     soak.add_parser(sub)
     _add_bench(sub)
+    _add_bench_rpc(sub)
     _add_bench_threads(sub)
     _add_config(sub)
     _add_make_test_model(sub)
@@ -221,6 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import soak
 
         return soak.run(args)
+    if args.command == "bench-rpc":
+        from .bench_rpc import cmd_bench_rpc
+
+        return cmd_bench_rpc(args)
     if args.command == "bench":
         from .bench import cmd_bench
 

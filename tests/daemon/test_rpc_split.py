@@ -186,3 +186,23 @@ def test_workers_in_the_configuration(tmp_path: pytest.TempPathFactory) -> None:
     assert flagged.config.model.rpc == ("127.0.0.1:6000",)
     with pytest.raises(cfg.ConfigError, match="HOST:PORT"):
         cfg.load(None, environ={"MESHD_MODEL_RPC": "nohost"}, flags={}, default_path=None)
+
+
+@pytest.mark.slow
+def test_bench_rpc_counts_one_round_trip_per_worker_and_forward(
+        tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    from meshd.daemon.cli import main
+
+    out = f"{tmp_path}/rpc.json"
+    assert main(["bench-rpc", "--workers", "1,2", "--reps", "1", "--tokens", "16",
+                 "--threads", "1", "--json", out]) == 0
+    import json
+
+    with open(out) as f:
+        results = json.load(f)
+    assert set(results) == {"local", "1 workers", "2 workers"}
+    for n in (1, 2):
+        for arm in ("off", "ngram"):
+            assert results[f"{n} workers"][arm]["round_trips_per_forward"] == pytest.approx(n)
+    assert results["local"]["off"]["round_trips_per_forward"] == 0
+    assert "trips/fwd" in capsys.readouterr().out

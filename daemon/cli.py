@@ -43,11 +43,11 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("make-test-model", help="write a small synthetic GGUF model")
-    p.add_argument("kind", choices=["llama", "qwen35", "mimo2"])
-    p.add_argument("out")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--acceptance", type=float, default=1.0)
+    from meshd.native.testmodels import add_arguments
+
+    add_arguments(sub.add_parser(
+        "make-test-model",
+        help="write a synthetic GGUF model (tiny, or of realistic cost with --size)"))
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -112,11 +112,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_make_test_model(args: argparse.Namespace) -> int:
-    from meshd.native.testmodels import write_test_model
+    from meshd.native.testmodels import run
 
-    path = write_test_model(args.kind, args.out, seed=args.seed, acceptance=args.acceptance)
-    print(path)
-    return 0
+    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

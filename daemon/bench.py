@@ -67,25 +67,24 @@ from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 from meshd.plugins.adaptive import CostCurve, speedup_limit
 
-from .argtypes import non_negative, positive
+from .argtypes import positive
 from .bench_arms import (
     ARMS,
     REFERENCE_ARM,
     ArmRunner,
     ArmSpec,
     ArmUnavailable,
-    BenchError,
     BenchModel,
     RunResult,
     default_draft,
     default_threads,
     divergence_margin,
     first_divergence,
-    load_workloads,
     render_prompt,
     resolve_model,
 )
 from .bench_llama_server import ARM_PREFIX, NGRAM_MODES, llama_server_arms, server_version
+from .bench_workloads import BenchError, load_workloads
 
 #: What ``meshd bench`` measures without ``--model``.
 DEFAULT_MODELS = ("smollm2-q4_1", "smollm2-q8_0", "qwen35-0.5", "qwen35-0.74", "qwen35-0.9")
@@ -444,6 +443,11 @@ def run_bench(config: BenchConfig, *, arms: Sequence[ArmSpec] = ARMS,
             raise BenchError(f"unknown arm(s) {', '.join(unknown)}; available: "
                              f"{', '.join(a.name for a in every)}")
         wanted = set(config.arms) | {REFERENCE_ARM}
+        if not any(a.startswith(ARM_PREFIX) for a in config.arms):
+            # --arm picks among meshd's and llama-cpp-python's arms; --llama-server asks
+            # for the server's arms (--llama-server-mode picks those), so naming no
+            # llama-server arm keeps them all rather than silently dropping them.
+            wanted |= {a.name for a in every if a.name.startswith(ARM_PREFIX)}
         selected = [a for a in every if a.name in wanted]
     load_workloads(config.workloads)  # fail on a bad name before loading any model
     report: dict[str, Any] = {
@@ -749,8 +753,9 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``meshd bench`` options (the subparser is created by ``meshd.daemon.cli``)."""
-    p.add_argument("--model", action="append", default=[], metavar="NAME",
+    """``meshd bench`` options (the subparser is created by ``meshd.daemon.cli``, with the
+    shared ``--ctx``, ``--threads`` and ``--draft-max`` of ``meshd.daemon.options``)."""
+    p.add_argument("-m", "--model", action="append", default=[], metavar="NAME",
                    help="smollm2-q4_1, smollm2-q8_0, qwen35-0.74, llama, mimo2-0.9, or a "
                         "GGUF path (repeatable; default: SmolLM2 Q4_1 + Q8_0, qwen35 at "
                         "0.5/0.74/0.9; --identity: llama, qwen35, mimo2, smollm2)")
@@ -758,15 +763,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="workload name (repeatable; default: all)")
     p.add_argument("--arm", action="append", default=[], metavar="NAME",
                    help=f"arm (repeatable; '{REFERENCE_ARM}' always runs; default: all of "
-                        f"{', '.join(a.name for a in ARMS)})")
+                        f"{', '.join(a.name for a in ARMS)}). With --llama-server its arms "
+                        "run too unless some --arm names one of them (then only those)")
     p.add_argument("--reps", type=positive, default=3, help="repetitions (default 3)")
     p.add_argument("--tokens", type=positive, default=None,
                    help="tokens per generation (default 128; --identity: 32)")
-    p.add_argument("--ctx", type=positive, default=2048, help="context length (all arms)")
-    p.add_argument("--threads", type=positive, default=None,
-                   help="threads (all arms; default: the CPUs this process may use)")
-    p.add_argument("--draft-max", type=non_negative, default=DEFAULT_DRAFT_MAX,
-                   help=f"longest draft (k; default {DEFAULT_DRAFT_MAX})")
     p.add_argument("--draft-model", metavar="NAME|PATH",
                    help="meshd-draft's draft model (default: the shipped Q4_1 for a "
                         "requantized SmolLM2, the synthetic llama for synthetic MTP models)")

@@ -67,6 +67,7 @@ class GenerationStats:
     decode_ms: float = 0.0
     verify_ms: float = 0.0
     propose_ms: float = 0.0
+    proposals: int = 0  # times the proposer was asked for a draft
     refusals: dict[str, int] = attrs.field(factory=dict)
     proposer_faults: dict[str, int] = attrs.field(factory=dict)
 
@@ -78,6 +79,15 @@ class GenerationStats:
 
     def as_dict(self) -> dict[str, object]:
         return attrs.asdict(self)
+
+    def proposer_that_ran(self, proposer: str | None) -> str | None:
+        """``proposer`` if it was asked for at least one draft, else ``None``.
+
+        Why: a request whose every step was refused speculation (unseeded sampling, the
+        cost model, no room) decoded plainly; reporting the proposer it was configured
+        with would claim speculation ran. ``refusals`` says why it did not.
+        """
+        return proposer if self.proposals > 0 else None
 
 
 @attrs.frozen
@@ -396,6 +406,7 @@ class Generation:
         )
         if self.mtp_head is not None:
             self.mtp_head.last = self.last
+        self.stats.proposals += 1
         try:
             proposal = proposer.propose(request)
         except Exception:

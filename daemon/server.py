@@ -3,9 +3,10 @@
 Why this shape (structured concurrency, as in trio): :meth:`Server.serve` owns every
 task it starts; it reports readiness through ``task_status.started()`` once the socket
 listens, and nothing outlives it. Shutting down is a sequence, not a cancellation
-storm: stop accepting and remove the socket, refuse new work, cancel every generation
-so its client gets ``done`` with ``finish_reason: cancelled``, wait (bounded) for those
-to be delivered, then close the connections and stop the engine loop. Cancelling
+storm: stop accepting and remove the socket, refuse new work, let running generations
+finish for a grace period, cancel the rest so each client gets ``done`` with
+``finish_reason: shutdown``, wait (bounded) for those to be delivered, then close the
+connections and stop the engine loop. Cancelling
 ``serve`` from outside (a test's task group, a second Ctrl-C) skips the politeness but
 still closes every generation's session and removes the socket.
 
@@ -14,14 +15,21 @@ The same code runs on asyncio (uvloop when installed) and trio through anyio.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 
 import anyio
 import anyio.abc
 
+from meshd.protocol import ServerBusy, encode
+
 from .connection import Connection
+from .http.connection import HttpConnection
+from .http.sniff import Kind, sniff
+from .http.tcp import open_http_listener
 from .listener import BindSpec, Listener, open_listener
 from .logs import get_logger
 from .runtime import ModelRuntime
@@ -47,13 +55,34 @@ class Server:
         self.ready_hooks = ready_hooks
         self.log = get_logger("meshd.server")
         self.listener: Listener | None = None
-        self._connections: set[Connection] = set()
+        #: The HTTP-only listener (``--http``), if any.
+        self.http_listener: Listener | None = None
+        self._connections: set[Connection | HttpConnection] = set()
         self._ids = itertools.count(1)
+        self._open = 0  # connections accepted and not yet closed (the limit counts them)
         self._stop = anyio.Event()
+        self._grace_s: float | None = None
 
-    def shutdown(self) -> None:
-        """Begin a graceful shutdown (call from the event loop; idempotent)."""
+    def shutdown(self, *, grace_s: float | None = None) -> None:
+        """Begin a graceful shutdown (call from the event loop; idempotent): stop
+        accepting, let running generations finish for up to ``grace_s`` (default: the
+        config's ``shutdown_grace_s``), then end the rest with ``shutdown``."""
+        if not self._stop.is_set() and grace_s is not None:
+            self._grace_s = grace_s
         self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def reconfigure(self, config: ServerConfig) -> None:
+        """Apply settings that can change while serving (SIGHUP): limits, timeouts,
+        the stream interval and the peer allow-list. New connections use them at once;
+        open ones keep the allow-list they were admitted under."""
+        self.config = config
+        self.service.config = config
+        self.scheduler.max_queue = config.max_queue
+        self.scheduler.step_budget_s = config.stream_interval_s
 
     @property
     def connections(self) -> int:
@@ -61,49 +90,70 @@ class Server:
 
     async def serve(
         self, bind: BindSpec | str | Listener, *,
+        http: str | Listener | None = None,
         task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Listen on ``bind`` (or serve an open Listener, which it then owns) until
-        :meth:`shutdown` or cancellation.
+        :meth:`shutdown` or cancellation; with ``http`` also serve HTTP only there
+        (``tcp:127.0.0.1:PORT``, ``fd://N`` or an open Listener).
 
         Reports the bind address (``unix:PATH``) as started once it accepts connections.
         Raises ListenerError (before starting anything) when it cannot listen.
         """
-        listener = bind if isinstance(bind, Listener) else await open_listener(bind)
+        listener = bind if isinstance(bind, Listener) else \
+            await open_listener(bind, backlog=self.config.backlog)
         self.listener = listener
-        async with listener, anyio.create_task_group() as engine:
+        async with listener:
+            http_listener = http if http is None or isinstance(http, Listener) \
+                else await open_http_listener(http)
+            self.http_listener = http_listener
+            async with AsyncExitStack() as stack:
+                if http_listener is not None:
+                    await stack.enter_async_context(http_listener)
+                await self._run(listener, http_listener, task_status)
+
+    async def _run(self, listener: Listener, http_listener: Listener | None,
+                   task_status: anyio.abc.TaskStatus[str]) -> None:
+        async with anyio.create_task_group() as engine:
             await engine.start(self.scheduler.run)
             async with anyio.create_task_group() as conns:
                 async with anyio.create_task_group() as accepting:
                     accepting.start_soon(self._accept_loop, listener, conns)
+                    if http_listener is not None:
+                        accepting.start_soon(self._accept_loop, http_listener, conns, True)
                     self._ready(listener.address)
                     task_status.started(listener.address)
                     await self._stop.wait()
                     accepting.cancel_scope.cancel()
-                await self._shutdown(listener)
+                await self._shutdown(listener, http_listener)
                 conns.cancel_scope.cancel()
             engine.cancel_scope.cancel()
         self.log.info("stopped")
 
     def _ready(self, address: str) -> None:
         m = self.service.model
-        self.log.info("ready", address=address, model=m.name, n_ctx=m.n_ctx,
+        http = self.http_listener.address if self.http_listener is not None else None
+        self.log.info("ready", address=address, http=http, model=m.name, n_ctx=m.n_ctx,
                       slots=self.runtime.context.config.n_seq_max,
                       proposers=list(self.service.proposers()))
         for hook in self.ready_hooks:
             hook(address)
 
-    async def _shutdown(self, listener: Listener) -> None:
+    async def _shutdown(self, listener: Listener, http_listener: Listener | None) -> None:
         self.log.info("shutting_down", in_flight=self.service.n_inflight,
                       connections=len(self._connections))
         await listener.aclose()  # no new connections; the socket file goes away now
-        drained = await self.service.drain(self.config.drain_timeout_s)
+        if http_listener is not None:
+            await http_listener.aclose()
+        grace = self.config.shutdown_grace_s if self._grace_s is None else self._grace_s
+        drained = await self.service.drain(self.config.drain_timeout_s, grace_s=grace)
         if not drained:
             self.log.warning("drain_timeout", in_flight=self.service.n_inflight)
         for conn in list(self._connections):
             conn.close()
 
-    async def _accept_loop(self, listener: Listener, conns: anyio.abc.TaskGroup) -> None:
+    async def _accept_loop(self, listener: Listener, conns: anyio.abc.TaskGroup,
+                           http_only: bool = False) -> None:
         while True:
             try:
                 stream = await listener.accept()
@@ -113,11 +163,53 @@ class Server:
                 self.log.error("accept_failed", error=str(exc))
                 await anyio.sleep(0.1)
                 continue
-            conn = Connection(stream, self.service, conn_id=next(self._ids), log=self.log)
             self.service.counters["connections_total"] += 1
-            conns.start_soon(self._run_connection, conn)
+            if self._open >= self.config.max_connections:
+                await self._refuse(stream, http_only)
+                continue
+            self._open += 1
+            self.service.open_connections = self._open
+            conns.start_soon(self._run_stream, stream, http_only)
 
-    async def _run_connection(self, conn: Connection) -> None:
+    async def _refuse(self, stream: anyio.abc.SocketStream, http_only: bool) -> None:
+        """Close a connection over the limit at once, so it holds no descriptor of ours;
+        on the daemon's socket it first gets a ``busy`` error frame saying why."""
+        limit = self.config.max_connections
+        self.service.counters["connections_refused"] += 1
+        self.log.warning("connection_refused", reason="max_connections", limit=limit)
+        if not http_only:
+            self.service.counters["errors_busy"] += 1
+            frame = encode(ServerBusy(f"too many connections (limit {limit}); retry later")
+                           .to_message())
+            sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+            with contextlib.suppress(OSError):
+                sock.send(frame)  # a fresh socket's buffer takes one small frame
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
+
+    async def _run_stream(self, stream: anyio.abc.SocketStream, http_only: bool) -> None:
+        """Serve a new connection: HTTP-only listeners speak HTTP; on the daemon's own
+        socket the first bytes tell an HTTP request from an NDJSON frame."""
+        try:
+            conn_id = next(self._ids)
+            kind = Kind.HTTP if http_only else await sniff(stream, self.config.hello_timeout_s)
+            if kind is Kind.GONE:
+                self.log.info("hello_timeout", conn=conn_id)
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+                return
+            conn: Connection | HttpConnection
+            if kind is Kind.HTTP:
+                self.service.counters["connections_http"] += 1
+                conn = HttpConnection(stream, self.service, conn_id=conn_id, log=self.log)
+            else:
+                conn = Connection(stream, self.service, conn_id=conn_id, log=self.log)
+            await self._run_connection(conn)
+        finally:
+            self._open -= 1
+            self.service.open_connections = self._open
+
+    async def _run_connection(self, conn: Connection | HttpConnection) -> None:
         self._connections.add(conn)
         try:
             await conn.run()
@@ -131,7 +223,8 @@ class Server:
 
 @asynccontextmanager
 async def serving(
-    runtime: ModelRuntime, bind: BindSpec | str, config: ServerConfig | None = None
+    runtime: ModelRuntime, bind: BindSpec | str, config: ServerConfig | None = None, *,
+    http: str | None = None,
 ) -> AsyncIterator[Server]:
     """Run a daemon in the current task group's event loop for the ``async with`` body.
 
@@ -140,7 +233,7 @@ async def serving(
     server = Server(runtime, config)
     body_error: Exception | None = None
     async with anyio.create_task_group() as tg:
-        await tg.start(server.serve, bind)
+        await tg.start(partial(server.serve, http=http), bind)
         try:
             yield server
         except Exception as exc:
@@ -149,6 +242,7 @@ async def serving(
             body_error = exc
             tg.cancel_scope.cancel()
         finally:
-            server.shutdown()
+            # Leaving the block means "stop now": no grace period for what still runs.
+            server.shutdown(grace_s=0)
     if body_error is not None:
         raise body_error

@@ -27,6 +27,7 @@ from .errors import (
     FrameTooLarge,
     InternalError,
     ModelError,
+    PermissionDenied,
     ProtocolError,
     RequestCancelled,
     ServerBusy,
@@ -37,6 +38,9 @@ from .errors import (
 )
 from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
     MAX_ID_LENGTH,
     PROPOSER_OFF,
     PROTOCOL_VERSION,
@@ -76,6 +80,9 @@ from .transport import StreamReceiver
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
+    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOP_K",
+    "DEFAULT_TOP_P",
     "MAX_ID_LENGTH",
     "PROPOSER_OFF",
     "PROTOCOL_VERSION",
@@ -108,6 +115,7 @@ __all__ = [
     "ModelInfo",
     "Models",
     "ModelsReply",
+    "PermissionDenied",
     "ProposerStats",
     "ProtocolError",
     "Request",

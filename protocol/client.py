@@ -558,11 +558,19 @@ class Client:
             protocol_version=self._protocol_version,
             client_name=self._client_name,
         )
+        sent: BaseException | None = None
         try:
             await self._send(hello)
+        except _TRANSPORT_ERRORS as exc:
+            # A server that refuses the connection (too many connections) answers and
+            # closes at once, maybe before our hello is written: its answer says why.
+            sent = exc
+        try:
             reply = await self._receive_one()
         except _TRANSPORT_ERRORS as exc:
-            raise ConnectionClosed(f"connection lost during handshake: {exc}") from exc
+            raise ConnectionClosed(f"connection lost during handshake: {sent or exc}") from exc
+        if sent is not None and not isinstance(reply, ErrorMessage):
+            raise ConnectionClosed(f"connection lost during handshake: {sent}") from sent
         if reply is None:
             raise ConnectionClosed("server closed the connection during the handshake")
         if isinstance(reply, ErrorMessage):

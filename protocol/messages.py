@@ -25,7 +25,7 @@ import attrs
 
 from .errors import BadRequest, ErrorCode
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 """The protocol version this package speaks; bumped on any incompatible change."""
 
 DEFAULT_MAX_FRAME_SIZE: Final = 4 * 1024 * 1024
@@ -39,6 +39,18 @@ PROPOSER_OFF: Final = "off"
 
 MAX_SEED: Final = 2**64 - 1
 
+# The sampling defaults: the one definition used by the wire's SamplingParams, the
+# daemon's engine and both command lines (``meshd generate``, ``meshctl``), so the same
+# request gives the same tokens however it is sent. Greedy by default: output is
+# reproducible and exactly verifiable, so speculation can run; top_k and top_p apply
+# once a temperature above 0 is asked for.
+DEFAULT_TEMPERATURE: Final = 0.0
+"""0 means greedy (argmax)."""
+DEFAULT_TOP_K: Final = 40
+"""Keep the 40 most likely tokens when sampling."""
+DEFAULT_TOP_P: Final = 0.95
+"""Nucleus mass kept when sampling."""
+
 
 class FinishReason(enum.StrEnum):
     """Why a generation ended (the ``finish_reason`` of ``done``)."""
@@ -51,6 +63,8 @@ class FinishReason(enum.StrEnum):
     """The model produced an end-of-generation token."""
     CANCELLED = "cancelled"
     """A ``cancel`` for this request arrived (or the client went away)."""
+    SHUTDOWN = "shutdown"
+    """The daemon is shutting down and its grace period for running requests ran out."""
     ERROR = "error"
     """The generation failed part-way; ``done.error_message`` says why."""
 
@@ -207,10 +221,11 @@ class ChatMessage:
 class SamplingParams:
     """How the next token is chosen. ``temperature == 0`` means greedy."""
 
-    temperature: float = attrs.field(default=0.8, validator=_non_negative_number)
-    top_k: int = attrs.field(default=40, validator=_int_at_least(0))
+    temperature: float = attrs.field(default=DEFAULT_TEMPERATURE,
+                                     validator=_non_negative_number)
+    top_k: int = attrs.field(default=DEFAULT_TOP_K, validator=_int_at_least(0))
     """Keep the ``top_k`` most likely tokens; 0 disables the filter."""
-    top_p: float = attrs.field(default=0.95)
+    top_p: float = attrs.field(default=DEFAULT_TOP_P)
     """Nucleus sampling mass, in (0, 1]; 1 disables the filter."""
     seed: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_SEED, True))
     """RNG seed for reproducible sampling; ``None`` lets the server choose."""
@@ -473,6 +488,9 @@ class Done:
     )
     error_message: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
     """Why the generation failed, when ``finish_reason`` is ``error``."""
+    seed: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_SEED, True))
+    """The seed the tokens were sampled with (the request's, or one the daemon chose for
+    an unseeded sampled request, so it can be replayed); ``None`` for greedy decoding."""
 
 
 @attrs.frozen

@@ -16,7 +16,7 @@ from meshd.native.errors import NativeError
 
 from . import options as opt
 from .checks import check_model_args
-from .runtime import ModelRuntime, RequestError, RuntimeConfig
+from .runtime import ModelRuntime, PromptTooLong, RequestError, RuntimeConfig
 from .sampling import SamplingParams, with_chosen_seed
 from .terminal import Progress, stats_line
 
@@ -32,7 +32,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                     "as a user turn in its template, as chat front-ends do; --raw sends "
                     "the text as it is.",
         parents=[opt.model_options(), opt.speculation_options(), opt.sampling_options(),
-                 opt.generation_options()],
+                 opt.generation_options(), opt.placement_options()],
     )
     p.add_argument("-p", "--prompt", required=True, metavar="TEXT",
                    help="prompt text ('-' reads it from stdin)")
@@ -119,6 +119,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, draft_max=args.draft_max,
         threads=args.threads, calibrate=not args.fixed_k,
+        rpc_workers=args.rpc or (), tensor_split=args.tensor_split or (),
     )
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
@@ -160,7 +161,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     refusals=st.refusals, extra={"chat": "yes" if chat else "no",
                            **({} if sampling.greedy else {"seed": str(sampling.seed)})},
                 ), file=sys.stderr)
-    except RequestError as exc:
+    except PromptTooLong as exc:  # meshctl exits 3 for it too (the daemon's model_error)
+        print(f"meshd generate: {exc}", file=sys.stderr)
+        return 3
+    except (RequestError, ValueError) as exc:  # ValueError: --tensor-split vs devices
         print(f"meshd generate: {exc}", file=sys.stderr)
         return 2
     except NativeError as exc:
@@ -185,10 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_version(parser, "meshd")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
-    from . import demo, serve, soak
+    from . import demo, serve, soak, worker
 
     serve.add_parser(sub)
     demo.add_parser(sub)
+    worker.add_parser(sub)
     _add_generate(sub)
     soak.add_parser(sub)
     _add_bench(sub)
@@ -214,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return demo.run(args)
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "worker":
+        from . import worker
+
+        return worker.run(args)
     if args.command == "soak":
         from . import soak
 

@@ -48,7 +48,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = opt.subparser(sub, "make-test-model",
-                      help="write a small synthetic GGUF model (for tests and benchmarks)")
+                      help="write a synthetic GGUF model (tiny, or of realistic cost with --size)")
     p.add_argument("kind", choices=["llama", "qwen35", "mimo2"],
                    help="architecture: llama (attention), qwen35 (recurrent + MTP head), "
                         "mimo2 (attention + MTP head)")
@@ -56,6 +56,14 @@ def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--seed", type=opt.integer, default=0, help="weights seed")
     p.add_argument("--acceptance", type=opt.probability, default=1.0,
                    help="how often the MTP head's draft matches the model")
+    from meshd.native.testmodels import DEFAULT_SIZED_TYPE, QUANT_TYPES, SIZES
+
+    p.add_argument("--size", choices=list(SIZES), default=None,
+                   help="a model of realistic cost (default: tiny, F32)")
+    p.add_argument("--type", dest="qtype", choices=list(QUANT_TYPES), default=None,
+                   help=f"weights of a sized model (default {DEFAULT_SIZED_TYPE})")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip running a sized model to report its margins")
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -180,11 +188,9 @@ def _note(_event: str, message: str) -> None:
 
 
 def cmd_make_test_model(args: argparse.Namespace) -> int:
-    from meshd.native.testmodels import write_test_model
+    from meshd.native.testmodels import run
 
-    path = write_test_model(args.kind, args.out, seed=args.seed, acceptance=args.acceptance)
-    print(path)
-    return 0
+    return run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -125,11 +125,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_generate(sub)
     _add_make_test_model(sub)
     _add_bench(sub)
-    from . import demo, serve
+    from . import demo, plugins_cmd, serve
 
     serve.add_parser(sub)
     demo.add_parser(sub)
+    plugins_cmd.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "plugins":
+        return plugins_cmd.run(args)
     if args.command == "serve":
         return serve.run(args)
     if args.command == "demo":

@@ -24,6 +24,7 @@ import anyio.abc
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
+from meshd.plugins.config import PluginConfigError, load_plugin_config
 
 from .argtypes import non_negative, positive
 from .listener import ListenerError, default_socket_path, open_listener, preflight
@@ -61,6 +62,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--draft-model", action="append", default=[], metavar="PATH",
                    help="a GGUF that requests may name as 'draft:PATH' (repeatable; "
                         "without it the draft proposer is refused)")
+    p.add_argument("--plugins-config", metavar="FILE",
+                   help="TOML file whose [speculation.plugins.NAME] tables enable and "
+                        "configure proposer plugins (in-process and out-of-process)")
     p.add_argument("--max-tokens", type=positive, default=DEFAULT_MAX_TOKENS,
                    help="max_tokens of a request that does not say")
     p.add_argument("--max-tokens-limit", type=positive, default=None,
@@ -78,10 +82,17 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, json=json_logs)
     log = get_logger("meshd.serve")
     bind = args.socket or default_socket_path()
+    try:
+        plugins = load_plugin_config(args.plugins_config) if args.plugins_config else {}
+    except PluginConfigError as exc:
+        log.error("config_invalid", error=str(exc))
+        print(f"meshd serve: {exc}", file=sys.stderr)
+        return 2
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, n_seq_max=args.slots,
         draft_max=args.draft_max, threads=args.threads, calibrate=not args.fixed_k,
         default_proposer=args.proposer, allowed_drafts=tuple(args.draft_model),
+        plugins=plugins,
     )
     try:
         preflight(bind)

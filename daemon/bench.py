@@ -67,7 +67,7 @@ from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 from meshd.plugins.adaptive import CostCurve, speedup_limit
 
-from .argtypes import non_negative, positive
+from .argtypes import positive
 from .bench_arms import (
     ARMS,
     REFERENCE_ARM,
@@ -749,8 +749,9 @@ def write_plot(report: Mapping[str, Any], path: Path) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``meshd bench`` options (the subparser is created by ``meshd.daemon.cli``)."""
-    p.add_argument("--model", action="append", default=[], metavar="NAME",
+    """``meshd bench`` options (the subparser is created by ``meshd.daemon.cli``, with the
+    shared ``--ctx``, ``--threads`` and ``--draft-max`` of ``meshd.daemon.options``)."""
+    p.add_argument("-m", "--model", action="append", default=[], metavar="NAME",
                    help="smollm2-q4_1, smollm2-q8_0, qwen35-0.74, llama, mimo2-0.9, or a "
                         "GGUF path (repeatable; default: SmolLM2 Q4_1 + Q8_0, qwen35 at "
                         "0.5/0.74/0.9; --identity: llama, qwen35, mimo2, smollm2)")
@@ -762,11 +763,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=positive, default=3, help="repetitions (default 3)")
     p.add_argument("--tokens", type=positive, default=None,
                    help="tokens per generation (default 128; --identity: 32)")
-    p.add_argument("--ctx", type=positive, default=2048, help="context length (all arms)")
-    p.add_argument("--threads", type=positive, default=None,
-                   help="threads (all arms; default: the CPUs this process may use)")
-    p.add_argument("--draft-max", type=non_negative, default=DEFAULT_DRAFT_MAX,
-                   help=f"longest draft (k; default {DEFAULT_DRAFT_MAX})")
     p.add_argument("--draft-model", metavar="NAME|PATH",
                    help="meshd-draft's draft model (default: the shipped Q4_1 for a "
                         "requantized SmolLM2, the synthetic llama for synthetic MTP models)")

@@ -1,6 +1,7 @@
-"""The ``meshd`` command line: ``generate`` (one request in-process), ``make-test-model``.
+"""The ``meshd`` command line: serve, demo, generate, bench, make-test-model.
 
-Exit codes: 0 success, 2 bad usage or request, 3 model/runtime error.
+Exit codes: 0 success, 2 bad usage or request, 3 model/runtime error (``serve`` and
+``demo`` document theirs).
 """
 
 from __future__ import annotations
@@ -10,68 +11,76 @@ import json
 import sys
 from collections.abc import Sequence
 
-from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 
-from .argtypes import non_negative, positive
+from . import options as opt
+from .checks import check_model_args
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
 from .sampling import SamplingParams
+from .terminal import Progress, stats_line
+
+DESCRIPTION = "A local LLM daemon that makes speculative decoding pay on one machine."
+EPILOG = "Run `meshd COMMAND --help` for a command's options and their defaults."
 
 
 def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("generate", help="run one generation in-process and print it")
-    p.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
-    p.add_argument("--prompt", required=True, help="prompt text")
-    p.add_argument("--chat", action="store_true",
-                   help="render the prompt as a user turn with the model's chat template")
-    p.add_argument("--max-tokens", type=positive, default=128)
-    p.add_argument("--stop", action="append", default=[], metavar="S",
-                   help="stop string (repeatable); not included in the output")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--top-k", type=non_negative, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--proposer", default="auto",
-                   help="off | auto | mtp | ngram | composite | any installed plugin")
-    p.add_argument("--draft-max", type=non_negative, default=DEFAULT_DRAFT_MAX,
-                   help=f"longest draft per step (k; default {DEFAULT_DRAFT_MAX})")
-    p.add_argument("--fixed-k", action="store_true",
-                   help="always draft --draft-max tokens (no cost model)")
-    p.add_argument("--ctx", type=positive, default=4096, help="context length")
-    p.add_argument("--threads", type=positive, default=None)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p = opt.subparser(
+        sub, "generate", help="run one generation in this process and print it",
+        description="Run one generation in this process and print it (text to stdout, "
+                    "a stats line to stderr). A model with a chat template gets the prompt "
+                    "as a user turn in its template, as chat front-ends do; --raw sends "
+                    "the text as it is.",
+        parents=[opt.model_options(), opt.speculation_options(), opt.sampling_options(),
+                 opt.generation_options()],
+    )
+    p.add_argument("-p", "--prompt", required=True, metavar="TEXT",
+                   help="prompt text ('-' reads it from stdin)")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--chat", action="store_true",
+                      help="render the prompt with the model's chat template (an error if "
+                           "it has none; default: when it has one)")
+    form.add_argument("--raw", action="store_true",
+                      help="send the prompt as raw text, without the chat template")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: text, token ids, finish reason, stats")
 
 
 def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("make-test-model", help="write a small synthetic GGUF model")
-    p.add_argument("kind", choices=["llama", "qwen35", "mimo2"])
-    p.add_argument("out")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--acceptance", type=float, default=1.0)
+    p = opt.subparser(sub, "make-test-model",
+                      help="write a small synthetic GGUF model (for tests and benchmarks)")
+    p.add_argument("kind", choices=["llama", "qwen35", "mimo2"],
+                   help="architecture: llama (attention), qwen35 (recurrent + MTP head), "
+                        "mimo2 (attention + MTP head)")
+    p.add_argument("out", help="the GGUF file to write")
+    p.add_argument("--seed", type=opt.integer, default=0, help="weights seed")
+    p.add_argument("--acceptance", type=opt.probability, default=1.0,
+                   help="how often the MTP head's draft matches the model")
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .bench import add_arguments
 
-    add_arguments(sub.add_parser(
-        "bench", help="benchmark arms side by side against llama-cpp-python; --identity gate"))
+    add_arguments(opt.subparser(
+        sub, "bench",
+        help="benchmark arms side by side against llama-cpp-python; --identity gate",
+        parents=[opt.model_options(ctx=2048, model=False),
+                 opt.speculation_options(proposer=False, fixed_k=False)]))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    try:
-        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    except ValueError as exc:
-        print(f"meshd generate: {exc}", file=sys.stderr)
-        return 2
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, draft_max=args.draft_max,
         threads=args.threads, calibrate=not args.fixed_k,
     )
+    prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
-        with ModelRuntime(config) as rt:
-            text = rt.render_chat([{"role": "user", "content": args.prompt}]) if args.chat \
-                else args.prompt
-            prompt = rt.tokenize_prompt(text, chat=args.chat)
+        check_model_args(args.model, args.proposer)
+        with ModelRuntime(config, notes=_note, progress=Progress) as rt:
+            chat = args.chat or (not args.raw and rt.model.chat_template is not None)
+            text = rt.render_chat([{"role": "user", "content": prompt_text}]) if chat \
+                else prompt_text
+            prompt = rt.tokenize_prompt(text, chat=chat)
             gen = rt.generation(
                 prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop,
                 proposer=args.proposer, adaptive=not args.fixed_k,
@@ -88,20 +97,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "tokens": gen.committed,
                     "finish_reason": gen.finish.value,
                     "proposer": proposer_name or "off",
+                    "chat": chat,
                     "model": rt.model.info.path,
                     "stats": gen.stats.as_dict(),
                 }))
             else:
+                if gen.text and not gen.text.endswith("\n"):
+                    sys.stdout.write("\n")
                 st = gen.stats
-                rate = st.emitted / (st.wall_ms / 1e3) if st.wall_ms else 0.0
-                acc = f"{st.accepted}/{st.drafted}" if st.drafted else "0/0"
-                print(
-                    f"\n--\nfinish={gen.finish.value} tokens={st.emitted} "
-                    f"tok/s={rate:.1f} proposer={proposer_name or 'off'} "
-                    f"forwards={st.target_forwards} accepted={acc} "
-                    f"refusals={st.refusals}",
-                    file=sys.stderr,
-                )
+                print(stats_line(
+                    finish=gen.finish.value, tokens=st.emitted, prompt=st.prompt_tokens,
+                    wall_ms=st.wall_ms, proposer=proposer_name, forwards=st.target_forwards
+                    - st.prefill_forwards, drafted=st.drafted, accepted=st.accepted,
+                    refusals=st.refusals, extra={"chat": "yes" if chat else "no"},
+                ), file=sys.stderr)
     except RequestError as exc:
         print(f"meshd generate: {exc}", file=sys.stderr)
         return 2
@@ -109,6 +118,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"meshd generate: {exc}", file=sys.stderr)
         return 3
     return 0
+
+
+def _note(_event: str, message: str) -> None:
+    print(f"meshd: note: {message}", file=sys.stderr)
 
 
 def cmd_make_test_model(args: argparse.Namespace) -> int:
@@ -119,23 +132,40 @@ def cmd_make_test_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="meshd", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_generate(sub)
-    _add_make_test_model(sub)
-    _add_bench(sub)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="meshd", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=opt.HelpFormatter)
+    opt.add_version(parser, "meshd")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands")
     from . import demo, plugins_cmd, serve
 
     serve.add_parser(sub)
     demo.add_parser(sub)
     plugins_cmd.add_parser(sub)
-    args = parser.parse_args(argv)
+    _add_generate(sub)
+    _add_bench(sub)
+    _add_make_test_model(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``meshd``; returns the exit code (2 for bad usage, before anything starts)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, a usage error: argparse has printed it
+        return exc.code if isinstance(exc.code, int) else 2
     if args.command == "plugins":
+        from . import plugins_cmd
+
         return plugins_cmd.run(args)
     if args.command == "serve":
+        from . import serve
+
         return serve.run(args)
     if args.command == "demo":
+        from . import demo
+
         return demo.run(args)
     if args.command == "generate":
         return cmd_generate(args)

@@ -46,7 +46,10 @@ from meshd.protocol import (
     unstructure,
 )
 
+from .argtypes import integer, non_negative, positive
 from .listener import default_socket_path
+from .options import HelpFormatter, add_version, sampling_options, subparser
+from .terminal import format_count, stats_line
 
 __all__ = ["main"]
 
@@ -57,6 +60,7 @@ EXIT_MODEL: Final = 3
 EXIT_BUSY: Final = 4
 EXIT_UNAVAILABLE: Final = 5
 EXIT_INTERRUPTED: Final = 130
+DEFAULT_TIMEOUT_S: Final = 10.0
 
 Command = Callable[[SyncClient, argparse.Namespace], int]
 
@@ -125,14 +129,13 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
 
 def _stats_line(request_id: str, done: Done, elapsed_s: float, ttft_s: float | None) -> str:
     sp = done.speculation
-    rate = sp.emitted / (sp.wall_ms / 1e3) if sp.wall_ms > 0 else 0.0
-    accepted = f"{sp.accepted}/{sp.drafted}" if sp.drafted else "0/0"
-    ttft = f"{ttft_s * 1e3:.0f}ms" if ttft_s is not None else "-"
-    return (
-        f"--\nfinish={done.finish_reason.value} tokens={done.usage.completion_tokens} "
-        f"prompt={done.usage.prompt_tokens} tok/s={rate:.1f} proposer={sp.proposer or 'off'} "
-        f"forwards={sp.target_forwards} accepted={accepted} refusals={sp.refusals} "
-        f"ttft={ttft} total={elapsed_s:.2f}s id={request_id}"
+    return stats_line(
+        finish=done.finish_reason.value, tokens=done.usage.completion_tokens,
+        prompt=done.usage.prompt_tokens, wall_ms=sp.wall_ms, proposer=sp.proposer,
+        forwards=sp.target_forwards, drafted=sp.drafted, accepted=sp.accepted,
+        refusals=sp.refusals,
+        extra={"ttft": f"{ttft_s * 1e3:.0f}ms" if ttft_s is not None else "-",
+               "total": f"{elapsed_s:.2f}s", "id": request_id},
     )
 
 
@@ -169,7 +172,8 @@ def _cmd_models(client: SyncClient, args: argparse.Namespace) -> int:
     for m in models:
         flags = [f for f, on in (("mtp", m.has_mtp), ("chat", m.has_chat_template)) if on]
         print(f"{m.name} arch={m.architecture or '-'} n_ctx={m.n_ctx} n_vocab={m.n_vocab} "
-              f"params={m.n_params or '-'} {' '.join(flags)}".rstrip())
+              f"params={format_count(m.n_params) if m.n_params else '-'} "
+              f"{' '.join(flags)}".rstrip())
     return EXIT_OK
 
 
@@ -206,28 +210,48 @@ def _read_prompt(text: str) -> str:
 # ---------------------------------------------------------------------- parser
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=_positive, default=None,
-                   help="most tokens to generate (default: the daemon's)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=positive, default=None, metavar="N",
+                   help="most tokens to generate (default: the daemon's --max-tokens)")
     p.add_argument("--stop", action="append", default=[], metavar="S",
                    help="stop string (repeatable); not included in the output")
-    p.add_argument("--proposer", default=None,
-                   help="off | auto | mtp | ngram | ... (default: the daemon's)")
-    p.add_argument("--draft-max", type=_positive, default=None)
-    p.add_argument("--id", default=None, help="request id (for meshctl cancel)")
+    p.add_argument("--proposer", default=None, metavar="NAME",
+                   help="off | auto | mtp | ngram | ... (default: the daemon's --proposer)")
+    p.add_argument("--draft-max", type=non_negative, default=None, metavar="K",
+                   help="longest draft per step, at most the daemon's (default: the "
+                        "daemon's --draft-max)")
+    p.add_argument("--id", default=None, help="request id (for meshctl cancel; default: "
+                                              "one chosen by meshctl)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: text, token ids and the done frame")
+
+
+def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
+    """``--socket`` and ``--timeout``, accepted before and after the subcommand.
+
+    On the subcommands their defaults are SUPPRESS, so a value given after the
+    subcommand overrides one given before it, and none given leaves the top level's.
+    """
+    p = argparse.ArgumentParser(add_help=False, formatter_class=HelpFormatter)
+    g = p.add_argument_group("connection")
+    g.add_argument("-s", "--socket", metavar="PATH",
+                   default=argparse.SUPPRESS if suppress else None,
+                   help=f"daemon socket (default: $MESHD_SOCKET, else {default_socket_path()})")
+    g.add_argument("--timeout", type=positive_seconds, metavar="S",
+                   default=argparse.SUPPRESS if suppress else DEFAULT_TIMEOUT_S,
+                   help="seconds to wait for the connection and handshake"
+                        + ("" if suppress else f" (default: {DEFAULT_TIMEOUT_S:g})"))
+    return p
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,33 +259,42 @@ def build_parser() -> argparse.ArgumentParser:
         prog="meshctl", description="Talk to a running meshd daemon over its socket.",
         epilog="exit codes: 0 ok, 1 failure, 2 bad request, 3 model error, 4 busy, "
                "5 no daemon, 130 interrupted",
+        parents=[_connection_options(suppress=False)], formatter_class=HelpFormatter,
     )
-    parser.add_argument("--socket", default=None, metavar="PATH",
-                        help=f"daemon socket (default: $MESHD_SOCKET or {default_socket_path()})")
-    parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds to wait for the connection and handshake")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("generate", help="generate from a raw prompt, streaming the text")
+    add_version(parser, "meshctl")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands")
+
+    def command(name: str, help_text: str,
+                parents: list[argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
+        return subparser(sub, name, help=help_text,
+                         parents=[_connection_options(suppress=True), *(parents or [])])
+
+    p = command("generate", "generate from a raw prompt (no chat template), streaming the text",
+                [sampling_options()])
     p.add_argument("prompt", help="prompt text ('-' reads stdin)")
     _add_generation_options(p)
-    p = sub.add_parser("chat", help="send one user message with the model's chat template")
+    p = command("chat", "send one user message with the model's chat template",
+                [sampling_options()])
     p.add_argument("prompt", help="the user message ('-' reads stdin)")
     p.add_argument("--system", default=None, help="a system message before it")
     _add_generation_options(p)
-    for name, help_text in (("health", "status and load (exit 1 unless ok)"),
+    for name, help_text in (("health", "status, load and the proposers offered (exit 1 "
+                                       "unless ok)"),
                             ("stats", "daemon-wide counters and proposer acceptance"),
                             ("models", "the loaded model")):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--json", action="store_true")
-    p = sub.add_parser("tokenize", help="token ids of a text under the daemon's model")
+        p = command(name, help_text)
+        p.add_argument("--json", action="store_true", help="print the reply as JSON")
+    p = command("tokenize", "token ids of a text under the daemon's model")
     p.add_argument("text", help="text ('-' reads stdin)")
     p.add_argument("--no-special", action="store_true", help="do not add BOS etc.")
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("detokenize", help="text of token ids")
-    p.add_argument("tokens", type=int, nargs="+")
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("cancel", help="cancel a running generate by its request id")
-    p.add_argument("request_id")
+    p.add_argument("--json", action="store_true", help="print a JSON array")
+    p = command("detokenize", "text of token ids")
+    p.add_argument("tokens", type=integer, nargs="+", help="token ids")
+    p.add_argument("--json", action="store_true", help="print a JSON string")
+    p = command("cancel", "cancel a running generate by its request id")
+    p.add_argument("request_id", help="the id shown by generate/chat (id=...) or given "
+                                      "with --id")
     return parser
 
 
@@ -279,7 +312,10 @@ COMMANDS: Final[dict[str, Command]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run meshctl; returns the exit code (see the module docstring)."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, a usage error: argparse has printed it
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     path = socket_path(args.socket)
     try:
         with connect_sync(path, client_name="meshctl", connect_timeout=args.timeout) as client:

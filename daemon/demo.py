@@ -24,9 +24,13 @@ import tempfile
 import time
 from typing import Final
 
+from meshd.native.errors import NativeError
 from meshd.protocol import ConnectionClosed, connect_sync
 
 from . import ctl
+from . import options as opt
+from .checks import check_model_args
+from .sampling import SamplingParams
 
 __all__ = ["add_parser", "run"]
 
@@ -34,37 +38,51 @@ DEFAULT_PROMPT: Final = "Rewrite with type hints: def add(a, b): return a + b"
 START_TIMEOUT_S: Final = 300.0
 """Loading plus first-time calibration of a large model can take minutes."""
 STOP_TIMEOUT_S: Final = 30.0
+DEMO_LOG_LEVEL: Final = "warning"
+"""The demo shows the generated text; the daemon's info events would bury it."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``demo`` on the ``meshd`` command line."""
-    p = sub.add_parser(
-        "demo", help="start the daemon, send one chat request with meshctl, stop the daemon"
+    p = opt.subparser(
+        sub, "demo",
+        help="start the daemon, send one chat request with meshctl, stop the daemon",
+        parents=[opt.model_options(), opt.speculation_options(), opt.sampling_options(),
+                 opt.generation_options(), opt.daemon_options(log_level=DEMO_LOG_LEVEL)],
     )
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message")
+    p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT,
+                   help="the user message ('-' reads it from stdin)")
     p.add_argument("--raw", action="store_true",
                    help="send the prompt as raw text instead of a chat message")
-    p.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--proposer", default="auto")
-    p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    p.add_argument("--ctx", type=int, default=4096, help="context length per session")
-    p.add_argument("--threads", type=int, default=None, help="the daemon's CPU threads")
-    p.add_argument("--log-level", default="warning", help="the daemon's log level")
 
 
 def run(args: argparse.Namespace) -> int:
+    # Everything that can be checked is checked before the daemon starts.
+    try:
+        check_model_args(args.model, args.proposer)
+    except NativeError as exc:
+        print(f"meshd demo: {exc}", file=sys.stderr)
+        return 3
+    try:
+        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    except ValueError as exc:
+        print(f"meshd demo: {exc}", file=sys.stderr)
+        return 2
     directory = tempfile.mkdtemp(prefix="meshd-demo-", dir="/tmp")
     socket_path = os.path.join(directory, "meshd.sock")
     command = [
         sys.executable, "-m", "meshd.daemon.cli", "serve", "--socket", socket_path,
         "--backend", args.backend, "--slots", "1", "--ctx", str(args.ctx),
-        "--log-level", args.log_level,
+        "--log-level", args.log_level, "--draft-max", str(args.draft_max),
+        "--max-tokens", str(args.max_tokens),
     ]
     if args.model:
         command += ["--model", args.model]
     if args.threads:
         command += ["--threads", str(args.threads)]
+    if args.fixed_k:
+        command += ["--fixed-k"]
     if args.proposer.startswith("draft:"):  # the demo's own request may name its draft
         command += ["--draft-model", args.proposer.partition(":")[2]]
     daemon = subprocess.Popen(command, stdin=subprocess.DEVNULL)
@@ -72,9 +90,17 @@ def run(args: argparse.Namespace) -> int:
         if not _wait_ready(daemon, socket_path):
             print("meshd demo: the daemon did not start", file=sys.stderr)
             return 1
-        request: list[str] = ["--socket", socket_path, "generate" if args.raw else "chat",
-                              args.prompt, "--max-tokens", str(args.max_tokens),
-                              "--proposer", args.proposer]
+        request: list[str] = [
+            "--socket", socket_path, "generate" if args.raw else "chat",
+            "--max-tokens", str(args.max_tokens), "--proposer", args.proposer,
+            "--temperature", repr(args.temperature), "--top-k", str(args.top_k),
+            "--top-p", repr(args.top_p),
+        ]
+        if args.seed is not None:
+            request += ["--seed", str(args.seed)]
+        for stop in args.stop:
+            request += ["--stop", stop]
+        request += ["--", prompt]  # a prompt may start with '-'
         status = ctl.main(request)
         stopped = _stop(daemon)
         if status != 0:

@@ -132,12 +132,16 @@ class Listener:
                 raise
             conn.setblocking(False)
             try:
-                if conn.family == socket.AF_UNIX:
-                    return await anyio.abc.UNIXSocketStream.from_socket(conn)
-                return await anyio.abc.SocketStream.from_socket(conn)
+                return await self._wrap(conn)
             except BaseException:
                 conn.close()
                 raise
+
+    async def _wrap(self, conn: socket.socket) -> anyio.abc.SocketStream:
+        """The anyio stream for an accepted connection."""
+        if conn.family == socket.AF_UNIX:
+            return await anyio.abc.UNIXSocketStream.from_socket(conn)
+        return await anyio.abc.SocketStream.from_socket(conn)
 
     async def aclose(self) -> None:
         """Stop listening and remove the socket file if it is still the one we made.

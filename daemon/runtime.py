@@ -10,12 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
-import jinja2.sandbox
 
 from meshd.native.calibrate import MtpCosts, measure_mtp_costs, measure_row_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
@@ -30,6 +29,7 @@ from meshd.plugins.hosts import PluginHosts
 from meshd.plugins.registry import Registry, default_registry
 from meshd.plugins.resources import Need, Resources
 
+from .chat_template import ChatTemplate, ChatTemplateError
 from .costs import CostModel, is_plausible
 from .engine import Generation, MtpHead, SpeculationSettings, mtp_head_pays
 from .prefix_cache import PrefixCache
@@ -38,6 +38,29 @@ from .sampling import GREEDY, SamplingParams
 
 class RequestError(ValueError):
     """The request cannot be served as asked (bad proposer name, prompt too long, ...)."""
+
+
+class StepProgress(Protocol):
+    """A slow step's progress display (``meshd.daemon.terminal.Progress`` on a terminal)."""
+
+    def update(self, fraction: float) -> None: ...
+
+    def done(self, result: str = "done") -> None: ...
+
+
+class _Silent:
+    def update(self, fraction: float) -> None:
+        pass
+
+    def done(self, result: str = "done") -> None:
+        pass
+
+
+#: ``notes(event, message)``: something the user should know (a capped --ctx, a
+#: recalibration); the CLI prints it, the daemon logs it.
+Notes = Callable[[str, str], None]
+#: ``progress(what)``: a display for one slow step (model load, calibration).
+ProgressFactory = Callable[[str], StepProgress]
 
 
 @attrs.frozen
@@ -61,25 +84,60 @@ class RuntimeConfig:
     plugins: Mapping[str, PluginConfig] = attrs.field(factory=dict)
 
 
-def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None) -> Path:
+def _cost_model_key(model_path: Path, config: ContextConfig) -> list[object]:
+    """What a cost curve depends on besides the thread count."""
     st = model_path.stat()
-    key = json.dumps([str(model_path), st.st_size, st.st_mtime_ns, config.draft_max,
-                      threads, os.cpu_count()])
+    return [str(model_path), st.st_size, st.st_mtime_ns, config.draft_max, os.cpu_count()]
+
+
+def _cost_cache_dir() -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "meshd" / "costs" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+    return base / "meshd" / "costs"
+
+
+def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None) -> Path:
+    key = json.dumps([*_cost_model_key(model_path, config), threads])
+    return _cost_cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def _cached_thread_counts(model_key: list[object]) -> list[int | None]:
+    """Thread counts with a cached curve for this model (a different ``--threads`` needs
+    its own: the cost of a batch against one decode depends on it)."""
+    found: list[int | None] = []
+    try:
+        files = list(_cost_cache_dir().glob("*.json"))
+    except OSError:
+        return found
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+            if data.get("model") == model_key:
+                found.append(data.get("threads"))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return found
 
 
 class ModelRuntime:
     """A model loaded once, shared by every request on it."""
 
     def __init__(self, config: RuntimeConfig = RuntimeConfig(),
-                 registry: Registry | None = None) -> None:
+                 registry: Registry | None = None, *, notes: Notes | None = None,
+                 progress: ProgressFactory | None = None) -> None:
         self.config = config
+        self._notes = notes
+        self._progress = progress
         path = Path(config.model_path) if config.model_path else default_model_path()
-        self.model = Model.load(path)
+        bar = self._step(f"loading {path.name}")
+        self.model = Model.load(path, on_progress=bar.update)
+        bar.done()
         try:
+            n_ctx_train = self.model.info.n_ctx_train
+            if n_ctx_train and config.n_ctx_seq > n_ctx_train:
+                self._note("ctx_capped", f"--ctx {config.n_ctx_seq} is more than the model "
+                           f"was trained for; using its training context of {n_ctx_train}")
             ctx_config = ContextConfig(
-                n_ctx_seq=min(config.n_ctx_seq, self.model.info.n_ctx_train or config.n_ctx_seq),
+                n_ctx_seq=min(config.n_ctx_seq, n_ctx_train or config.n_ctx_seq),
                 n_seq_max=config.n_seq_max, n_batch=config.n_batch,
                 draft_max=config.draft_max, n_threads=config.threads,
                 in_place_rollback=config.in_place_rollback,
@@ -103,15 +161,31 @@ class ModelRuntime:
             self.context, max_entries=ctx_config.n_seq_max if cache_tokens else 0,
             max_tokens=cache_tokens,
         )
+        self._template: ChatTemplate | None = None
+        self._drafts: dict[str, DraftModel] = {}
         self.costs: CostModel | None = None
         #: The MTP head's measured costs (None: no head, or not calibrated).
         self.mtp_costs: MtpCosts | None = None
         if config.calibrate and config.draft_max > 0:
-            self.costs = CostModel(self._load_or_measure_costs(path, ctx_config))
-            self.mtp_costs = measure_mtp_costs(self.context)
-        self._template: Any = None
-        self._drafts: dict[str, DraftModel] = {}
+            try:
+                self.costs = CostModel(self._load_or_measure_costs(path, ctx_config))
+                if self.context.mtp is not None:
+                    bar = self._step("measuring the MTP head")
+                    self.mtp_costs = measure_mtp_costs(self.context)
+                    bar.done()
+                else:
+                    self.mtp_costs = measure_mtp_costs(self.context)
+            except BaseException:
+                self.close()
+                raise
         self.plugins.start()
+
+    def _note(self, event: str, message: str) -> None:
+        if self._notes is not None:
+            self._notes(event, message)
+
+    def _step(self, what: str) -> StepProgress:
+        return self._progress(what) if self._progress is not None else _Silent()
 
     @property
     def mtp_head_pays(self) -> bool:
@@ -134,21 +208,35 @@ class ModelRuntime:
 
     def _load_or_measure_costs(self, path: Path, ctx_config: ContextConfig) -> list[float]:
         """The calibrated curve: cached per model/machine, re-measured when implausible."""
-        cache = _cost_cache_path(path, ctx_config, self.config.threads)
+        threads = self.config.threads
+        cache = _cost_cache_path(path, ctx_config, threads)
         try:
             cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
             if is_plausible(cached) and len(cached) == ctx_config.draft_max + 1:
                 return cached
         except (OSError, ValueError, KeyError, TypeError):
             pass
+        model_key = _cost_model_key(path, ctx_config)
+        others = [t for t in _cached_thread_counts(model_key) if t != threads]
+        if others:
+            def name(t: int | None) -> str:
+                return f"--threads {t}" if t else "the default threads"
+
+            self._note("recalibrating", f"measuring the verify cost again for "
+                       f"{name(threads)}: the cached measurement is for "
+                       f"{', '.join(sorted({name(t) for t in others}))} (it depends on "
+                       "the thread count)")
+        bar = self._step("measuring the verify cost (once per model, threads and machine)")
         costs = measure_row_costs(self.context, ctx_config.draft_max)
         if not is_plausible(costs):  # measured under contention: try once more
             costs = measure_row_costs(self.context, ctx_config.draft_max, reps=9)
+        bar.done()
         if is_plausible(costs):  # never cache a noisy curve; the online model corrects it
             try:
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cache.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"costs": costs}))
+                tmp.write_text(json.dumps({"costs": costs, "model": model_key,
+                                           "threads": threads}))
                 tmp.replace(cache)
             except OSError:
                 pass
@@ -195,28 +283,26 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ prompts
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """Render chat messages with the GGUF's own template (jinja2, sandboxed)."""
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """Render chat messages with the GGUF's own template (see ``chat_template``)."""
         source = self.model.chat_template
         if source is None:
             raise RequestError("this model has no chat template; send a plain prompt")
         if self._template is None:
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader()
-            )
-
-            def raise_exception(message: str) -> None:
-                raise RequestError(f"chat template: {message}")
-
-            env.globals["raise_exception"] = raise_exception
-            self._template = env.from_string(source)
-        tok = self.model.tokenizer
-        info = self.model.info
-        bos = tok.piece(info.bos_token, special=True).decode() if info.bos_token is not None else ""
-        eos = tok.piece(info.eos_token, special=True).decode() if info.eos_token is not None else ""
-        return str(self._template.render(
-            messages=list(messages), add_generation_prompt=True, bos_token=bos, eos_token=eos,
-        ))
+            tok = self.model.tokenizer
+            info = self.model.info
+            bos = tok.piece(info.bos_token, special=True).decode() \
+                if info.bos_token is not None else ""
+            eos = tok.piece(info.eos_token, special=True).decode() \
+                if info.eos_token is not None else ""
+            try:
+                self._template = ChatTemplate(source, bos_token=bos, eos_token=eos)
+            except ChatTemplateError as exc:
+                raise RequestError(str(exc)) from exc
+        try:
+            return self._template.render(messages)
+        except ChatTemplateError as exc:
+            raise RequestError(str(exc)) from exc
 
     def tokenize_prompt(self, text: str, *, chat: bool) -> list[int]:
         return self.model.tokenizer.tokenize(text, add_special=not chat, parse_special=chat)

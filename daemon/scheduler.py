@@ -32,6 +32,7 @@ from meshd.native.session import verify_many
 
 from .costs import CostModel
 from .engine import Generation, GenerationStats, TokenEvent, Window
+from .histogram import Histogram
 from .runtime import ModelRuntime, RequestError
 from .sampling import GREEDY, SamplingParams
 from .speculation import Decision, FinishReason, RepairKind
@@ -86,6 +87,8 @@ class RequestHandle:
         self.cancelled = False
         self.proposer: str | None = None
         self.submitted = time.monotonic()
+        #: When tokens were last handed to the caller (None before the first token).
+        self.last_token_at: float | None = None
 
     def cancel(self) -> None:
         """Stop at the next step boundary (a cut window is trimmed, never retired)."""
@@ -97,6 +100,8 @@ class RequestHandle:
 @attrs.define
 class ProposerTotals:
     requests: int = 0
+    drafts: int = 0
+    """Verify windows that carried at least one drafted token."""
     drafted: int = 0
     accepted: int = 0
     accepted_per_position: list[int] = attrs.field(factory=list)
@@ -113,6 +118,14 @@ class SchedulerStats:
     forwards: int = 0
     steps: int = 0
     proposers: dict[str, ProposerTotals] = attrs.field(factory=dict)
+    #: Requests that ended, by finish reason (``error`` for failed ones).
+    finish_reasons: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    #: One batched verify forward (every active session's window), in seconds.
+    verify_seconds: Histogram = attrs.field(factory=Histogram)
+    #: From submission to the first token handed to the request's caller.
+    time_to_first_token_seconds: Histogram = attrs.field(factory=Histogram)
+    #: Between tokens handed to the caller (tokens handed over together share the gap).
+    inter_token_latency_seconds: Histogram = attrs.field(factory=Histogram)
 
 
 class Scheduler:
@@ -145,6 +158,12 @@ class Scheduler:
     @property
     def queued(self) -> int:
         return len(self._waiting)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """State checkpoints held by the active sessions right now."""
+        return sum(h.generation.session.checkpoint_held_bytes
+                   for h in list(self._active) if h.generation is not None)
 
     def submit(self, request: GenRequest) -> RequestHandle:
         """Queue a request; raises Busy when the queue is full."""
@@ -224,7 +243,7 @@ class Scheduler:
         active = list(self._active)
         results, steps = await self.run_sync(
             _run_steps, [h.generation for h in active], self.runtime.costs,
-            self.step_budget_s, lambda: bool(self._waiting),
+            self.step_budget_s, lambda: bool(self._waiting), self.stats.verify_seconds,
         )
         self.stats.steps += steps
         self.stats.forwards += steps
@@ -241,6 +260,7 @@ class Scheduler:
                 self._active.remove(handle)
 
     def _deliver(self, handle: RequestHandle, events: Sequence[TokenEvent]) -> None:
+        self._time_tokens(handle, sum(len(ev.tokens) for ev in events))
         for ev in events:
             self.stats.tokens += len(ev.tokens)
             try:
@@ -248,6 +268,19 @@ class Scheduler:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 handle.cancel()  # nobody is listening any more
                 return
+
+    def _time_tokens(self, handle: RequestHandle, n: int) -> None:
+        """Time to first token and inter-token latency, as the caller receives them."""
+        if n <= 0:
+            return
+        now = time.monotonic()
+        if handle.last_token_at is None:
+            self.stats.time_to_first_token_seconds.observe(now - handle.submitted)
+            handle.last_token_at = now
+            n -= 1
+        self.stats.inter_token_latency_seconds.observe((now - handle.last_token_at) / max(n, 1),
+                                                       times=n)
+        handle.last_token_at = now
 
     async def _maybe_done(self, handle: RequestHandle) -> bool:
         gen = handle.generation
@@ -265,6 +298,7 @@ class Scheduler:
             return
         tot = self.stats.proposers.setdefault(proposer, ProposerTotals())
         tot.requests += 1
+        tot.drafts += st.drafted_per_position[0] if st.drafted_per_position else 0
         tot.drafted += st.drafted
         tot.accepted += st.accepted
         for i, n in enumerate(st.accepted_per_position):
@@ -275,10 +309,13 @@ class Scheduler:
     def _finish(self, handle: RequestHandle, event: Finished | Failed) -> None:
         if isinstance(event, Failed):
             self.stats.failed += 1
+            self.stats.finish_reasons["error"] += 1
         elif event.finish is FinishReason.CANCELLED:
             self.stats.cancelled += 1
+            self.stats.finish_reasons[event.finish.value] += 1
         else:
             self.stats.completed += 1
+            self.stats.finish_reasons[event.finish.value] += 1
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             handle._send.send_nowait(event)
         handle._send.close()
@@ -286,7 +323,7 @@ class Scheduler:
 
 def _run_steps(
     gens: Sequence[Generation | None], costs: CostModel | None, budget_s: float,
-    should_yield: Callable[[], bool],
+    should_yield: Callable[[], bool], verify_seconds: Histogram | None = None,
 ) -> tuple[list[list[TokenEvent] | BaseException], int]:
     """Steps back to back until one request ends or fails, the budget is spent, or new
     requests wait for admission. Runs on the worker thread."""
@@ -294,7 +331,7 @@ def _run_steps(
     total: list[list[TokenEvent] | BaseException] = [[] for _ in gens]
     steps = 0
     while True:
-        results = _step_all(gens, costs)
+        results = _step_all(gens, costs, verify_seconds)
         steps += 1
         failed = False
         for i, result in enumerate(results):
@@ -311,7 +348,8 @@ def _run_steps(
 
 
 def _step_all(
-    gens: Sequence[Generation | None], costs: CostModel | None = None
+    gens: Sequence[Generation | None], costs: CostModel | None = None,
+    verify_seconds: Histogram | None = None,
 ) -> list[list[TokenEvent] | BaseException]:
     """One iteration for every active generation: ONE forward for all their windows.
 
@@ -330,10 +368,14 @@ def _step_all(
         # its own forward), which is exact.
         for i, gen in enumerate(gens):
             assert gen is not None
+            c = gen.session.counters
+            forward_ms = c.decode_ms + c.verify_ms
             try:
                 out[i] = gen.step()  # records its own forward in the cost model
             except Exception as exc:
                 out[i] = exc
+            if verify_seconds is not None and c.decode_ms + c.verify_ms > forward_ms:
+                verify_seconds.observe((c.decode_ms + c.verify_ms - forward_ms) / 1e3)
         return out
     planned: list[tuple[int, Generation, Window]] = []
     for i, gen in enumerate(gens):
@@ -347,8 +389,11 @@ def _step_all(
     try:
         t0 = time.perf_counter()
         logits = verify_many([(g.session, [w.last, *w.draft]) for _, g, w in planned])
+        elapsed = time.perf_counter() - t0
         if costs is not None:
-            costs.record(sum(len(w.draft) + 1 for _, _, w in planned), time.perf_counter() - t0)
+            costs.record(sum(len(w.draft) + 1 for _, _, w in planned), elapsed)
+        if verify_seconds is not None:
+            verify_seconds.observe(elapsed)
     except Exception as exc:
         for i, _, _ in planned:
             out[i] = exc

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 
 import anyio
 import anyio.abc
 
 from .connection import Connection
+from .http.connection import HttpConnection
+from .http.sniff import Kind, sniff
+from .http.tcp import open_http_listener
 from .listener import BindSpec, Listener, open_listener
 from .logs import get_logger
 from .runtime import ModelRuntime
@@ -47,7 +51,9 @@ class Server:
         self.ready_hooks = ready_hooks
         self.log = get_logger("meshd.server")
         self.listener: Listener | None = None
-        self._connections: set[Connection] = set()
+        #: The HTTP-only listener (``--http``), if any.
+        self.http_listener: Listener | None = None
+        self._connections: set[Connection | HttpConnection] = set()
         self._ids = itertools.count(1)
         self._stop = anyio.Event()
 
@@ -61,49 +67,68 @@ class Server:
 
     async def serve(
         self, bind: BindSpec | str | Listener, *,
+        http: str | Listener | None = None,
         task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Listen on ``bind`` (or serve an open Listener, which it then owns) until
-        :meth:`shutdown` or cancellation.
+        :meth:`shutdown` or cancellation; with ``http`` also serve HTTP only there
+        (``tcp:127.0.0.1:PORT``, ``fd://N`` or an open Listener).
 
         Reports the bind address (``unix:PATH``) as started once it accepts connections.
         Raises ListenerError (before starting anything) when it cannot listen.
         """
         listener = bind if isinstance(bind, Listener) else await open_listener(bind)
         self.listener = listener
-        async with listener, anyio.create_task_group() as engine:
+        async with listener:
+            http_listener = http if http is None or isinstance(http, Listener) \
+                else await open_http_listener(http)
+            self.http_listener = http_listener
+            async with AsyncExitStack() as stack:
+                if http_listener is not None:
+                    await stack.enter_async_context(http_listener)
+                await self._run(listener, http_listener, task_status)
+
+    async def _run(self, listener: Listener, http_listener: Listener | None,
+                   task_status: anyio.abc.TaskStatus[str]) -> None:
+        async with anyio.create_task_group() as engine:
             await engine.start(self.scheduler.run)
             async with anyio.create_task_group() as conns:
                 async with anyio.create_task_group() as accepting:
                     accepting.start_soon(self._accept_loop, listener, conns)
+                    if http_listener is not None:
+                        accepting.start_soon(self._accept_loop, http_listener, conns, True)
                     self._ready(listener.address)
                     task_status.started(listener.address)
                     await self._stop.wait()
                     accepting.cancel_scope.cancel()
-                await self._shutdown(listener)
+                await self._shutdown(listener, http_listener)
                 conns.cancel_scope.cancel()
             engine.cancel_scope.cancel()
         self.log.info("stopped")
 
     def _ready(self, address: str) -> None:
         m = self.service.model
-        self.log.info("ready", address=address, model=m.name, n_ctx=m.n_ctx,
+        http = self.http_listener.address if self.http_listener is not None else None
+        self.log.info("ready", address=address, http=http, model=m.name, n_ctx=m.n_ctx,
                       slots=self.runtime.context.config.n_seq_max,
                       proposers=list(self.service.proposers()))
         for hook in self.ready_hooks:
             hook(address)
 
-    async def _shutdown(self, listener: Listener) -> None:
+    async def _shutdown(self, listener: Listener, http_listener: Listener | None) -> None:
         self.log.info("shutting_down", in_flight=self.service.n_inflight,
                       connections=len(self._connections))
         await listener.aclose()  # no new connections; the socket file goes away now
+        if http_listener is not None:
+            await http_listener.aclose()
         drained = await self.service.drain(self.config.drain_timeout_s)
         if not drained:
             self.log.warning("drain_timeout", in_flight=self.service.n_inflight)
         for conn in list(self._connections):
             conn.close()
 
-    async def _accept_loop(self, listener: Listener, conns: anyio.abc.TaskGroup) -> None:
+    async def _accept_loop(self, listener: Listener, conns: anyio.abc.TaskGroup,
+                           http_only: bool = False) -> None:
         while True:
             try:
                 stream = await listener.accept()
@@ -113,11 +138,28 @@ class Server:
                 self.log.error("accept_failed", error=str(exc))
                 await anyio.sleep(0.1)
                 continue
-            conn = Connection(stream, self.service, conn_id=next(self._ids), log=self.log)
             self.service.counters["connections_total"] += 1
-            conns.start_soon(self._run_connection, conn)
+            conns.start_soon(self._run_stream, stream, http_only)
 
-    async def _run_connection(self, conn: Connection) -> None:
+    async def _run_stream(self, stream: anyio.abc.SocketStream, http_only: bool) -> None:
+        """Serve a new connection: HTTP-only listeners speak HTTP; on the daemon's own
+        socket the first bytes tell an HTTP request from an NDJSON frame."""
+        conn_id = next(self._ids)
+        kind = Kind.HTTP if http_only else await sniff(stream, self.config.hello_timeout_s)
+        if kind is Kind.GONE:
+            self.log.info("hello_timeout", conn=conn_id)
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+            return
+        conn: Connection | HttpConnection
+        if kind is Kind.HTTP:
+            self.service.counters["connections_http"] += 1
+            conn = HttpConnection(stream, self.service, conn_id=conn_id, log=self.log)
+        else:
+            conn = Connection(stream, self.service, conn_id=conn_id, log=self.log)
+        await self._run_connection(conn)
+
+    async def _run_connection(self, conn: Connection | HttpConnection) -> None:
         self._connections.add(conn)
         try:
             await conn.run()
@@ -131,7 +173,8 @@ class Server:
 
 @asynccontextmanager
 async def serving(
-    runtime: ModelRuntime, bind: BindSpec | str, config: ServerConfig | None = None
+    runtime: ModelRuntime, bind: BindSpec | str, config: ServerConfig | None = None, *,
+    http: str | None = None,
 ) -> AsyncIterator[Server]:
     """Run a daemon in the current task group's event loop for the ``async with`` body.
 
@@ -140,7 +183,7 @@ async def serving(
     server = Server(runtime, config)
     body_error: Exception | None = None
     async with anyio.create_task_group() as tg:
-        await tg.start(server.serve, bind)
+        await tg.start(partial(server.serve, http=http), bind)
         try:
             yield server
         except Exception as exc:

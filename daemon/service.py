@@ -15,7 +15,6 @@ import importlib.metadata
 import socket
 import time
 from collections.abc import Iterator
-from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -49,14 +48,14 @@ from meshd.protocol import (
     Welcome,
 )
 
+from .http.config import HttpConfig
 from .mapping import model_info, sampling_params
+from .options import DEFAULT_MAX_TOKENS
 from .runtime import ModelRuntime, RequestError
 from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
 
 __all__ = ["DEFAULT_MAX_TOKENS", "InFlight", "ServerConfig", "Service", "server_version"]
 
-DEFAULT_MAX_TOKENS: Final = 256
-"""Tokens generated when a request does not say (``max_tokens: null``)."""
 
 
 def server_version() -> str:
@@ -87,6 +86,8 @@ class ServerConfig:
     """A client that takes longer than this to accept one write is disconnected."""
     drain_timeout_s: float = 10.0
     """On shutdown, how long cancelled generations get to end with ``done``."""
+    http: HttpConfig = attrs.field(factory=HttpConfig)
+    """Limits and timeouts of HTTP connections (Unix socket and ``--http``)."""
 
 
 class InFlight:
@@ -122,6 +123,7 @@ class Service:
         self.scheduler = scheduler
         self.config = config
         self.started = time.monotonic()
+        self.started_at = time.time()
         self.draining = False
         self.counters: collections.Counter[str] = collections.Counter()
         self._model_info = model_info(runtime)
@@ -199,7 +201,17 @@ class Service:
             "idle_slots": self.runtime.idle_slots,
             "cached_sessions": len(self.runtime.prefix_cache),
             "errors_busy": st.rejected_busy,
+            "prefix_cache_tokens": self.runtime.prefix_cache.tokens,
+            "checkpoint_bytes": self.scheduler.checkpoint_bytes,
         }
+        for reason, n in st.finish_reasons.items():
+            counters[f"finish_{reason}"] = n
+        for name, hist in (("verify_seconds", st.verify_seconds),
+                           ("time_to_first_token_seconds", st.time_to_first_token_seconds),
+                           ("inter_token_latency_seconds", st.inter_token_latency_seconds)):
+            snap = hist.snapshot()
+            counters[f"{name}_count"] = snap.count
+            counters[f"{name}_sum"] = snap.sum
         for key, value in sorted(self.counters.items()):
             counters[key] = counters.get(key, 0) + value
         counters.update(self.runtime.plugins.counters())

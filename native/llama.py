@@ -9,6 +9,7 @@ wide, so they live here and nowhere else. We use only ``llama_cpp.llama_cpp`` an
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import os
@@ -20,7 +21,7 @@ import llama_cpp.llama_cpp_ext as lcx
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ensure_backend", "float_rows", "lc", "lcx"]
+__all__ = ["ensure_backend", "float_rows", "last_error", "lc", "lcx"]
 
 _log = logging.getLogger("meshd.llama")
 _init_lock = threading.Lock()
@@ -28,12 +29,16 @@ _initialised = False
 # ggml_log_level (ggml.h): 0 NONE, 1 DEBUG, 2 INFO, 3 WARN, 4 ERROR, 5 CONT (continuation).
 _LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING,
            4: logging.ERROR}
+#: llama.cpp's latest error lines, so a failed call can say why (they are logged too).
+_recent_errors: collections.deque[str] = collections.deque(maxlen=4)
 
 
 @lc.llama_log_callback  # type: ignore[untyped-decorator]
 def _log_callback(level: int, text: bytes, _user: Any) -> None:
     # llama.cpp logs a lot at INFO while loading; keep that at DEBUG.
     pylevel = _LEVELS.get(level, logging.DEBUG)
+    if pylevel >= logging.ERROR:
+        _recent_errors.append(text.decode("utf-8", "replace").strip())
     if _log.isEnabledFor(pylevel):
         _log.log(pylevel, "%s", text.decode("utf-8", "replace").rstrip())
 
@@ -48,6 +53,16 @@ def ensure_backend() -> None:
         if not os.environ.get("MESHD_LLAMA_LOG_STDERR"):
             lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
         _initialised = True
+
+
+def last_error() -> str | None:
+    """llama.cpp's most recent error line (and forget it), or None."""
+    try:
+        return _recent_errors.pop() or None
+    except IndexError:
+        return None
+    finally:
+        _recent_errors.clear()
 
 
 def float_rows(ptr: Any, n_rows: int, width: int) -> npt.NDArray[np.float32]:

@@ -17,7 +17,8 @@ from typing import Any
 import attrs
 
 from .errors import ModelLoadError
-from .llama import ensure_backend, lc
+from .gguf_file import check_model_file
+from .llama import ensure_backend, last_error, lc
 from .tokenizer import Tokenizer
 
 ProgressCallback = Callable[[float], None]
@@ -82,10 +83,9 @@ class Model:
         on_progress: ProgressCallback | None = None,
     ) -> Model:
         """Load ``path``. ``load_mtp`` loads the MTP (nextn) blocks when the file has them."""
-        p = Path(path)
-        if not p.is_file():
-            raise ModelLoadError(f"model file not found: {p}")
+        p = check_model_file(path)
         ensure_backend()
+        last_error()  # forget errors of earlier calls
         params = lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.load_mtp = load_mtp
@@ -100,7 +100,8 @@ class Model:
             params.progress_callback = cb
         handle = lc.llama_model_load_from_file(str(p).encode(), params)
         if not handle:
-            raise ModelLoadError(f"llama.cpp could not load {p} (see the meshd.llama log)")
+            why = last_error()
+            raise ModelLoadError(f"llama.cpp could not load {p}" + (f": {why}" if why else ""))
         try:
             info, template = _read_info(handle, p)
         except Exception:

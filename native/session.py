@@ -111,6 +111,12 @@ class RuntimeSession:
         return self._checkpoint is not None
 
     @property
+    def checkpoint_held_bytes(self) -> int:
+        """Bytes of the state checkpoint held now (0 between verify windows)."""
+        ckpt = self._checkpoint
+        return len(ckpt.data) if ckpt is not None else 0
+
+    @property
     def usable(self) -> bool:
         return self._unusable is None and not self._closed
 

@@ -29,6 +29,7 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
     for pkg in ("daemon", "native", "plugins", "protocol"):
         assert f"meshd/{pkg}/__init__.py" in names
         assert f"meshd/{pkg}/py.typed" in names
+    assert "meshd/__main__.py" in names  # python -m meshd
     assert not any(n.startswith(("daemon/", "protocol/")) for n in names), "bare top-level name"
     assert "meshd/protocol/PROTOCOL.md" in names
     assert "meshd/daemon/workloads/code-edit.json" in names  # bench workloads are data

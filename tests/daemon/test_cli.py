@@ -45,13 +45,17 @@ def test_generate_stop_string(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_generate_chat_on_the_default_model(capsys: pytest.CaptureFixture[str]) -> None:
-    """--chat renders the prompt with the GGUF's own template (SmolLM2's adds a system turn)."""
+    """The prompt is rendered with the GGUF's own template by default (SmolLM2's adds a
+    system turn); --raw sends it as it is."""
     question = "What is the capital of France?"
     argv = ["generate", "--prompt", question, "--max-tokens", "8", "--json", "--fixed-k"]
-    assert main(argv) == 0
+    assert main([*argv, "--raw"]) == 0
     plain = json.loads(capsys.readouterr().out)
-    assert main([*argv, "--chat"]) == 0
+    assert main(argv) == 0  # a model with a chat template gets it by default
     chat = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--chat"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == chat["tokens"]
+    assert chat["chat"] and not plain["chat"]
     with Model.load(chat["model"]) as model:
         tok = model.tokenizer
         rendered = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained "
@@ -67,10 +71,12 @@ def test_generate_chat_on_the_default_model(capsys: pytest.CaptureFixture[str]) 
 def test_generate_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(testmodels.test_model_path("llama"))
     assert main(["generate", "--model", path, "--prompt", "x", "--proposer", "nope"]) == 2
-    assert "unknown proposer" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown proposer 'nope'; available: off, auto, " in err and "ngram" in err
     assert main(["generate", "--model", "/nonexistent.gguf", "--prompt", "x"]) == 3
     assert "not found" in capsys.readouterr().err
     assert main(["generate", "--model", path, "--prompt", "x", "--temperature", "-1"]) == 2
+    assert "--temperature: expected a number >= 0, got -1" in capsys.readouterr().err
     assert main(["generate", "--model", path, "--prompt", "x", "--chat"]) == 2
     assert "chat template" in capsys.readouterr().err
 

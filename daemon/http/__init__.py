@@ -1,0 +1,7 @@
+"""meshd over HTTP: OpenAI-compatible endpoints, health and Prometheus metrics.
+
+``sniff`` tells an HTTP request from an NDJSON frame on the daemon's Unix socket;
+``connection`` drives h11 for one connection; ``routes`` maps paths to endpoints;
+``openai_api`` and ``completions`` translate OpenAI's requests and responses; ``sse``
+frames streamed chunks; ``tcp`` is the optional loopback listener; ``config`` the limits.
+"""

@@ -1,0 +1,164 @@
+"""Serving one OpenAI completion: the native pipeline, answered in OpenAI's shapes.
+
+Why through ``Service``: the request becomes the same ``generate`` a native client sends
+and runs through the same ``prepare`` (limits, chat template, tokenizer) and scheduler,
+so the HTTP answer holds exactly the tokens the native protocol would give. The
+generation is registered like a native one (shutdown drains it; a disconnect cancels
+it at the next step, and its slot goes back through the scheduler).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import anyio
+
+from meshd.protocol import ProtocolError
+
+from ..engine import GenerationStats, TokenEvent
+from ..scheduler import Failed, Finished, RequestHandle
+from ..service import InFlight
+from . import sse
+from .openai_api import (
+    JSON,
+    ApiError,
+    CompletionRequest,
+    chunk,
+    completion_response,
+    error_body,
+    json_bytes,
+    meshd_block,
+    timings,
+    usage,
+)
+
+if TYPE_CHECKING:
+    from .routes import Responder, Routes
+
+__all__ = ["serve_completion"]
+
+_MAX_EVENTS_PER_WRITE: Final = 256
+_SSE: Final = "text/event-stream"
+
+
+async def serve_completion(routes: Routes, req: CompletionRequest, out: Responder) -> None:
+    """Run ``req`` and answer it; raises ApiError while nothing has been sent yet."""
+    service = routes.service
+    rid = req.generate.id
+    entry = InFlight(rid)
+    service.register(entry)
+    out.on_gone(entry.cancel)
+    try:
+        try:
+            gen = await service.prepare(req.generate)
+            if entry.cancelled:
+                return
+            handle = service.submit(gen, rid)
+        except ProtocolError as exc:
+            raise ApiError.from_protocol(exc) from None
+        entry.attach(handle)
+        prompt_tokens = len(gen.prompt)
+        if req.stream:
+            await _stream(routes, req, handle, out, prompt_tokens)
+        else:
+            await _collect(routes, req, handle, out, prompt_tokens)
+    finally:
+        service.unregister(entry)
+
+
+def _failure(final: Failed) -> ApiError:
+    """A generation that failed: the request's fault (400) or the model's (500)."""
+    if final.kind == "request":
+        return ApiError(400, final.message)
+    return ApiError(500, final.message or "generation failed", code="model_error",
+                    kind="server_error")
+
+
+async def _collect(routes: Routes, req: CompletionRequest, handle: RequestHandle,
+                   out: Responder, prompt_tokens: int) -> None:
+    parts: list[str] = []
+    async with handle.events:
+        async for event in handle.events:
+            if isinstance(event, TokenEvent):
+                parts.append(event.text)
+            elif isinstance(event, Failed):
+                raise _failure(event)
+            else:
+                _log_finished(routes, req, event, prompt_tokens)
+                body = completion_response(
+                    req, routes.service.model.name, "".join(parts), event.finish.value,
+                    event.stats, event.proposer, prompt_tokens)
+                await out.send(200, json_bytes(body), JSON)
+                return
+    raise ApiError(500, "the generation ended without a result", code="internal",
+                   kind="server_error")
+
+
+async def _stream(routes: Routes, req: CompletionRequest, handle: RequestHandle,
+                  out: Responder, prompt_tokens: int) -> None:
+    """SSE: a chunk per batch of committed text, the finish chunk (with ``timings`` and
+    ``meshd``), the usage chunk if asked, then ``data: [DONE]``."""
+    model = routes.service.model.name
+    started = False
+    live = True  # the client still reads
+    async with handle.events:
+        while True:
+            try:
+                batch = [await handle.events.receive()]
+            except anyio.EndOfStream:
+                batch = [Failed("model", "the generation ended without a result")]
+            while not isinstance(batch[-1], Finished | Failed) \
+                    and len(batch) < _MAX_EVENTS_PER_WRITE:
+                try:
+                    batch.append(handle.events.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            final = batch[-1] if isinstance(batch[-1], Finished | Failed) else None
+            if isinstance(final, Failed) and not started:
+                raise _failure(final)
+            text = "".join(e.text for e in batch if isinstance(e, TokenEvent))
+            data = b""
+            if not started:
+                started = True
+                live = await out.start(200, _SSE, [("Cache-Control", "no-cache")])
+                if req.chat:
+                    data += sse.event(chunk(req, model, role=True, text=""))
+            if text:
+                data += sse.event(chunk(req, model, text=text))
+            if isinstance(final, Finished):
+                _log_finished(routes, req, final, prompt_tokens)
+                data += _closing(req, model, final.finish.value, final.stats, final.proposer,
+                                 prompt_tokens)
+            elif isinstance(final, Failed):
+                data += sse.event(error_body(_failure(final)))
+                data += sse.DONE
+            if live and data:
+                live = await out.write(data)
+            if final is not None:
+                if live:
+                    await out.end()
+                return
+
+
+def _closing(req: CompletionRequest, model: str, finish: str, stats: GenerationStats,
+             proposer: str | None, prompt_tokens: int) -> bytes:
+    last = chunk(req, model, finish=finish)
+    last["timings"] = timings(stats)
+    last["meshd"] = meshd_block(stats, proposer)
+    data = sse.event(last)
+    if req.include_usage:
+        data += sse.event({"id": req.generate.id, "object": last["object"],
+                           "created": req.created, "model": model, "choices": [],
+                           "usage": usage(prompt_tokens, stats.emitted)})
+    return data + sse.DONE
+
+
+def _log_finished(routes: Routes, req: CompletionRequest, final: Finished,
+                  prompt_tokens: int) -> None:
+    st = final.stats
+    routes.log.info(
+        "request_finished", id=req.generate.id, finish_reason=final.finish.value,
+        prompt_tokens=prompt_tokens, completion_tokens=st.emitted,
+        proposer=final.proposer or "off", drafted=st.drafted, accepted=st.accepted,
+        target_forwards=st.target_forwards, wall_ms=round(st.wall_ms, 2),
+    )

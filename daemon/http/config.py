@@ -1,0 +1,24 @@
+"""Limits and timeouts of the HTTP side (part of ``ServerConfig``)."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["HttpConfig"]
+
+
+@attrs.frozen
+class HttpConfig:
+    """What one HTTP connection may send and how long it may take.
+
+    A client that is idle between requests longer than ``idle_timeout_s``, or takes
+    longer than ``request_timeout_s`` from a request's first byte to its last (a
+    slowloris sending headers a byte at a time), is disconnected.
+    """
+
+    max_header_bytes: int = 64 * 1024
+    """Request line plus headers; more is answered 431."""
+    max_body_bytes: int = 4 * 1024 * 1024
+    """Larger bodies are answered 413."""
+    request_timeout_s: float = 30.0
+    idle_timeout_s: float = 60.0

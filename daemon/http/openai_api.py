@@ -1,0 +1,342 @@
+"""OpenAI's completion and chat-completion shapes, mapped onto meshd's ``generate``.
+
+Why pure functions: a request body becomes the same ``Generate`` message a native
+client would send (so both paths share validation, chat rendering, tokenization and the
+engine, and give the same tokens), and the engine's results become OpenAI's response,
+chunk and error objects, all testable without a socket. Fields OpenAI clients commonly
+send and meshd ignores (``user``, ``presence_penalty`` of 0 ...) are accepted; fields
+that would change the answer in a way meshd cannot honour (``n`` > 1, ``logprobs``) are
+refused with a 400 naming the field, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from meshd.protocol import BadRequest, ChatMessage, Generate, ProtocolError
+from meshd.protocol import messages as wire
+
+from ..engine import GenerationStats
+from ..mapping import speculation_stats
+
+__all__ = [
+    "JSON",
+    "ApiError",
+    "CompletionRequest",
+    "chunk",
+    "completion_response",
+    "error_body",
+    "json_bytes",
+    "meshd_block",
+    "parse_request",
+    "timings",
+    "usage",
+]
+
+JSON: Final = "application/json"
+MAX_STOP_STRINGS: Final = 4
+_UNSUPPORTED_TRUTHY: Final = ("logprobs", "top_logprobs", "echo", "tools", "functions",
+                              "suffix", "logit_bias", "response_format")
+
+
+def json_bytes(payload: Any) -> bytes:
+    """A JSON body (UTF-8, non-ASCII text kept as is)."""
+    return json.dumps(payload, ensure_ascii=False).encode()
+
+
+class ApiError(Exception):
+    """An error answered with OpenAI's error object and an HTTP status."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str = "bad_request", kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+    @classmethod
+    def from_protocol(cls, error: ProtocolError, *, before_generation: bool = True
+                      ) -> ApiError:
+        """The HTTP form of a protocol error (before any token: a context overflow is the
+        request's fault, so ``model_error`` is a 400 there)."""
+        code = error.code.value
+        status = {"bad_request": 400, "unsupported_version": 400, "too_large": 413,
+                  "busy": 503, "cancelled": 499, "internal": 500}.get(code, 500)
+        kind = "invalid_request_error"
+        if code == "model_error":
+            status = 400 if before_generation else 500
+        if status >= 500:
+            kind = "server_error"
+        param = error.field if isinstance(error, BadRequest) else None
+        return cls(status, error.message, param=param, code=code, kind=kind)
+
+
+def error_body(error: ApiError) -> dict[str, Any]:
+    """OpenAI's error shape."""
+    return {"error": {"message": error.message, "type": error.kind, "param": error.param,
+                      "code": error.code}}
+
+
+@attrs.frozen
+class CompletionRequest:
+    """A validated request: the ``generate`` to run and how to answer it."""
+
+    generate: Generate
+    chat: bool
+    stream: bool
+    include_usage: bool
+    model: str | None
+    created: int
+
+
+def _bad(param: str, detail: str) -> ApiError:
+    return ApiError(400, f"{param}: {detail}", param=param)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _number(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not _is_number(value) or not lo <= value <= hi:
+        raise _bad(key, f"must be a number between {lo:g} and {hi:g} (got {value!r})")
+    return float(value)
+
+
+def _content(value: object, param: str) -> str:
+    """Message content: a string, null, or a list of text parts."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts: list[str] = []
+        for i, part in enumerate(value):
+            if not isinstance(part, Mapping) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise _bad(f"{param}[{i}]", "only text parts ({'type': 'text', 'text': ...}) "
+                                            "are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _bad(param, "must be a string or a list of text parts")
+
+
+def _messages(value: object) -> tuple[ChatMessage, ...]:
+    if not isinstance(value, list) or not value:
+        raise _bad("messages", "must be a non-empty array of messages")
+    out: list[ChatMessage] = []
+    for i, msg in enumerate(value):
+        if not isinstance(msg, Mapping):
+            raise _bad(f"messages[{i}]", "must be an object with role and content")
+        role = msg.get("role")
+        if not isinstance(role, str) or not role:
+            raise _bad(f"messages[{i}].role", "must be a non-empty string")
+        out.append(ChatMessage(role=role, content=_content(msg.get("content"),
+                                                           f"messages[{i}].content")))
+    return tuple(out)
+
+
+def _prompt(value: object) -> str:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, str) or not value:
+        raise _bad("prompt", "must be a non-empty string (or an array of exactly one)")
+    return value
+
+
+def _stop(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or len(items) > MAX_STOP_STRINGS \
+            or not all(isinstance(s, str) and s for s in items):
+        raise _bad("stop", f"must be a non-empty string or an array of at most "
+                           f"{MAX_STOP_STRINGS} of them")
+    return tuple(items)
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not _is_int(value) or value < 1:
+            raise _bad(key, f"must be a positive integer (got {value!r})")
+        return int(value)
+    return None
+
+
+def _speculative(value: object) -> wire.SpeculativeOverrides:
+    """meshd's extension: ``{"proposer": NAME, "draft_max": K, "enabled": bool}``."""
+    if value is None:
+        return wire.SpeculativeOverrides()
+    if not isinstance(value, Mapping):
+        raise _bad("speculative", "must be an object (proposer, draft_max, enabled)")
+    unknown = set(value) - {"proposer", "draft_max", "enabled"}
+    if unknown:
+        raise _bad("speculative", f"unknown field(s) {sorted(unknown)}")
+    enabled = value.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise _bad("speculative.enabled", "must be true or false")
+    proposer = value.get("proposer")
+    if proposer is not None and (not isinstance(proposer, str) or not proposer):
+        raise _bad("speculative.proposer", "must be a proposer name")
+    draft_max = value.get("draft_max")
+    if draft_max is not None and (not _is_int(draft_max) or not 1 <= draft_max <= 1024):
+        raise _bad("speculative.draft_max", "must be an integer from 1 to 1024")
+    return wire.SpeculativeOverrides(proposer="off" if not enabled else proposer,
+                                     draft_max=draft_max)
+
+
+def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
+    """Validate a ``/v1/completions`` (or, with ``chat``, ``/v1/chat/completions``) body;
+    raises ApiError (400) naming the first bad field."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", "must be a string")
+    n = body.get("n", 1)
+    if n != 1 or isinstance(n, bool):
+        raise _bad("n", "only n=1 is supported")
+    for key in _UNSUPPORTED_TRUTHY:
+        if body.get(key):
+            raise _bad(key, "is not supported by meshd")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("stream", "must be true or false")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, Mapping) or not isinstance(
+                options.get("include_usage", False), bool):
+            raise _bad("stream_options", "must be an object like {'include_usage': true}")
+        include_usage = bool(options.get("include_usage", False))
+    seed = body.get("seed")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed <= wire.MAX_SEED):
+        raise _bad("seed", f"must be an integer from 0 to {wire.MAX_SEED}")
+    top_k = body.get("top_k", 0)
+    if not _is_int(top_k) or top_k < 0:
+        raise _bad("top_k", "must be a non-negative integer")
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
+        raise _bad("top_p", "must be greater than 0")
+    sampling = wire.SamplingParams(
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_k=top_k, top_p=top_p,
+        seed=seed,
+    )
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    try:
+        generate = Generate(
+            id=rid,
+            prompt=None if chat else _prompt(body.get("prompt")),
+            messages=_messages(body.get("messages")) if chat else None,
+            max_tokens=_max_tokens(body),
+            sampling=sampling,
+            stop=_stop(body.get("stop")),
+            speculative=_speculative(body.get("speculative")),
+        )
+    except BadRequest as exc:
+        raise ApiError(400, exc.message, param=exc.field) from None
+    return CompletionRequest(generate=generate, chat=chat, stream=stream,
+                             include_usage=include_usage, model=model,
+                             created=int(time.time()))
+
+
+def finish_reason(value: str) -> str:
+    """OpenAI's finish reasons: an end-of-generation token or a stop string is ``stop``;
+    ``length``, ``cancelled`` and ``error`` keep meshd's names."""
+    return "stop" if value == "eog" else value
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def timings(stats: GenerationStats) -> dict[str, float | int]:
+    """llama-server's ``timings`` block (prompt and generation times, rates, drafts)."""
+    prompt_n = max(0, stats.prompt_tokens - stats.reused_prompt_tokens)
+    prompt_ms = max(0.0, stats.prefill_ms)
+    predicted_n = stats.emitted
+    predicted_ms = max(0.0, stats.wall_ms - stats.prefill_ms)
+    return {
+        "cache_n": stats.reused_prompt_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
+        "draft_n": stats.drafted,
+        "draft_n_accepted": stats.accepted,
+    }
+
+
+def meshd_block(stats: GenerationStats, proposer: str | None) -> dict[str, Any]:
+    """meshd's own speculation statistics (the native ``done`` frame's ``speculation``)."""
+    return attrs.asdict(speculation_stats(stats, proposer))
+
+
+def _object(req: CompletionRequest, *, stream: bool) -> str:
+    if req.chat:
+        return "chat.completion.chunk" if stream else "chat.completion"
+    return "text_completion"
+
+
+def completion_response(req: CompletionRequest, model: str, text: str, finish: str,
+                        stats: GenerationStats, proposer: str | None,
+                        prompt_tokens: int) -> dict[str, Any]:
+    """The whole (non-streamed) answer."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None,
+                              "finish_reason": finish_reason(finish)}
+    if req.chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {
+        "id": req.generate.id, "object": _object(req, stream=False), "created": req.created,
+        "model": model, "choices": [choice], "usage": usage(prompt_tokens, stats.emitted),
+        "timings": timings(stats), "meshd": meshd_block(stats, proposer),
+    }
+
+
+def chunk(req: CompletionRequest, model: str, *, text: str | None = None,
+          role: bool = False, finish: str | None = None) -> dict[str, Any]:
+    """One streamed chunk: text (or, for chat, the opening role) and/or the finish."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None,
+                              "finish_reason": finish_reason(finish) if finish else None}
+    if req.chat:
+        delta: dict[str, str] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    return {"id": req.generate.id, "object": _object(req, stream=True),
+            "created": req.created, "model": model, "choices": [choice]}

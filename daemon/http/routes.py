@@ -1,0 +1,130 @@
+"""The HTTP endpoints: which path and method does what.
+
+``POST /v1/completions``, ``POST /v1/chat/completions`` (OpenAI's API, streamed or not),
+``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus). Every error is
+OpenAI's error object with a 4xx/5xx status, counted by code like the native
+protocol's errors; the connection stays usable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, Protocol
+
+import attrs
+from structlog.typing import FilteringBoundLogger
+
+from meshd.protocol import HealthStatus
+
+from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..metrics import render_metrics
+from ..service import Service
+from .completions import serve_completion
+from .openai_api import JSON, ApiError, error_body, json_bytes, parse_request
+
+__all__ = ["Responder", "Routes"]
+
+class Responder(Protocol):
+    """How a route answers (the HTTP connection implements it)."""
+
+    async def send(self, status: int, body: bytes, content_type: str,
+                   headers: Sequence[tuple[str, str]] = ()) -> bool: ...
+
+    async def start(self, status: int, content_type: str,
+                    headers: Sequence[tuple[str, str]] = ()) -> bool: ...
+
+    async def write(self, data: bytes) -> bool: ...
+
+    async def end(self) -> bool: ...
+
+    def on_gone(self, callback: Callable[[], None]) -> None: ...
+
+
+_Handler = Callable[["Routes", bytes, Responder], Awaitable[None]]
+
+
+class Routes:
+    """Dispatches one complete request to its endpoint."""
+
+    def __init__(self, service: Service, log: FilteringBoundLogger) -> None:
+        self.service = service
+        self.log = log
+
+    async def handle(self, method: str, target: str, body: bytes, out: Responder) -> None:
+        path = target.partition("?")[0]
+        t0 = time.perf_counter()
+        status = 200
+        try:
+            route = _ROUTES.get(path)
+            if route is None:
+                raise ApiError(404, f"no endpoint {path}; see /v1/completions, "
+                                    "/v1/chat/completions, /v1/models, /health, /metrics",
+                               code="not_found")
+            allowed, handler = route
+            if method != allowed:
+                raise ApiError(405, f"{path} accepts {allowed}, not {method}",
+                               code="method_not_allowed")
+            await handler(self, body, out)
+        except ApiError as exc:
+            status = exc.status
+            await self.error(out, exc, allow=_ROUTES[path][0] if status == 405 else None)
+        except Exception:
+            # A bug must cost this request only; once a stream has begun the error
+            # cannot be sent and the connection closes instead.
+            self.log.exception("request_crashed", path=path)
+            status = 500
+            await self.error(out, ApiError(500, "internal error", code="internal",
+                                           kind="server_error"))
+        self.log.info("http_request", method=method, path=path, status=status,
+                      ms=round((time.perf_counter() - t0) * 1e3, 2))
+
+    async def error(self, out: Responder, exc: ApiError, *, allow: str | None = None) -> None:
+        """Answer with OpenAI's error object; counted like native protocol errors."""
+        code = exc.code if exc.code in _PROTOCOL_CODES else "bad_request"
+        self.service.counters[f"errors_{code}"] += 1
+        self.log.info("request_rejected", code=exc.code, status=exc.status, field=exc.param)
+        self.log.debug("request_rejected_message", message=exc.message)
+        headers = [("Allow", allow)] if allow else []
+        await out.send(exc.status, json_bytes(error_body(exc)), JSON, headers)
+
+    async def _completions(self, body: bytes, out: Responder) -> None:
+        await serve_completion(self, parse_request(body, chat=False), out)
+
+    async def _chat(self, body: bytes, out: Responder) -> None:
+        if not self.service.model.has_chat_template:
+            raise ApiError(400, "this model has no chat template; use /v1/completions",
+                           param="messages")
+        await serve_completion(self, parse_request(body, chat=True), out)
+
+    async def _models(self, _body: bytes, out: Responder) -> None:
+        info = self.service.model
+        await out.send(200, json_bytes({"object": "list", "data": [{
+            "id": info.name, "object": "model", "created": int(self.service.started_at),
+            "owned_by": "meshd", "meta": attrs.asdict(info),
+        }]}), JSON)
+
+    async def _health(self, _body: bytes, out: Responder) -> None:
+        svc = self.service
+        draining = svc.draining
+        await out.send(503 if draining else 200, json_bytes({
+            "status": (HealthStatus.DRAINING if draining else HealthStatus.OK).value,
+            "uptime_s": svc.uptime_s, "active_requests": svc.scheduler.active,
+            "queued_requests": svc.scheduler.queued,
+        }), JSON)
+
+    async def _metrics(self, _body: bytes, out: Responder) -> None:
+        await out.send(200, render_metrics(self.service), METRICS_CONTENT_TYPE)
+
+
+_PROTOCOL_CODES: Final = frozenset(
+    {"bad_request", "unsupported_version", "too_large", "busy", "model_error", "cancelled",
+     "internal"})
+
+_ROUTES: Final[dict[str, tuple[str, _Handler]]] = {
+    "/v1/completions": ("POST", Routes._completions),
+    "/v1/chat/completions": ("POST", Routes._chat),
+    "/v1/models": ("GET", Routes._models),
+    "/health": ("GET", Routes._health),
+    "/metrics": ("GET", Routes._metrics),
+}

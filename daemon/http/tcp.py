@@ -1,0 +1,139 @@
+"""The optional loopback TCP listener for HTTP (``--http tcp:127.0.0.1:PORT``).
+
+Why loopback only: the daemon has no authentication; on the Unix socket the file mode
+decides who may connect, and on TCP only the local machine can. A socket unit may hand
+the listener over instead (``fd://N``), as for the Unix socket.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import anyio.to_thread
+
+from ..listener import BindSpec, Listener, ListenerError, _inherited_socket
+
+__all__ = ["TcpListener", "open_http_listener", "parse_tcp"]
+
+
+def parse_tcp(text: str) -> tuple[str, int]:
+    """``tcp:HOST:PORT`` (HOST a loopback address; ``[::1]`` for IPv6) -> (host, port)."""
+    rest = text.removeprefix("tcp:")
+    host, sep, port_text = rest.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ListenerError(f"bad HTTP address {text!r}: expected tcp:127.0.0.1:PORT")
+    try:
+        address = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
+    except ValueError:
+        raise ListenerError(f"bad HTTP address {text!r}: HOST must be an IP address") from None
+    if not address.is_loopback:
+        raise ListenerError(f"refusing to serve HTTP on {host}: only loopback addresses "
+                            "(the daemon has no authentication)")
+    return str(address), int(port_text)
+
+
+class SocketByteStream(anyio.abc.SocketStream):
+    """An accepted TCP connection as an anyio stream over the plain non-blocking socket.
+
+    anyio's own TCP stream on uvloop exposes a transport's pseudo-socket that cannot
+    ``recv``; meshd reads and writes sockets directly (``wait_readable`` /
+    ``wait_writable``, free of cancellation races), so it needs the real one.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    @property
+    def _raw_socket(self) -> socket.socket:
+        return self._sock
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        await anyio.lowlevel.checkpoint()
+        while True:
+            try:
+                data = self._sock.recv(max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._sock)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError(str(exc)) from exc
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    async def send(self, item: bytes) -> None:
+        await anyio.lowlevel.checkpoint()
+        view = memoryview(item)
+        while view:
+            try:
+                view = view[self._sock.send(view):]
+            except BlockingIOError:
+                await anyio.wait_writable(self._sock)
+            except OSError as exc:
+                raise anyio.BrokenResourceError(str(exc)) from exc
+
+    async def send_eof(self) -> None:
+        self._sock.shutdown(socket.SHUT_WR)
+
+    async def aclose(self) -> None:
+        if self._sock.fileno() != -1:
+            anyio.notify_closing(self._sock)
+            self._sock.close()
+        await anyio.lowlevel.checkpoint()
+
+
+class TcpListener(Listener):
+    """A listening TCP socket; its address reads ``tcp:HOST:PORT`` (the bound port)."""
+
+    @property
+    def address(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"tcp:[{host}]:{port}" if ":" in host else f"tcp:{host}:{port}"
+
+    async def _wrap(self, conn: socket.socket) -> anyio.abc.SocketStream:
+        if conn.family == socket.AF_UNIX:
+            return await super()._wrap(conn)
+        return SocketByteStream(conn)
+
+
+def _bind_tcp(host: str, port: int, backlog: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise ListenerError(f"cannot listen on tcp:{host}:{port}: {exc.strerror or exc}") \
+            from exc
+    return sock
+
+
+async def open_http_listener(text: str, *, backlog: int = 128) -> Listener:
+    """Listen for HTTP on ``tcp:HOST:PORT`` or an inherited ``fd://N``."""
+    if text.startswith("fd://"):
+        check_http_address(text)
+        spec = BindSpec.parse(text)
+        assert spec.fd is not None
+        return TcpListener(_inherited_socket(spec.fd), spec, None)
+    host, port = parse_tcp(text)
+    sock = await anyio.to_thread.run_sync(_bind_tcp, host, port, backlog)
+    return TcpListener(sock, BindSpec(fd=sock.fileno()), None)
+
+
+def check_http_address(text: str) -> None:
+    """Fail early on a malformed ``--http`` value (before loading a model)."""
+    if text.startswith("fd://"):
+        try:
+            BindSpec.parse(text)
+        except ValueError as exc:
+            raise ListenerError(str(exc)) from None
+    else:
+        parse_tcp(text)

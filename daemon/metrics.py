@@ -1,0 +1,131 @@
+"""Prometheus metrics (``GET /metrics``), read from the daemon's own statistics.
+
+Why a collector and not prometheus_client's Counter objects: the scheduler's statistics
+(``SchedulerStats``) and the service's error counters are the one source of truth that
+the ``stats`` op also reads; a collector turns them into metric families at scrape time,
+so the two can never disagree and nothing is counted twice. Names follow vLLM's
+``spec_decode_*`` counters with the ``meshd_`` prefix; label ``proposer`` where it
+applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from .histogram import Histogram
+
+if TYPE_CHECKING:
+    from .service import Service
+
+__all__ = ["CONTENT_TYPE", "DaemonCollector", "render_metrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The Prometheus text exposition format."""
+
+_ERROR_PREFIX = "errors_"
+
+
+class DaemonCollector(Collector):
+    """Metric families for one daemon's ``Service`` (its scheduler, runtime, counters)."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        svc = self.service
+        st = svc.scheduler.stats
+        yield from self._speculation()
+        forwards = CounterMetricFamily(
+            "meshd_target_forwards", "Forwards of the target model (prefill and decode).")
+        forwards.add_metric([], st.forwards)
+        yield forwards
+        tokens = CounterMetricFamily("meshd_generation_tokens", "Tokens generated.")
+        tokens.add_metric([], st.tokens)
+        yield tokens
+        finished = CounterMetricFamily(
+            "meshd_requests", "Requests that ended, by finish reason.",
+            labels=["finish_reason"])
+        for reason, n in sorted(st.finish_reasons.items()):
+            finished.add_metric([reason], n)
+        yield finished
+        errors = CounterMetricFamily(
+            "meshd_protocol_errors", "Requests refused with an error, by error code.",
+            labels=["code"])
+        codes = {k.removeprefix(_ERROR_PREFIX): v for k, v in svc.counters.items()
+                 if k.startswith(_ERROR_PREFIX)}
+        codes["busy"] = codes.get("busy", 0) + st.rejected_busy
+        for code, n in sorted(codes.items()):
+            errors.add_metric([code], n)
+        yield errors
+        yield _histogram("meshd_verify_seconds",
+                         "One batched target forward verifying every active window.",
+                         st.verify_seconds)
+        yield _histogram("meshd_time_to_first_token_seconds",
+                         "From a request's submission to its first token.",
+                         st.time_to_first_token_seconds)
+        yield _histogram("meshd_inter_token_latency_seconds",
+                         "Between tokens handed to a request's caller.",
+                         st.inter_token_latency_seconds)
+        for name, doc, value in (
+            ("meshd_requests_active", "Requests decoding now.", svc.scheduler.active),
+            ("meshd_requests_queued", "Requests waiting for a slot.", svc.scheduler.queued),
+            ("meshd_prefix_cache_tokens", "Tokens held by the prefix cache.",
+             svc.runtime.prefix_cache.tokens),
+            ("meshd_checkpoint_bytes", "State checkpoints held by active sessions.",
+             svc.scheduler.checkpoint_bytes),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], value)
+            yield gauge
+
+    def _speculation(self) -> Iterator[Metric]:
+        proposers = self.service.scheduler.stats.proposers
+        drafts = CounterMetricFamily(
+            "meshd_spec_decode_num_drafts", "Verify windows that carried a draft.",
+            labels=["proposer"])
+        draft_tokens = CounterMetricFamily(
+            "meshd_spec_decode_num_draft_tokens", "Drafted tokens verified.",
+            labels=["proposer"])
+        accepted = CounterMetricFamily(
+            "meshd_spec_decode_num_accepted_tokens", "Drafted tokens accepted.",
+            labels=["proposer"])
+        per_pos = CounterMetricFamily(
+            "meshd_spec_decode_num_accepted_tokens_per_pos",
+            "Drafted tokens accepted at each draft position (0 is the first).",
+            labels=["proposer", "position"])
+        for name, tot in sorted(proposers.items()):
+            drafts.add_metric([name], tot.drafts)
+            draft_tokens.add_metric([name], tot.drafted)
+            accepted.add_metric([name], tot.accepted)
+            for pos, n in enumerate(tot.accepted_per_position):
+                per_pos.add_metric([name, str(pos)], n)
+        yield from (drafts, draft_tokens, accepted, per_pos)
+
+
+def _histogram(name: str, doc: str, hist: Histogram) -> HistogramMetricFamily:
+    snap = hist.snapshot()
+    family = HistogramMetricFamily(name, doc)
+    family.add_metric(
+        [], [(_bound(le), n) for le, n in snap.buckets], sum_value=snap.sum)
+    return family
+
+
+def _bound(le: float) -> str:
+    return "+Inf" if le == float("inf") else repr(le)
+
+
+def render_metrics(service: Service) -> bytes:
+    """The Prometheus text exposition of ``service``'s statistics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DaemonCollector(service))
+    return generate_latest(registry)

@@ -1,0 +1,206 @@
+"""Command-line options shared by ``meshd serve``, ``generate``, ``demo`` and ``bench``.
+
+Why one module: the same option (``--ctx``, ``--proposer``, ``--temperature``...) used to
+be declared once per subcommand, and their types, checks and defaults drifted apart. Each
+option is declared here once, in a group a subcommand takes as an argparse *parent*, and
+each default is a constant defined here (or, for sampling, the engine's own default), so
+the help text, the parser and the code that runs agree.
+
+Every option carries help; :class:`HelpFormatter` appends its default. Values are checked
+while parsing (types, choices, proposer names), so a bad one is a usage error (exit 2)
+before any model is loaded or daemon started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import textwrap
+from typing import Any, Final
+
+import attrs
+
+from meshd.native.context import DEFAULT_DRAFT_MAX
+
+from .argtypes import integer, non_negative, non_negative_float, positive, probability
+from .logs import LEVELS
+from .sampling import SamplingParams
+
+__all__ = [
+    "DEFAULT_CTX",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_PROPOSER",
+    "HelpFormatter",
+    "add_version",
+    "daemon_options",
+    "generation_options",
+    "integer",
+    "model_options",
+    "non_negative",
+    "non_negative_float",
+    "positive",
+    "probability",
+    "proposer_name",
+    "sampling_options",
+    "speculation_options",
+    "subparser",
+    "version_string",
+]
+
+DEFAULT_CTX: Final = 4096
+"""Context length per session (capped at the model's training context)."""
+DEFAULT_MAX_TOKENS: Final = 256
+"""Tokens generated when a request does not say: ``serve``, ``generate`` and ``demo``."""
+DEFAULT_PROPOSER: Final = "auto"
+DEFAULT_BACKEND: Final = "asyncio"
+DEFAULT_LOG_LEVEL: Final = "info"
+
+_SAMPLING = attrs.fields(SamplingParams)
+
+
+def version_string(prog: str) -> str:
+    """``PROG VERSION`` from the installed distribution's metadata."""
+    try:
+        version = importlib.metadata.version("meshd")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    return f"{prog} {version}"
+
+
+def proposer_name(text: str) -> str:
+    """``off``, ``auto``, an installed proposer, or ``NAME:PATH`` for one that declares a
+    draft model (``draft:PATH``)."""
+    from meshd.plugins.registry import default_registry
+    from meshd.plugins.resources import Need
+
+    registry = default_registry()
+    name, _, arg = text.partition(":")
+    wants_draft = name in registry and Need.DRAFT_MODEL in registry.needs(name)
+    if text in ("off", "auto") or (name in registry and (arg == "" or wants_draft)):
+        if wants_draft and not arg:
+            raise argparse.ArgumentTypeError(
+                f"the {name} proposer needs a model: {name}:PATH")
+        return text
+    available = ", ".join(["off", "auto", *registry.names()])
+    broken = "".join(f"; {n} failed to load ({why})" for n, why in registry.errors.items())
+    raise argparse.ArgumentTypeError(
+        f"unknown proposer {text!r}; available: {available}{broken}")
+
+
+# ---------------------------------------------------------------------- help
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps descriptions as written and appends ``(default: X)`` to each option's help.
+
+    Options whose default is ``None``, ``False`` or empty say what happens in their own
+    help text instead (``(default: None)`` would tell a user nothing).
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is False or default == []
+                or default is argparse.SUPPRESS or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _parent() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(add_help=False, formatter_class=HelpFormatter)
+
+
+# ---------------------------------------------------------------------- option groups
+# Each returns a fresh parent parser: argparse shares a parent's Action objects with the
+# parsers built from it, so one parent per subcommand keeps their defaults independent.
+
+
+def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True) -> argparse.ArgumentParser:
+    """``-m/--model`` (unless ``model=False``), ``-c/--ctx``, ``-t/--threads``."""
+    p = _parent()
+    g = p.add_argument_group("model")
+    if model:
+        g.add_argument("-m", "--model", metavar="PATH",
+                       help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("-c", "--ctx", type=positive, default=ctx, metavar="N",
+                   help="context length per session in tokens; capped at the model's "
+                        "training context (a note says so)")
+    g.add_argument("-t", "--threads", type=positive, default=None, metavar="N",
+                   help="CPU threads for llama.cpp (default: every core this process may "
+                        "use; on a shared machine use 1)")
+    return p
+
+
+def speculation_options(*, proposer: bool = True, fixed_k: bool = True,
+                        ) -> argparse.ArgumentParser:
+    """``--proposer``, ``--draft-max``, ``--fixed-k`` (each of the first and last optional)."""
+    p = _parent()
+    g = p.add_argument_group("speculation")
+    if proposer:
+        g.add_argument("--proposer", type=proposer_name, default=DEFAULT_PROPOSER,
+                       metavar="NAME",
+                       help="who drafts tokens: off | auto | mtp | ngram | composite | "
+                            "draft:PATH | an installed plugin")
+    g.add_argument("--draft-max", type=non_negative, default=DEFAULT_DRAFT_MAX, metavar="K",
+                   help="longest draft per step; 0 turns speculation off")
+    if fixed_k:
+        g.add_argument("--fixed-k", action="store_true",
+                       help="always draft --draft-max tokens (no cost model, no calibration)")
+    return p
+
+
+def sampling_options() -> argparse.ArgumentParser:
+    """``--temperature``, ``--seed``, ``--top-k``, ``--top-p`` (the engine's defaults)."""
+    p = _parent()
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=non_negative_float,
+                   default=_SAMPLING.temperature.default, metavar="T",
+                   help="0 is greedy decoding")
+    g.add_argument("--seed", type=integer, default=None, metavar="S",
+                   help="random seed for temperature > 0 (seeded sampling is reproducible "
+                        "and keeps speculation on)")
+    g.add_argument("--top-k", type=non_negative, default=_SAMPLING.top_k.default, metavar="K",
+                   help="sample among the K most likely tokens; 0 keeps all")
+    g.add_argument("--top-p", type=probability, default=_SAMPLING.top_p.default, metavar="P",
+                   help="sample among the most likely tokens whose probabilities add up to P")
+    return p
+
+
+def generation_options() -> argparse.ArgumentParser:
+    """``--max-tokens`` and ``--stop`` (what one request asks for)."""
+    p = _parent()
+    g = p.add_argument_group("generation")
+    g.add_argument("--max-tokens", type=positive, default=DEFAULT_MAX_TOKENS, metavar="N",
+                   help="most tokens to generate")
+    g.add_argument("--stop", action="append", default=[], metavar="S",
+                   help="stop string (repeatable); not included in the output")
+    return p
+
+
+def daemon_options(*, log_level: str = DEFAULT_LOG_LEVEL) -> argparse.ArgumentParser:
+    """``--backend`` and ``--log-level`` (how the daemon runs)."""
+    p = _parent()
+    g = p.add_argument_group("daemon")
+    g.add_argument("--backend", choices=["asyncio", "trio"], default=DEFAULT_BACKEND,
+                   help="event loop (asyncio uses uvloop when installed)")
+    g.add_argument("--log-level", choices=LEVELS, default=log_level,
+                   help="least severe log events shown")
+    return p
+
+
+def add_version(parser: argparse.ArgumentParser, prog: str) -> None:
+    """``--version``: the installed meshd version."""
+    parser.add_argument("--version", action="version", version=version_string(prog),
+                        help="print the version and exit")
+
+
+def subparser(sub: Any, name: str, *, help: str, description: str | None = None,
+              parents: list[argparse.ArgumentParser] | None = None,
+              ) -> argparse.ArgumentParser:
+    """A subcommand parser with the shared formatter (defaults shown in the help)."""
+    text = description or (help[:1].upper() + help[1:] + ".")
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=textwrap.fill(text, 88), parents=parents or [],
+        formatter_class=HelpFormatter,
+    )
+    return parser

@@ -74,18 +74,17 @@ from .bench_arms import (
     ArmRunner,
     ArmSpec,
     ArmUnavailable,
-    BenchError,
     BenchModel,
     RunResult,
     default_draft,
     default_threads,
     divergence_margin,
     first_divergence,
-    load_workloads,
     render_prompt,
     resolve_model,
 )
 from .bench_llama_server import ARM_PREFIX, NGRAM_MODES, llama_server_arms, server_version
+from .bench_workloads import BenchError, load_workloads
 
 #: What ``meshd bench`` measures without ``--model``.
 DEFAULT_MODELS = ("smollm2-q4_1", "smollm2-q8_0", "qwen35-0.5", "qwen35-0.74", "qwen35-0.9")
@@ -444,6 +443,11 @@ def run_bench(config: BenchConfig, *, arms: Sequence[ArmSpec] = ARMS,
             raise BenchError(f"unknown arm(s) {', '.join(unknown)}; available: "
                              f"{', '.join(a.name for a in every)}")
         wanted = set(config.arms) | {REFERENCE_ARM}
+        if not any(a.startswith(ARM_PREFIX) for a in config.arms):
+            # --arm picks among meshd's and llama-cpp-python's arms; --llama-server asks
+            # for the server's arms (--llama-server-mode picks those), so naming no
+            # llama-server arm keeps them all rather than silently dropping them.
+            wanted |= {a.name for a in every if a.name.startswith(ARM_PREFIX)}
         selected = [a for a in every if a.name in wanted]
     load_workloads(config.workloads)  # fail on a bad name before loading any model
     report: dict[str, Any] = {
@@ -759,7 +763,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="workload name (repeatable; default: all)")
     p.add_argument("--arm", action="append", default=[], metavar="NAME",
                    help=f"arm (repeatable; '{REFERENCE_ARM}' always runs; default: all of "
-                        f"{', '.join(a.name for a in ARMS)})")
+                        f"{', '.join(a.name for a in ARMS)}). With --llama-server its arms "
+                        "run too unless some --arm names one of them (then only those)")
     p.add_argument("--reps", type=positive, default=3, help="repetitions (default 3)")
     p.add_argument("--tokens", type=positive, default=None,
                    help="tokens per generation (default 128; --identity: 32)")

@@ -33,10 +33,8 @@ from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.native.llama import ensure_backend, lc
 
+from .bench_workloads import BenchError, Workload
 from .runtime import ModelRuntime, RuntimeConfig
-
-#: Where the workload prompts live (package data: ``workloads/*.json``).
-WORKLOAD_DIR = Path(__file__).with_name("workloads")
 
 #: MTP acceptance of a synthetic model named without one (``qwen35``, ``mimo2``): below 1
 #: so drafts get rejected and every repair path runs.
@@ -55,51 +53,8 @@ QUANT_TYPES: Mapping[str, str] = {
 PLD_DEFAULT_TOKENS = 10
 
 
-class BenchError(Exception):
-    """The benchmark cannot run as asked (unknown model or workload, failed quantize)."""
-
-
 class ArmUnavailable(Exception):
     """This arm does not apply to this model (e.g. ``meshd-mtp`` without an MTP head)."""
-
-
-# --------------------------------------------------------------------------- workloads
-
-
-@attrs.frozen
-class Workload:
-    """One prompt kept in the repository, as chat messages ``(role, content)``."""
-
-    name: str
-    description: str
-    messages: tuple[tuple[str, str], ...]
-    #: Whether a good answer mostly copies the prompt (where prompt lookup should pay).
-    copies: bool = False
-
-    @property
-    def plain_text(self) -> str:
-        """The prompt for models without a chat template: the contents, one per paragraph."""
-        return "\n\n".join(content for _, content in self.messages) + "\n"
-
-
-def load_workloads(names: Sequence[str] | None = None) -> list[Workload]:
-    """The repository's workloads, in file-name order, or the ones named (in that order)."""
-    found: dict[str, Workload] = {}
-    for path in sorted(WORKLOAD_DIR.glob("*.json")):
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        messages = tuple((str(m["role"]), str(m["content"])) for m in raw["messages"])
-        w = Workload(str(raw["name"]), str(raw.get("description", "")), messages,
-                     bool(raw.get("copies", False)))
-        found[w.name] = w
-    if not found:
-        raise BenchError(f"no workloads found in {WORKLOAD_DIR}")
-    if not names:
-        return list(found.values())
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise BenchError(f"unknown workload(s) {', '.join(missing)}; available: "
-                         f"{', '.join(found)}")
-    return [found[n] for n in names]
 
 
 def render_prompt(rt: ModelRuntime, workload: Workload, *, room: int) -> tuple[list[int], bool]:
@@ -346,7 +301,7 @@ class MeshdRunner:
         return RunResult(
             tokens=tuple(gen.committed), wall_s=end - t0,
             ttft_s=(first if first is not None else end) - t0,
-            prefill_s=st.prefill_ms / 1e3, forward_s=(st.verify_ms + st.decode_ms) / 1e3,
+            prefill_s=st.prefill_ms / 1e3, forward_s=st.decode_ms / 1e3,
             decode_forwards=st.target_forwards - st.prefill_forwards, stats=st.as_dict(),
         )
 

@@ -24,14 +24,13 @@ from typing import Any
 import attrs
 
 from .bench_arms import (
-    BenchError,
     ModelSpec,
     default_threads,
     divergence_margin,
     first_divergence,
-    load_workloads,
     resolve_model,
 )
+from .bench_workloads import BenchError, load_workloads
 from .runtime import ModelRuntime, RuntimeConfig
 from .sampling import GREEDY, SamplingParams
 

@@ -1,4 +1,5 @@
-"""The ``meshd`` command line: serve, demo, generate, bench, make-test-model.
+"""The ``meshd`` command line: serve, demo, generate, bench, bench-threads, config,
+make-test-model.
 
 Exit codes: 0 success, 2 bad usage or request, 3 model/runtime error (``serve`` and
 ``demo`` document theirs).
@@ -15,8 +16,8 @@ from meshd.native.errors import NativeError
 
 from . import options as opt
 from .checks import check_model_args
-from .runtime import ModelRuntime, RequestError, RuntimeConfig
-from .sampling import SamplingParams
+from .runtime import ModelRuntime, PromptTooLong, RequestError, RuntimeConfig
+from .sampling import SamplingParams, with_chosen_seed
 from .terminal import Progress, stats_line
 
 DESCRIPTION = "A local LLM daemon that makes speculative decoding pay on one machine."
@@ -31,7 +32,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                     "as a user turn in its template, as chat front-ends do; --raw sends "
                     "the text as it is.",
         parents=[opt.model_options(), opt.speculation_options(), opt.sampling_options(),
-                 opt.generation_options()],
+                 opt.generation_options(), opt.placement_options()],
     )
     p.add_argument("-p", "--prompt", required=True, metavar="TEXT",
                    help="prompt text ('-' reads it from stdin)")
@@ -47,7 +48,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = opt.subparser(sub, "make-test-model",
-                      help="write a small synthetic GGUF model (for tests and benchmarks)")
+                      help="write a synthetic GGUF model (tiny, or of realistic cost with --size)")
     p.add_argument("kind", choices=["llama", "qwen35", "mimo2"],
                    help="architecture: llama (attention), qwen35 (recurrent + MTP head), "
                         "mimo2 (attention + MTP head)")
@@ -55,6 +56,14 @@ def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--seed", type=opt.integer, default=0, help="weights seed")
     p.add_argument("--acceptance", type=opt.probability, default=1.0,
                    help="how often the MTP head's draft matches the model")
+    from meshd.native.testmodels import DEFAULT_SIZED_TYPE, QUANT_TYPES, SIZES
+
+    p.add_argument("--size", choices=list(SIZES), default=None,
+                   help="a model of realistic cost (default: tiny, F32)")
+    p.add_argument("--type", dest="qtype", choices=list(QUANT_TYPES), default=None,
+                   help=f"weights of a sized model (default {DEFAULT_SIZED_TYPE})")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip running a sized model to report its margins")
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,11 +76,50 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                  opt.speculation_options(proposer=False, fixed_k=False)]))
 
 
+def _add_bench_threads(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .bench_threads import add_arguments
+
+    add_arguments(opt.subparser(
+        sub, "bench-threads",
+        help="llama.cpp's thread wait policies and counts, on a quiet machine and with "
+             "competing CPU-bound processes"))
+
+
+def _add_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .config import DEFAULT_CONFIG_PATH
+
+    p = opt.subparser(sub, "config", help="check and print the daemon's configuration")
+    actions = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = opt.subparser(
+        actions, "check",
+        help="print the effective configuration of meshd serve (file, MESHD_<SECTION>_<KEY> "
+             "variables, defaults) with each value's source; exit 2 naming the bad key")
+    check.add_argument("-C", "--config", metavar="FILE", default=None,
+                       help=f"TOML file (default: {DEFAULT_CONFIG_PATH} if it exists)")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from . import config
+
+    try:
+        loaded = config.load(args.config)
+        config.server_config(loaded.config)  # user and group names must resolve
+    except (config.ConfigError, ValueError) as exc:
+        print(f"meshd config check: {exc}", file=sys.stderr)
+        return 2
+    print(config.render(loaded))
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    # Like the daemon: sampling without --seed gets a chosen seed (printed), so it can
+    # be replayed and speculation verifies it exactly.
+    sampling = with_chosen_seed(
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed))
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, draft_max=args.draft_max,
         threads=args.threads, calibrate=not args.fixed_k,
+        rpc_workers=args.rpc or (), tensor_split=args.tensor_split or (),
     )
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
@@ -85,12 +133,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop,
                 proposer=args.proposer, adaptive=not args.fixed_k,
             )
-            proposer_name = rt.resolve_proposer(args.proposer)
             for ev in gen.run():
                 if not args.json and ev.text:
                     sys.stdout.write(ev.text)
                     sys.stdout.flush()
             assert gen.finish is not None
+            proposer_name = gen.stats.proposer_that_ran(rt.resolve_proposer(args.proposer))
             if args.json:
                 print(json.dumps({
                     "text": gen.text,
@@ -99,6 +147,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "proposer": proposer_name or "off",
                     "chat": chat,
                     "model": rt.model.info.path,
+                    "seed": None if sampling.greedy else sampling.seed,
                     "stats": gen.stats.as_dict(),
                 }))
             else:
@@ -109,9 +158,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     finish=gen.finish.value, tokens=st.emitted, prompt=st.prompt_tokens,
                     wall_ms=st.wall_ms, proposer=proposer_name, forwards=st.target_forwards
                     - st.prefill_forwards, drafted=st.drafted, accepted=st.accepted,
-                    refusals=st.refusals, extra={"chat": "yes" if chat else "no"},
+                    refusals=st.refusals, extra={"chat": "yes" if chat else "no",
+                           **({} if sampling.greedy else {"seed": str(sampling.seed)})},
                 ), file=sys.stderr)
-    except RequestError as exc:
+    except PromptTooLong as exc:  # meshctl exits 3 for it too (the daemon's model_error)
+        print(f"meshd generate: {exc}", file=sys.stderr)
+        return 3
+    except (RequestError, ValueError) as exc:  # ValueError: --tensor-split vs devices
         print(f"meshd generate: {exc}", file=sys.stderr)
         return 2
     except NativeError as exc:
@@ -125,11 +178,9 @@ def _note(_event: str, message: str) -> None:
 
 
 def cmd_make_test_model(args: argparse.Namespace) -> int:
-    from meshd.native.testmodels import write_test_model
+    from meshd.native.testmodels import run
 
-    path = write_test_model(args.kind, args.out, seed=args.seed, acceptance=args.acceptance)
-    print(path)
-    return 0
+    return run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,13 +189,17 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_version(parser, "meshd")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
-    from . import demo, plugins_cmd, serve
+    from . import demo, plugins_cmd, serve, soak, worker
 
     serve.add_parser(sub)
     demo.add_parser(sub)
+    worker.add_parser(sub)
     plugins_cmd.add_parser(sub)
     _add_generate(sub)
+    soak.add_parser(sub)
     _add_bench(sub)
+    _add_bench_threads(sub)
+    _add_config(sub)
     _add_make_test_model(sub)
     return parser
 
@@ -169,10 +224,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return demo.run(args)
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "worker":
+        from . import worker
+
+        return worker.run(args)
+    if args.command == "soak":
+        from . import soak
+
+        return soak.run(args)
     if args.command == "bench":
         from .bench import cmd_bench
 
         return cmd_bench(args)
+    if args.command == "config":
+        return cmd_config(args)
+    if args.command == "bench-threads":
+        from .bench_threads import cmd_bench_threads
+
+        return cmd_bench_threads(args)
     return cmd_make_test_model(args)
 
 

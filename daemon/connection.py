@@ -10,7 +10,15 @@ Failure policy: a malformed frame is answered with an ``error`` frame and the
 connection carries on (only a bad *first* frame closes it, as the protocol says); a
 peer that goes away (EOF, reset, a write that does not complete within the send
 timeout) cancels all of the connection's requests, which stop at their next step
-boundary and hand their session slots back. EOF counts as going away even if only the
+boundary and hand their session slots back.
+
+Bounded resources: a connection holds a file descriptor, so after the handshake it is
+closed when it is idle (no request in flight and no frame received) for
+``idle_timeout_s``, and a frame that has begun must end within ``frame_timeout_s`` (a
+client trickling one byte a second is not idle, but it is not sending a request either);
+that one is answered with a ``bad_request`` error before the close. A reply that would be
+larger than the frame limit the server announces is replaced by a ``too_large`` error,
+because the peer could not read it. EOF counts as going away even if only the
 write side was shut (the protocol: closing the connection cancels its requests), so a
 client keeps its side open until it has its answers. A bug while serving one request is
 reported to that request as ``internal`` and logged; it never takes the daemon down.
@@ -19,6 +27,7 @@ reported to that request as ``internal`` and logged; it never takes the daemon d
 from __future__ import annotations
 
 import collections
+import math
 import socket
 from typing import Final
 
@@ -30,13 +39,16 @@ from structlog.typing import FilteringBoundLogger
 from meshd.protocol import (
     BadRequest,
     Cancel,
+    CancelReply,
     Detokenize,
+    FrameTooLarge,
     Generate,
     Health,
     Hello,
     InternalError,
     ModelError,
     Models,
+    PermissionDenied,
     ProtocolError,
     Request,
     RequestDecoder,
@@ -52,6 +64,7 @@ from meshd.protocol import FinishReason as WireFinishReason
 
 from .engine import GenerationStats, TokenEvent
 from .mapping import done_message, token_message
+from .peercred import peer_credentials
 from .scheduler import Failed, Finished, GenRequest, RequestHandle
 from .service import InFlight, Service
 from .speculation import FinishReason
@@ -94,6 +107,8 @@ class Connection:
         self._requests: dict[str, InFlight] = {}
         self._helpers = 0  # tokenizer requests running
         self._scope: anyio.CancelScope | None = None
+        self._last_activity = anyio.current_time()
+        self._frame_started: float | None = None  # when the current partial frame began
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -101,6 +116,8 @@ class Connection:
         """Handshake, then serve requests until EOF; closes the stream on the way out."""
         self.log.debug("connection_opened")
         try:
+            if not await self._admit_peer():
+                return
             async with anyio.create_task_group() as tg:
                 self._scope = tg.cancel_scope
                 try:
@@ -115,6 +132,23 @@ class Connection:
             await self._receiver.aclose()
             self.log.debug("connection_closed", client=self.client_name)
 
+    async def _admit_peer(self) -> bool:
+        """Check the peer's credentials against the allow-list; a refused peer gets one
+        ``forbidden`` error frame (id null) and the connection closes."""
+        policy = self.config.peers
+        if not policy.restricted or self._socket is None:
+            return True
+        peer = peer_credentials(self._socket)
+        if policy.allows(peer):
+            return True
+        self.service.counters["connections_denied"] += 1
+        self.log.warning("peer_denied", pid=peer.pid if peer else None,
+                         uid=peer.uid if peer else None, gid=peer.gid if peer else None)
+        await self._send(PermissionDenied(
+            "this daemon does not serve your user or groups (ask its administrator to add "
+            "them to the allowed users or groups)").to_message())
+        return False
+
     def close(self) -> None:
         """Stop serving (from any task of the event loop)."""
         self._cancel_all()
@@ -127,21 +161,30 @@ class Connection:
 
     # ------------------------------------------------------------------ reading
 
-    async def _next(self) -> _Item | None:
-        """The next request or decoding error; ``None`` once the peer has gone."""
+    async def _next(self, *, bounded: bool = False) -> _Item | None:
+        """The next request or decoding error; ``None`` once the peer has gone.
+
+        ``bounded`` (after the handshake) applies the idle and partial-frame timeouts;
+        ``None`` is then also returned when one of them closed the connection.
+        """
         while not self._ready:
             if self._eof:
                 return None
-            try:
-                data = await self._receiver.receive()
-            except anyio.EndOfStream:
-                self._decoder.feed_eof()
-                self._eof = True
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            with anyio.move_on_after(self._read_timeout() if bounded else math.inf):
+                try:
+                    data = await self._receiver.receive()
+                except anyio.EndOfStream:
+                    self._decoder.feed_eof()
+                    self._eof = True
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return None
+                else:
+                    self._decoder.feed(data)
+                self._ready.extend(self._decoder.drain())
+                self._note_received()
+                continue
+            if await self._timed_out():
                 return None
-            else:
-                self._decoder.feed(data)
-            self._ready.extend(self._decoder.drain())
         return self._ready.popleft()
 
     async def _first_item(self) -> _Item | None:
@@ -175,6 +218,46 @@ class Connection:
         except ProtocolError as exc:
             return exc
 
+    def _note_received(self) -> None:
+        now = anyio.current_time()
+        if self._ready:
+            self._last_activity = now
+        if self._decoder.frames.buffered == 0:
+            self._frame_started = None
+        elif self._frame_started is None:
+            self._frame_started = now
+
+    def _in_flight(self) -> int:
+        return len(self._requests) + self._helpers
+
+    def _read_timeout(self) -> float:
+        """Seconds until the next timeout could fire (re-checked by :meth:`_timed_out`)."""
+        now = anyio.current_time()
+        if self._frame_started is not None:
+            return max(0.0, self._frame_started + self.config.frame_timeout_s - now)
+        return max(0.0, self._last_activity + self.config.idle_timeout_s - now)
+
+    async def _timed_out(self) -> bool:
+        """Whether a timeout has closed the connection (False: keep reading)."""
+        now = anyio.current_time()
+        if self._frame_started is not None:
+            if now < self._frame_started + self.config.frame_timeout_s:
+                return False
+            self.log.info("frame_timeout", buffered=self._decoder.frames.buffered)
+            await self._reject(BadRequest(
+                f"frame not completed within {self.config.frame_timeout_s:g} s; "
+                "closing the connection"
+            ))
+            return True
+        if self._in_flight():
+            # Requests are running: the client waits for answers, that is not idleness.
+            self._last_activity = now
+            return False
+        if now < self._last_activity + self.config.idle_timeout_s:
+            return False
+        self.log.info("idle_timeout", seconds=self.config.idle_timeout_s)
+        return True
+
     async def _handshake(self) -> bool:
         """The first frame must be a ``hello`` we speak; anything else closes."""
         with anyio.move_on_after(self.config.hello_timeout_s):
@@ -201,7 +284,7 @@ class Connection:
         return False
 
     async def _serve(self, tg: anyio.abc.TaskGroup) -> None:
-        while (item := await self._next()) is not None:
+        while (item := await self._next(bounded=True)) is not None:
             await self._dispatch(item, tg)
 
     async def _dispatch(self, item: _Item, tg: anyio.abc.TaskGroup) -> None:
@@ -222,10 +305,14 @@ class Connection:
                 tg.start_soon(self._generate, item, entry)
         elif isinstance(item, Cancel):
             target = self._requests.get(item.id)
+            found = target is not None
             if target is not None:
                 target.cancel()
             elif self.service.cancel_anywhere(item.id):
+                found = True
                 self.log.info("request_cancelled_elsewhere", id=item.id)
+            if item.ack is not None:
+                await self._send(CancelReply(id=item.ack, cancelled=found))
         elif isinstance(item, Health):
             await self._send(self.service.health(item))
         elif isinstance(item, Stats):
@@ -244,7 +331,7 @@ class Connection:
             await self._reject(InternalError(f"unhandled {item.OP}", request_id=item.id))
 
     def _busy(self) -> bool:
-        return len(self._requests) + self._helpers >= self.config.max_requests_per_connection
+        return self._in_flight() >= self.config.max_requests_per_connection
 
     def _too_many(self, request_id: str) -> ServerBusy:
         return ServerBusy(
@@ -273,6 +360,7 @@ class Connection:
             await self._send(reply)
         finally:
             self._helpers -= 1
+            self._last_activity = anyio.current_time()
 
     async def _generate(self, request: Generate, entry: InFlight) -> None:
         """Serve one ``generate``: prepare, submit, stream, finish. Never raises."""
@@ -280,14 +368,14 @@ class Connection:
             try:
                 gen = await self.service.prepare(request)
                 if entry.cancelled:
-                    await self._finish_early(request.id, gen)
+                    await self._finish_early(request.id, gen, entry)
                     return
                 handle = self.service.submit(gen, request.id)
             except ProtocolError as exc:
                 await self._reject(exc.with_request_id(request.id))
                 return
             entry.attach(handle)
-            await self._stream(request.id, gen, handle)
+            await self._stream(request.id, gen, handle, entry)
         except Exception:
             self.log.exception("request_crashed", id=request.id, op=request.OP)
             await self._reject(InternalError("generation failed", request_id=request.id))
@@ -295,15 +383,18 @@ class Connection:
             if self._requests.get(request.id) is entry:
                 del self._requests[request.id]
             self.service.unregister(entry)
+            self._last_activity = anyio.current_time()
 
-    async def _finish_early(self, request_id: str, gen: GenRequest) -> None:
+    async def _finish_early(self, request_id: str, gen: GenRequest, entry: InFlight) -> None:
         """A request cancelled before it reached the scheduler still ends with ``done``."""
         stats = GenerationStats(prompt_tokens=len(gen.prompt))
-        await self._send(done_message(request_id, FinishReason.CANCELLED, stats, None,
-                                      prompt_tokens=len(gen.prompt)))
-        self._log_finished(request_id, "cancelled", stats, None, gen)
+        finish = _finish_reason(FinishReason.CANCELLED, entry)
+        await self._send(done_message(request_id, finish, stats, None,
+                                      prompt_tokens=len(gen.prompt), sampling=gen.sampling))
+        self._log_finished(request_id, finish.value, stats, None, gen)
 
-    async def _stream(self, request_id: str, gen: GenRequest, handle: RequestHandle) -> None:
+    async def _stream(self, request_id: str, gen: GenRequest, handle: RequestHandle,
+                      entry: InFlight) -> None:
         """Forward the scheduler's events as frames, coalescing what is already there."""
         frames_sent = 0
         async with handle.events:
@@ -327,7 +418,7 @@ class Connection:
                         final = event
                 if final is not None:
                     frames.append(encode(self._final_message(
-                        request_id, gen, handle, final, frames_sent + len(frames) > 0
+                        request_id, gen, handle, final, frames_sent + len(frames) > 0, entry
                     )))
                 if not await self._send_bytes(b"".join(frames)):
                     return
@@ -336,13 +427,14 @@ class Connection:
                     return
 
     def _final_message(self, request_id: str, gen: GenRequest, handle: RequestHandle,
-                       final: Finished | Failed, streamed: bool) -> Response:
+                       final: Finished | Failed, streamed: bool, entry: InFlight) -> Response:
         """``done`` for a finished generation; for a failed one, ``error`` if nothing was
         streamed yet, else ``done`` with ``finish_reason: error`` (PROTOCOL.md)."""
         if isinstance(final, Finished):
-            self._log_finished(request_id, final.finish.value, final.stats, final.proposer, gen)
-            return done_message(request_id, final.finish, final.stats, final.proposer,
-                                prompt_tokens=len(gen.prompt))
+            finish = _finish_reason(final.finish, entry)
+            self._log_finished(request_id, finish.value, final.stats, final.proposer, gen)
+            return done_message(request_id, finish, final.stats, final.proposer,
+                                prompt_tokens=len(gen.prompt), sampling=gen.sampling)
         error: ProtocolError = (
             BadRequest(f"generate: {final.message}", request_id=request_id)
             if final.kind == "request"
@@ -355,10 +447,12 @@ class Connection:
             return error.to_message()
         generation = handle.generation
         stats = generation.stats if generation is not None else GenerationStats()
-        self._log_finished(request_id, "error", stats, handle.proposer, gen)
-        return done_message(request_id, WireFinishReason.ERROR, stats, handle.proposer,
+        ran = stats.proposer_that_ran(handle.proposer)
+        self._log_finished(request_id, "error", stats, ran, gen)
+        return done_message(request_id, WireFinishReason.ERROR, stats, ran,
                             prompt_tokens=len(gen.prompt),
-                            error_message=final.message or "generation failed")
+                            error_message=final.message or "generation failed",
+                            sampling=gen.sampling)
 
     def _log_finished(self, request_id: str, finish: str, stats: GenerationStats,
                       proposer: str | None, gen: GenRequest) -> None:
@@ -393,7 +487,19 @@ class Connection:
         self.service.counters[f"errors_{error.code.value}"] += 1
 
     async def _send(self, message: Response) -> bool:
-        return await self._send_bytes(encode(message))
+        """Send one reply; one the peer could not read (above the announced frame limit)
+        is replaced by a ``too_large`` error for its request."""
+        data = encode(message)
+        limit = self.config.max_frame_size
+        if len(data) - 1 > limit:
+            error = FrameTooLarge(
+                f"{message.OP} would be {len(data) - 1} bytes, above the frame limit of "
+                f"{limit}; send a smaller request", request_id=message.id,
+            )
+            self._count_error(error)
+            self.log.info("reply_too_large", id=message.id, op=message.OP, size=len(data) - 1)
+            data = encode(error.to_message())
+        return await self._send_bytes(data)
 
     async def _send_bytes(self, data: bytes) -> bool:
         """Write whole frames; on a dead peer, stop the connection and return False."""
@@ -432,3 +538,10 @@ class Connection:
             except OSError as exc:
                 raise anyio.BrokenResourceError(str(exc)) from exc
             view = view[sent:]
+
+
+def _finish_reason(finish: FinishReason, entry: InFlight) -> WireFinishReason:
+    """The wire's finish reason: a cancellation by the daemon's shutdown says so."""
+    if finish is FinishReason.CANCELLED and entry.shutdown:
+        return WireFinishReason.SHUTDOWN
+    return WireFinishReason(finish.value)

@@ -190,11 +190,11 @@ def _cmd_detokenize(client: SyncClient, args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(client: SyncClient, args: argparse.Namespace) -> int:
-    client.cancel(args.request_id)
-    # ``cancel`` has no reply; a round trip afterwards shows the daemon has processed it
-    # (frames of one connection are handled in order) before we hang up.
-    client.health()
-    print(f"cancel sent for {args.request_id}", file=sys.stderr)
+    if not client.cancel_confirmed(args.request_id):
+        print(f"meshctl: no request {args.request_id!r} is running (unknown or already "
+              "finished)", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"cancelled {args.request_id}", file=sys.stderr)
     return EXIT_OK
 
 

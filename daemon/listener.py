@@ -36,6 +36,7 @@ __all__ = [
     "default_socket_path",
     "open_listener",
     "preflight",
+    "system_backlog",
 ]
 
 DEFAULT_SOCKET_MODE: Final = 0o660
@@ -43,6 +44,7 @@ DEFAULT_SOCKET_MODE: Final = 0o660
 
 _DIR_MODE: Final = 0o750
 _LIVENESS_TIMEOUT_S: Final = 1.0
+_SOMAXCONN_PATH: Final = "/proc/sys/net/core/somaxconn"
 
 
 class ListenerError(Exception):
@@ -50,10 +52,17 @@ class ListenerError(Exception):
 
 
 def default_socket_path() -> str:
-    """``$XDG_RUNTIME_DIR/meshd/meshd.sock``, else ``/tmp/meshd-$UID/meshd.sock``."""
+    """``$RUNTIME_DIRECTORY/meshd.sock`` under systemd (``RuntimeDirectory=meshd``, so
+    ``/run/meshd/meshd.sock``), else ``$XDG_RUNTIME_DIR/meshd/meshd.sock``, else
+    ``/run/meshd/meshd.sock`` for root and ``/tmp/meshd-$UID/meshd.sock`` for others."""
+    service_dir = os.environ.get("RUNTIME_DIRECTORY")
+    if service_dir:  # a colon-separated list when the unit names several; ours is first
+        return os.path.join(service_dir.split(":")[0], "meshd.sock")
     runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
     if runtime_dir:
         return os.path.join(runtime_dir, "meshd", "meshd.sock")
+    if os.getuid() == 0:  # /tmp is private to a service with PrivateTmp=
+        return "/run/meshd/meshd.sock"
     return os.path.join("/tmp", f"meshd-{os.getuid()}", "meshd.sock")
 
 
@@ -166,10 +175,33 @@ class Listener:
             await self.aclose()
 
 
+def system_backlog() -> int:
+    """The largest listen backlog the kernel grants (``net.core.somaxconn``).
+
+    Why the maximum by default: connections that arrive while the accept loop is busy wait
+    in the backlog; a burst larger than it (a thousand clients connecting at once) makes
+    the rest fail with EAGAIN and retry. The kernel caps any larger request at this value.
+    """
+    try:
+        with open(_SOMAXCONN_PATH, encoding="ascii") as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+    return value if value > 0 else socket.SOMAXCONN
+
+
 async def open_listener(
-    spec: BindSpec | str, *, mode: int = DEFAULT_SOCKET_MODE, backlog: int = 128
+    spec: BindSpec | str, *, mode: int = DEFAULT_SOCKET_MODE, backlog: int | None = None
 ) -> Listener:
-    """Listen on ``spec``. Raises ListenerError when that is not possible or not safe."""
+    """Listen on ``spec``. Raises ListenerError when that is not possible or not safe.
+
+    ``backlog`` defaults to :func:`system_backlog`. An inherited socket (``fd://N``) keeps
+    the backlog its creator gave it (systemd's ``Backlog=``).
+    """
+    if backlog is None:
+        backlog = system_backlog()
+    if backlog < 1:
+        raise ListenerError(f"the listen backlog must be at least 1 (got {backlog})")
     if isinstance(spec, str):
         try:
             spec = BindSpec.parse(spec)

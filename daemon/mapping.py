@@ -58,6 +58,7 @@ def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.Spec
         "prefill_forwards": stats.prefill_forwards,
         "trims": stats.trims,
         "propose_ms": stats.propose_ms,
+        "proposals": stats.proposals,
     }
     for kind, count in stats.proposer_faults.items():
         extra[f"proposer_fault_{kind}"] = count
@@ -90,12 +91,15 @@ def done_message(
     *,
     prompt_tokens: int,
     error_message: str | None = None,
+    sampling: SamplingParams | None = None,
 ) -> wire.Done:
-    """The final ``done`` frame of a generation."""
+    """The final ``done`` frame of a generation; it reports the seed ``sampling`` drew
+    with (none for greedy decoding, where no seed plays a part)."""
     return wire.Done(
         id=request_id,
         finish_reason=wire.FinishReason(finish.value),
         usage=wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=stats.emitted),
         speculation=speculation_stats(stats, proposer),
         error_message=error_message or None,
+        seed=None if sampling is None or sampling.greedy else sampling.seed,
     )

@@ -22,6 +22,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from meshd.protocol import Stats
+
 from .histogram import Histogram
 
 if TYPE_CHECKING:
@@ -61,11 +63,12 @@ class DaemonCollector(Collector):
         errors = CounterMetricFamily(
             "meshd_protocol_errors", "Requests refused with an error, by error code.",
             labels=["code"])
-        codes = {k.removeprefix(_ERROR_PREFIX): v for k, v in svc.counters.items()
+        # Error counts exactly as the ``stats`` op reports them.
+        counters = svc.stats(Stats(id="metrics")).counters
+        codes = {k.removeprefix(_ERROR_PREFIX): v for k, v in counters.items()
                  if k.startswith(_ERROR_PREFIX)}
-        codes["busy"] = codes.get("busy", 0) + st.rejected_busy
-        for code, n in sorted(codes.items()):
-            errors.add_metric([code], n)
+        for code, count in sorted(codes.items()):
+            errors.add_metric([code], count)
         yield errors
         yield _histogram("meshd_verify_seconds",
                          "One batched target forward verifying every active window.",

@@ -22,7 +22,15 @@ import attrs
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
 
-from .argtypes import integer, non_negative, non_negative_float, positive, probability
+from .argtypes import (
+    integer,
+    non_negative,
+    non_negative_float,
+    positive,
+    probability,
+    weights,
+    workers,
+)
 from .logs import LEVELS
 from .sampling import SamplingParams
 
@@ -38,6 +46,7 @@ __all__ = [
     "model_options",
     "non_negative",
     "non_negative_float",
+    "placement_options",
     "positive",
     "probability",
     "proposer_name",
@@ -52,6 +61,12 @@ DEFAULT_CTX: Final = 4096
 DEFAULT_MAX_TOKENS: Final = 256
 """Tokens generated when a request does not say: ``serve``, ``generate`` and ``demo``."""
 DEFAULT_PROPOSER: Final = "auto"
+DEFAULT_SLOTS: Final = 4
+"""Generations ``serve`` decodes together (sessions in the shared context)."""
+DEFAULT_MAX_QUEUE: Final = 64
+"""Requests waiting for a slot before new ones are answered ``busy``."""
+DEFAULT_STREAM_INTERVAL_MS: Final = 100
+"""Tokens are streamed in batches at most this far apart (after the first token)."""
 DEFAULT_BACKEND: Final = "asyncio"
 DEFAULT_LOG_LEVEL: Final = "info"
 
@@ -126,8 +141,13 @@ def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True) -> argparse.Arg
                    help="context length per session in tokens; capped at the model's "
                         "training context (a note says so)")
     g.add_argument("-t", "--threads", type=positive, default=None, metavar="N",
-                   help="CPU threads for llama.cpp (default: every core this process may "
-                        "use; on a shared machine use 1)")
+                   help="CPU threads for llama.cpp (default: the CPUs this process may "
+                        "use: its affinity mask, capped by its cgroup CPU quota). Between "
+                        "operations the threads sleep (OMP_WAIT_POLICY=passive, unless "
+                        "OMP_WAIT_POLICY or GOMP_SPINCOUNT is set): spinning "
+                        "(OMP_WAIT_POLICY=active) is faster on an idle machine but collapses "
+                        "when other processes want the cores; meshd bench-threads measures "
+                        "both")
     return p
 
 
@@ -174,6 +194,19 @@ def generation_options() -> argparse.ArgumentParser:
                    help="most tokens to generate")
     g.add_argument("--stop", action="append", default=[], metavar="S",
                    help="stop string (repeatable); not included in the output")
+    return p
+
+
+def placement_options() -> argparse.ArgumentParser:
+    """``--rpc`` and ``--tensor-split``: split the model's layers across workers."""
+    p = _parent()
+    g = p.add_argument_group("several machines")
+    g.add_argument("--rpc", type=workers, default=None, metavar="HOST:PORT[,...]",
+                   help="remote workers (meshd worker) to split the model's layers across "
+                        "(default: none, everything runs here)")
+    g.add_argument("--tensor-split", type=weights, default=None, metavar="W[,W...]",
+                   help="weigh the layer split: one weight per device (local GPUs, then "
+                        "each worker's devices; default: by free memory)")
     return p
 
 

@@ -3,8 +3,8 @@
 Why a command: a plugin that fails to import, claims a taken name or is disabled in the
 config must be visible without starting a daemon and reading its log. It lists what the
 ``meshd.proposers`` entry points provide (where each comes from, whether it loaded and the
-error if not, its declared resources and capabilities) and the out-of-process plugins of
-a config file (``--plugins-config``); nothing is started.
+error if not, its declared resources and capabilities) and the plugins configured in the
+daemon's configuration file (``[speculation.plugins.NAME]``); nothing is started.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import json
 import sys
 from typing import Any
 
-from meshd.plugins.config import PluginConfig, PluginConfigError, load_plugin_config
+from meshd.plugins.config import PluginConfig
 from meshd.plugins.registry import Registry, default_registry
+
+from .config import DEFAULT_CONFIG_PATH, ConfigError, load
 
 __all__ = ["add_parser", "describe", "run"]
 
@@ -24,8 +26,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("plugins", help="proposer plugins: list what is installed/configured")
     action = p.add_subparsers(dest="plugins_command", required=True)
     ls = action.add_parser("list", help="every discovered proposer and configured plugin")
-    ls.add_argument("--plugins-config", metavar="FILE",
-                    help="TOML file with [speculation.plugins.NAME] tables")
+    ls.add_argument("-C", "--config", metavar="FILE", default=None,
+                    help=f"the daemon's TOML configuration file (default: "
+                         f"{DEFAULT_CONFIG_PATH} if it exists)")
     ls.add_argument("--json", action="store_true", help="print one JSON array")
 
 
@@ -62,8 +65,8 @@ def describe(registry: Registry, configs: dict[str, PluginConfig]) -> list[dict[
 
 def run(args: argparse.Namespace) -> int:
     try:
-        configs = load_plugin_config(args.plugins_config) if args.plugins_config else {}
-    except PluginConfigError as exc:
+        configs = load(args.config, environ={}).plugins
+    except ConfigError as exc:
         print(f"meshd plugins: {exc}", file=sys.stderr)
         return 2
     rows = describe(default_registry(), configs)

@@ -10,11 +10,14 @@ are sampled lazily, in order, and sampling stops at the first mismatch.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 
 import attrs
 import numpy as np
 import numpy.typing as npt
+
+from meshd.protocol import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -23,9 +26,9 @@ FloatArray = npt.NDArray[np.float32]
 class SamplingParams:
     """How to choose each token. ``temperature == 0`` is greedy (argmax)."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
     seed: int | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -46,7 +49,24 @@ class SamplingParams:
         return self.greedy or self.seed is not None
 
 
-GREEDY = SamplingParams()
+GREEDY = SamplingParams(temperature=0.0)
+
+#: Seeds the daemon chooses are below this (the wire allows 0 <= seed <= 2**64 - 1).
+CHOSEN_SEED_BITS = 63
+
+
+def with_chosen_seed(params: SamplingParams) -> SamplingParams:
+    """``params`` with a seed: unseeded sampling gets one chosen at random here.
+
+    Why: a sampled request without a seed cannot be verified exactly (the stream from an
+    unknown seed cannot be replayed row by row), so it would run without speculation. A
+    stream drawn from a freshly chosen seed is still a valid sample, and sample-and-match
+    verification reproduces it exactly; reporting the seed lets the request be replayed.
+    Greedy and already-seeded parameters are returned unchanged.
+    """
+    if params.greedy or params.seed is not None:
+        return params
+    return attrs.evolve(params, seed=secrets.randbits(CHOSEN_SEED_BITS))
 
 
 class Sampler:

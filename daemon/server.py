@@ -3,9 +3,10 @@
 Why this shape (structured concurrency, as in trio): :meth:`Server.serve` owns every
 task it starts; it reports readiness through ``task_status.started()`` once the socket
 listens, and nothing outlives it. Shutting down is a sequence, not a cancellation
-storm: stop accepting and remove the socket, refuse new work, cancel every generation
-so its client gets ``done`` with ``finish_reason: cancelled``, wait (bounded) for those
-to be delivered, then close the connections and stop the engine loop. Cancelling
+storm: stop accepting and remove the socket, refuse new work, let running generations
+finish for a grace period, cancel the rest so each client gets ``done`` with
+``finish_reason: shutdown``, wait (bounded) for those to be delivered, then close the
+connections and stop the engine loop. Cancelling
 ``serve`` from outside (a test's task group, a second Ctrl-C) skips the politeness but
 still closes every generation's session and removes the socket.
 
@@ -14,6 +15,7 @@ The same code runs on asyncio (uvloop when installed) and trio through anyio.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -21,6 +23,8 @@ from functools import partial
 
 import anyio
 import anyio.abc
+
+from meshd.protocol import ServerBusy, encode
 
 from .connection import Connection
 from .http.connection import HttpConnection
@@ -55,11 +59,30 @@ class Server:
         self.http_listener: Listener | None = None
         self._connections: set[Connection | HttpConnection] = set()
         self._ids = itertools.count(1)
+        self._open = 0  # connections accepted and not yet closed (the limit counts them)
         self._stop = anyio.Event()
+        self._grace_s: float | None = None
 
-    def shutdown(self) -> None:
-        """Begin a graceful shutdown (call from the event loop; idempotent)."""
+    def shutdown(self, *, grace_s: float | None = None) -> None:
+        """Begin a graceful shutdown (call from the event loop; idempotent): stop
+        accepting, let running generations finish for up to ``grace_s`` (default: the
+        config's ``shutdown_grace_s``), then end the rest with ``shutdown``."""
+        if not self._stop.is_set() and grace_s is not None:
+            self._grace_s = grace_s
         self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def reconfigure(self, config: ServerConfig) -> None:
+        """Apply settings that can change while serving (SIGHUP): limits, timeouts,
+        the stream interval and the peer allow-list. New connections use them at once;
+        open ones keep the allow-list they were admitted under."""
+        self.config = config
+        self.service.config = config
+        self.scheduler.max_queue = config.max_queue
+        self.scheduler.step_budget_s = config.stream_interval_s
 
     @property
     def connections(self) -> int:
@@ -77,7 +100,8 @@ class Server:
         Reports the bind address (``unix:PATH``) as started once it accepts connections.
         Raises ListenerError (before starting anything) when it cannot listen.
         """
-        listener = bind if isinstance(bind, Listener) else await open_listener(bind)
+        listener = bind if isinstance(bind, Listener) else \
+            await open_listener(bind, backlog=self.config.backlog)
         self.listener = listener
         async with listener:
             http_listener = http if http is None or isinstance(http, Listener) \
@@ -92,6 +116,8 @@ class Server:
                    task_status: anyio.abc.TaskStatus[str]) -> None:
         async with anyio.create_task_group() as engine:
             await engine.start(self.scheduler.run)
+            if self.runtime.remote is not None:
+                engine.start_soon(self._recover_workers)
             async with anyio.create_task_group() as conns:
                 async with anyio.create_task_group() as accepting:
                     accepting.start_soon(self._accept_loop, listener, conns)
@@ -105,6 +131,32 @@ class Server:
                 conns.cancel_scope.cancel()
             engine.cancel_scope.cancel()
         self.log.info("stopped")
+
+    async def _recover_workers(self) -> None:
+        """While a remote worker is lost, probe it; once every worker answers, load the
+        model again (on the model's worker thread, between forwards) so health goes
+        back from ``degraded`` to ``ok``."""
+        remote = self.runtime.remote
+        assert remote is not None
+        reported = False
+        while True:
+            await anyio.sleep(self.config.worker_probe_s)
+            if not self.runtime.degraded:
+                continue
+            if not reported:
+                self.log.error("worker_lost", workers=[a for a, _ in remote.lost],
+                               reasons=[r for _, r in remote.lost])
+                reported = True
+            if not await anyio.to_thread.run_sync(remote.all_answer):
+                continue
+            try:
+                reloaded = await self.scheduler.run_sync(self.runtime.reload)
+            except Exception as exc:  # still failing: keep probing
+                self.log.warning("worker_reload_failed", error=str(exc))
+                continue
+            if reloaded:
+                self.log.info("workers_back", workers=[str(e) for e in remote.endpoints])
+                reported = False
 
     def _ready(self, address: str) -> None:
         m = self.service.model
@@ -121,7 +173,8 @@ class Server:
         await listener.aclose()  # no new connections; the socket file goes away now
         if http_listener is not None:
             await http_listener.aclose()
-        drained = await self.service.drain(self.config.drain_timeout_s)
+        grace = self.config.shutdown_grace_s if self._grace_s is None else self._grace_s
+        drained = await self.service.drain(self.config.drain_timeout_s, grace_s=grace)
         if not drained:
             self.log.warning("drain_timeout", in_flight=self.service.n_inflight)
         for conn in list(self._connections):
@@ -139,25 +192,50 @@ class Server:
                 await anyio.sleep(0.1)
                 continue
             self.service.counters["connections_total"] += 1
+            if self._open >= self.config.max_connections:
+                await self._refuse(stream, http_only)
+                continue
+            self._open += 1
+            self.service.open_connections = self._open
             conns.start_soon(self._run_stream, stream, http_only)
+
+    async def _refuse(self, stream: anyio.abc.SocketStream, http_only: bool) -> None:
+        """Close a connection over the limit at once, so it holds no descriptor of ours;
+        on the daemon's socket it first gets a ``busy`` error frame saying why."""
+        limit = self.config.max_connections
+        self.service.counters["connections_refused"] += 1
+        self.log.warning("connection_refused", reason="max_connections", limit=limit)
+        if not http_only:
+            self.service.counters["errors_busy"] += 1
+            frame = encode(ServerBusy(f"too many connections (limit {limit}); retry later")
+                           .to_message())
+            sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+            with contextlib.suppress(OSError):
+                sock.send(frame)  # a fresh socket's buffer takes one small frame
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
 
     async def _run_stream(self, stream: anyio.abc.SocketStream, http_only: bool) -> None:
         """Serve a new connection: HTTP-only listeners speak HTTP; on the daemon's own
         socket the first bytes tell an HTTP request from an NDJSON frame."""
-        conn_id = next(self._ids)
-        kind = Kind.HTTP if http_only else await sniff(stream, self.config.hello_timeout_s)
-        if kind is Kind.GONE:
-            self.log.info("hello_timeout", conn=conn_id)
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()
-            return
-        conn: Connection | HttpConnection
-        if kind is Kind.HTTP:
-            self.service.counters["connections_http"] += 1
-            conn = HttpConnection(stream, self.service, conn_id=conn_id, log=self.log)
-        else:
-            conn = Connection(stream, self.service, conn_id=conn_id, log=self.log)
-        await self._run_connection(conn)
+        try:
+            conn_id = next(self._ids)
+            kind = Kind.HTTP if http_only else await sniff(stream, self.config.hello_timeout_s)
+            if kind is Kind.GONE:
+                self.log.info("hello_timeout", conn=conn_id)
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+                return
+            conn: Connection | HttpConnection
+            if kind is Kind.HTTP:
+                self.service.counters["connections_http"] += 1
+                conn = HttpConnection(stream, self.service, conn_id=conn_id, log=self.log)
+            else:
+                conn = Connection(stream, self.service, conn_id=conn_id, log=self.log)
+            await self._run_connection(conn)
+        finally:
+            self._open -= 1
+            self.service.open_connections = self._open
 
     async def _run_connection(self, conn: Connection | HttpConnection) -> None:
         self._connections.add(conn)
@@ -192,6 +270,7 @@ async def serving(
             body_error = exc
             tg.cancel_scope.cancel()
         finally:
-            server.shutdown()
+            # Leaving the block means "stop now": no grace period for what still runs.
+            server.shutdown(grace_s=0)
     if body_error is not None:
         raise body_error

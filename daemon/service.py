@@ -15,6 +15,7 @@ import importlib.metadata
 import socket
 import time
 from collections.abc import Iterator
+from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -50,12 +51,19 @@ from meshd.protocol import (
 
 from .http.config import HttpConfig
 from .mapping import model_info, sampling_params
-from .options import DEFAULT_MAX_TOKENS
+from .options import DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS, DEFAULT_STREAM_INTERVAL_MS
+from .peercred import PeerPolicy
 from .runtime import ModelRuntime, RequestError
+from .sampling import with_chosen_seed
 from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
 
-__all__ = ["DEFAULT_MAX_TOKENS", "InFlight", "ServerConfig", "Service", "server_version"]
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SHUTDOWN_GRACE_S", "InFlight", "ServerConfig", "Service",
+           "server_version"]
 
+
+
+DEFAULT_SHUTDOWN_GRACE_S: Final = 30.0
+"""Seconds running generations may go on after SIGTERM (systemd's stop timeout is 90)."""
 
 
 def server_version() -> str:
@@ -74,18 +82,35 @@ class ServerConfig:
     max_tokens_limit: int | None = None
     """Largest ``max_tokens`` accepted; ``None`` means the per-session context length."""
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_queue: int = 64
+    max_queue: int = DEFAULT_MAX_QUEUE
     """Generations waiting for a slot before new ones are answered ``busy``."""
-    stream_interval_s: float = 0.1
+    stream_interval_s: float = DEFAULT_STREAM_INTERVAL_MS / 1000
     """Tokens are streamed in batches at most this far apart (after the first token)."""
     max_requests_per_connection: int = 256
     """Concurrent requests one connection may have in flight before ``busy``."""
     hello_timeout_s: float = 10.0
     """A connection that does not say ``hello`` within this is closed."""
+    idle_timeout_s: float = 300.0
+    """After the handshake, a connection with no request in flight that sends no frame
+    for this long is closed (each connection holds a file descriptor)."""
+    frame_timeout_s: float = 30.0
+    """A frame that has begun must be complete (newline) within this; else the client
+    gets a ``bad_request`` error and the connection is closed."""
+    max_connections: int = 1024
+    """Open connections at once; one more is answered ``busy`` and closed."""
+    backlog: int | None = None
+    """Listen backlog; ``None`` takes the system's maximum (``net.core.somaxconn``)."""
     send_timeout_s: float = 60.0
     """A client that takes longer than this to accept one write is disconnected."""
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    """On shutdown, how long running generations may go on to finish normally; those
+    still running then end with ``done`` and ``finish_reason: shutdown``."""
     drain_timeout_s: float = 10.0
     """On shutdown, how long cancelled generations get to end with ``done``."""
+    worker_probe_s: float = 1.0
+    """While a remote worker is lost, how often it is probed to reload the model."""
+    peers: PeerPolicy = attrs.field(factory=PeerPolicy)
+    """Which peers (by uid/gid from the socket's credentials) are served."""
     http: HttpConfig = attrs.field(factory=HttpConfig)
     """Limits and timeouts of HTTP connections (Unix socket and ``--http``)."""
 
@@ -101,6 +126,8 @@ class InFlight:
         self.id = request_id
         self.handle: RequestHandle | None = None
         self.cancelled = False
+        #: Cancelled because the daemon is shutting down (``done`` says ``shutdown``).
+        self.shutdown = False
 
     def attach(self, handle: RequestHandle) -> None:
         self.handle = handle
@@ -126,6 +153,7 @@ class Service:
         self.started_at = time.time()
         self.draining = False
         self.counters: collections.Counter[str] = collections.Counter()
+        self.open_connections = 0
         self._model_info = model_info(runtime)
         self._inflight: dict[str, list[InFlight]] = {}
         self._n_inflight = 0
@@ -166,8 +194,9 @@ class Service:
         )
 
     def proposers(self) -> tuple[str, ...]:
-        """Names ``generate.speculative.proposer`` may use (``off`` is always allowed)."""
-        return ("auto", *self.runtime.registry.names())
+        """Names ``generate.speculative.proposer`` may use on this model (``off`` is
+        always allowed); installed ones that cannot serve it are left out."""
+        return tuple(self.runtime.usable_proposers())
 
     def models(self, request: Models) -> ModelsReply:
         return ModelsReply(id=request.id, models=(self._model_info,))
@@ -180,7 +209,8 @@ class Service:
         """Answered from counters only: never waits for the model."""
         return HealthReply(
             id=request.id,
-            status=HealthStatus.DRAINING if self.draining else HealthStatus.OK,
+            status=(HealthStatus.DRAINING if self.draining
+                    else HealthStatus.DEGRADED if self.runtime.degraded else HealthStatus.OK),
             uptime_s=self.uptime_s,
             active_requests=self.scheduler.active,
             queued_requests=self.scheduler.queued,
@@ -200,7 +230,10 @@ class Service:
             "queued_requests": self.scheduler.queued,
             "idle_slots": self.runtime.idle_slots,
             "cached_sessions": len(self.runtime.prefix_cache),
-            "errors_busy": st.rejected_busy,
+            "connections_open": self.open_connections,
+            # Every busy refusal is counted where its answer is sent (the connection),
+            # the scheduler's queue-full ones included.
+            "errors_busy": 0,
             "prefix_cache_tokens": self.runtime.prefix_cache.tokens,
             "checkpoint_bytes": self.scheduler.checkpoint_bytes,
         }
@@ -282,15 +315,14 @@ class Service:
         max_tokens = min(max_tokens, limit)
         proposer = request.speculative.proposer
         if proposer is not None and proposer != PROPOSER_OFF:
-            name = proposer.partition(":")[0]
-            if name not in ("auto", *self.runtime.registry.names()):
+            problem = self.runtime.proposer_problem(proposer)
+            if problem is not None:
                 raise BadRequest.invalid_field(
-                    "generate.speculative.proposer",
-                    f"unknown proposer {proposer!r} (available: off, "
-                    f"{', '.join(self.proposers())})",
-                ).with_request_id(rid)
+                    "generate.speculative.proposer", problem).with_request_id(rid)
         try:
-            sampling = sampling_params(request.sampling)
+            # Unseeded sampling gets a daemon-chosen seed (reported in ``done``), so it
+            # can be verified exactly and speculation runs for API clients by default.
+            sampling = with_chosen_seed(sampling_params(request.sampling))
         except ValueError as exc:
             raise BadRequest(f"generate.sampling: {exc}", request_id=rid) from exc
         try:
@@ -302,10 +334,7 @@ class Service:
         if not prompt:
             raise BadRequest("generate.prompt: tokenizes to no tokens", request_id=rid)
         if len(prompt) + 1 > n_ctx:
-            raise ModelError(
-                f"prompt of {len(prompt)} tokens does not fit the context of {n_ctx} tokens",
-                request_id=rid,
-            )
+            raise ModelError(self.runtime.prompt_too_long(len(prompt)), request_id=rid)
         return GenRequest(
             prompt=tuple(prompt), max_tokens=max_tokens, sampling=sampling,
             stop=tuple(request.stop), proposer=proposer,
@@ -372,11 +401,16 @@ class Service:
     def n_inflight(self) -> int:
         return self._n_inflight
 
-    async def drain(self, timeout_s: float) -> bool:
-        """Refuse new work, cancel every generation, wait for them to end (their clients
-        get ``done`` cancelled). Returns whether all ended within ``timeout_s``."""
+    async def drain(self, timeout_s: float, *, grace_s: float = 0.0) -> bool:
+        """Refuse new work, let running generations finish for up to ``grace_s``, then
+        cancel the rest (their clients get ``done`` with ``finish_reason: shutdown``) and
+        wait for them to end. Returns whether all ended within ``timeout_s`` of that."""
         self.draining = True
+        if grace_s > 0:
+            with anyio.move_on_after(grace_s):
+                await self._idle.wait()
         for entry in self.inflight():
+            entry.shutdown = True
             entry.cancel()
         with anyio.move_on_after(timeout_s):
             await self._idle.wait()

@@ -213,7 +213,7 @@ def _per_child(options: Mapping[str, object], key: str) -> Mapping[str, object]:
     return value
 
 
-@requires(Need.COST_CURVE, Need.REGISTRY)
+@requires(Need.COST_CURVE, Need.REGISTRY, Need.MATCH_STATS)
 def composite_factory(env: ProposerEnv) -> CompositeProposer:
     """Entry point ``composite``.
 
@@ -222,7 +222,9 @@ def composite_factory(env: ProposerEnv) -> CompositeProposer:
     mapping per child name with that child's own options, ``priors`` / ``draft_costs``
     (mappings child name -> number), ``prior_weight``, ``decay``, ``margin``,
     ``probe_every``, ``probe_max_every``, ``cost_curve``. Declared resources: the cost
-    curve (preferred over the option) and the registry (default: the entry-point one).
+    curve (preferred over the option), the registry (default: the entry-point one) and
+    the pooled match statistics, which its children share; children get no live curve
+    (the composite chooses the lengths).
     """
     opts = env.options
     curve = _curve_from(env)

@@ -16,9 +16,7 @@ Every other key is an option for the plugin itself.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -108,15 +106,3 @@ def parse_plugin_tables(document: Mapping[str, Any]) -> dict[str, PluginConfig]:
     if not isinstance(plugins, Mapping):
         raise PluginConfigError("speculation.plugins: expected a table of tables")
     return {name: parse_table(name, table) for name, table in plugins.items()}
-
-
-def load_plugin_config(path: str | Path) -> dict[str, PluginConfig]:
-    """Read a TOML file's ``[speculation.plugins.NAME]`` tables."""
-    try:
-        with open(path, "rb") as fh:
-            document = tomllib.load(fh)
-    except OSError as exc:
-        raise PluginConfigError(f"{path}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise PluginConfigError(f"{path}: {exc}") from exc
-    return parse_plugin_tables(document)

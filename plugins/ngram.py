@@ -1,93 +1,58 @@
-"""Prompt lookup (n-gram) proposer: draft what followed the last time this suffix occurred.
+"""Prompt lookup (n-gram) proposer: draft what followed the longest earlier match.
 
-Why: rewriting, editing, quoting and code refactoring copy long runs of the prompt into
-the output; when the last few tokens occurred earlier, the tokens that followed them are
-a free, often correct, draft. It costs no model work, so it is the one proposer that can
-pay even where verify batches are expensive, as long as the adaptive layer only uses it
-when its measured acceptance is high enough.
+Why: rewriting, editing, quoting and refactoring copy long runs of the prompt (and of
+earlier output) into the output; where the end of the sequence occurred before, the
+tokens that followed it there are a free, often correct, draft. It costs no model work,
+so it is the one proposer that can pay even where a verify batch of ``k + 1`` rows costs
+nearly ``k + 1`` decodes, provided it drafts long only where the text is being copied.
 
-Rule: for ``n`` from ``max_n`` down to ``min_n``, take the last ``n`` tokens of
-prompt + committed tokens; if that n-gram occurred earlier (an occurrence followed by at
-least one token, which excludes the current suffix itself), propose the tokens that
-followed its **most recent** such occurrence, up to ``max_len`` tokens (and never past
-the current end of the sequence). The longest matching ``n`` wins. A draft stops after
-the first end-of-generation token (nothing after it can be committed).
+Rule: a :class:`~meshd.plugins.suffix_index.SuffixIndex` over prompt + committed tokens
+gives the longest suffix that occurred earlier (any length) and where. Matches shorter
+than ``min_n`` are ignored. The draft is what followed that occurrence, never past the
+current end of the sequence unless ``cycle`` (then a match at distance ``p`` repeats
+periodically, ``draft[i] = seq[e + i % p]``, which catches repetition loops), and it
+stops after an end-of-generation token.
 
-Defaults: ``min_n = 2`` (single-token matches are mostly noise: common tokens recur
-everywhere and their followers disagree), ``max_n = 4`` (longer contexts rarely change
-the match once 4 tokens agree, and each ``n`` costs one dict insert per token),
-``max_len = 16`` (a long window pays only while the output copies the input nearly
-token for token, e.g. JSON reformatting; the adaptive layer truncates further).
-``per_match = 2``: a draft is at most twice as long as the context that matched (the
-suffix extended backwards while it agrees with the earlier occurrence, up to 32): a
-two-token coincidence proposes 4 tokens, a long copied stretch the full ``max_len``
-(measured: JSON reformatting on SmolLM2 1.50 -> 1.65x Q4_1, 1.48 -> 1.72x Q8_0).
-Option ``cycle`` (default off) lets a match at distance ``p < max_len`` continue
-periodically (``draft[i] = seq[e + i % p]``), which catches repetition loops; off, such
-drafts stop at the current end.
+Draft length (``decides_length``): from the match length ``L`` and the acceptance
+measured at that length (:class:`~meshd.plugins.match_stats.MatchStats`: position
+``i`` of the draft is accepted about as often as the next token continues a match of
+``L + i``), against the machine's verify-cost curve: the ``k`` that maximises expected
+committed tokens per unit of cost (:func:`meshd.plugins.adaptive.choose_k`), 0 when no
+``k`` beats plain decoding. So a short coincidental match drafts nothing on a CPU where
+a second row costs most of a decode, and a long copied stretch drafts the longest window
+the curve allows. When the longest match offers little (its occurrence ends just before
+the current end), the shorter matches on its suffix-link chain are weighed too and the
+best expected speedup wins. Without a cost curve the draft is at most ``per_match``
+tokens per matched token (a fixed rule; the engine's adaptive layer then decides).
 
-Cost: the index maps each n-gram to the position after its latest occurrence, one dict
-per ``n``. It is extended only by the tokens added since the previous call (the engine
-passes the whole sequence each step; it is never re-scanned), so a lookup is
-``max_n - min_n + 1`` dict probes and an update ``(max_n - min_n + 1)`` inserts per new
-token, independent of the context length. :attr:`NgramIndex.ops` counts both so tests
-can assert that.
+When no match pays for a while, a one-token probe keeps the estimates alive
+(:class:`~meshd.plugins.adaptive.Explorer`, its interval floored so probes cost at most
+about 3% of a decode per step).
+
+Cost: one automaton extension per new token (amortised O(1)); the engine passes the
+whole sequence each step, and only the tokens added since the previous call are read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Sequence
 
+from .adaptive import DEFAULT_MARGIN, PROBE_BUDGET, CostCurve, Explorer, ratios
 from .base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
+from .match_stats import MatchStats, SharedMatchStats
 from .registry import bool_option, int_option
+from .resources import Need, requires
+from .suffix_index import SuffixIndex
 
 DEFAULT_MIN_N = 2
-DEFAULT_MAX_N = 4
-DEFAULT_MAX_LEN = 16
-#: Draft tokens allowed per token of matched context (0: no such bound).
+DEFAULT_MAX_LEN = 64
+#: Draft tokens allowed per matched token when there is no cost curve (0: no bound).
 DEFAULT_PER_MATCH = 2
-#: How far back a match is measured (its length only bounds the draft).
-MATCH_CAP = 32
+#: Matches weighed per step, longest first (the longest and its shorter fallbacks).
+CANDIDATES = 3
 
-
-class NgramIndex:
-    """Incremental suffix index: n-gram -> position right after its latest occurrence."""
-
-    def __init__(self, min_n: int, max_n: int) -> None:
-        if not 1 <= min_n <= max_n:
-            raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}..{max_n}")
-        self.min_n = min_n
-        self.max_n = max_n
-        self.tokens: list[int] = []
-        # _last[n - min_n][gram] = e: tokens[e - n:e] == gram, e < len(tokens), e maximal.
-        self._last: list[dict[tuple[int, ...], int]] = [{} for _ in range(min_n, max_n + 1)]
-        #: dict probes + inserts so far (the unit of cost; see module docstring).
-        self.ops = 0
-
-    def extend(self, new: Iterable[int]) -> None:
-        """Append tokens; each gives the n-grams that end just before it a continuation."""
-        toks = self.tokens
-        for tok in new:
-            e = len(toks)
-            for n in range(self.min_n, min(self.max_n, e) + 1):
-                self._last[n - self.min_n][tuple(toks[e - n : e])] = e
-                self.ops += 1
-            toks.append(int(tok))
-
-    def lookup(self) -> tuple[int, int] | None:
-        """``(n, e)`` for the longest suffix with an earlier occurrence ending at ``e``."""
-        toks = self.tokens
-        t = len(toks)
-        for n in range(min(self.max_n, t), self.min_n - 1, -1):
-            self.ops += 1
-            e = self._last[n - self.min_n].get(tuple(toks[t - n :]))
-            if e is not None:
-                return n, e
-        return None
-
-    def size(self) -> int:
-        """Entries across all n (bounded by ``len(tokens) * (max_n - min_n + 1)``)."""
-        return sum(len(d) for d in self._last)
+CurveSource = Callable[[], CostCurve | None]
 
 
 class NgramProposer:
@@ -99,27 +64,42 @@ class NgramProposer:
         self,
         *,
         min_n: int = DEFAULT_MIN_N,
-        max_n: int = DEFAULT_MAX_N,
         max_len: int = DEFAULT_MAX_LEN,
         cycle: bool = False,
         eog_tokens: frozenset[int] = frozenset(),
         per_match: int = DEFAULT_PER_MATCH,
+        curve: CurveSource | None = None,
+        shared: SharedMatchStats | None = None,
+        margin: float = DEFAULT_MARGIN,
+        explorer: Explorer | None = None,
     ) -> None:
+        if min_n < 1:
+            raise ValueError("min_n must be >= 1")
         if max_len < 1:
             raise ValueError("max_len must be >= 1")
         if per_match < 0:
             raise ValueError("per_match must be >= 0")
+        self.min_n = min_n
         self.per_match = per_match
-        self.capabilities = Capabilities(max_len=max_len)
         self.max_len = max_len
         self.cycle = cycle
         self.eog_tokens = eog_tokens
-        self.index = NgramIndex(min_n, max_n)
+        self.curve = curve
+        self.margin = margin
+        self.capabilities = Capabilities(max_len=max_len, decides_length=curve is not None)
+        self.index = SuffixIndex()
+        self.stats = MatchStats(shared)
+        self.explorer = explorer if explorer is not None else Explorer()
         # Tokens [0, _confirmed) of the index were seen in a request; the rest came from
         # observe() and are checked against the next request before being trusted.
         self._confirmed = 0
+        #: Match length the pending draft was taken at (None: nothing pending).
+        self._pending: int | None = None
+        self._probing = False
         #: Times the index had to be rebuilt because a request contradicted it.
         self.rebuilds = 0
+
+    # ------------------------------------------------------------------ index
 
     def _sync(self, tokens: Sequence[int]) -> None:
         """Bring the index up to ``tokens``, touching only what it has not seen."""
@@ -132,64 +112,117 @@ class NgramProposer:
             # Not an extension of what we indexed (the engine rewound or reused us):
             # rare, so rebuild rather than support un-indexing.
             self.rebuilds += 1
-            self.index = NgramIndex(self.index.min_n, self.index.max_n)
+            self.index = SuffixIndex()
             n_have = 0
         self.index.extend(tokens[i] for i in range(n_have, len(tokens)))
         self._confirmed = len(tokens)
 
-    def propose(self, request: ProposalRequest) -> Proposal | None:
-        self._sync(request.tokens)
-        limit = min(self.max_len, request.max_len)
-        if limit <= 0:
-            return None
-        hit = self.index.lookup()
-        if hit is None:
-            return None
-        n, e = hit
+    def _draft(self, end: int, limit: int) -> list[int]:
+        """Up to ``limit`` tokens that followed the occurrence ending at ``end``."""
         toks = self.index.tokens
-        period = len(toks) - e
-        if self.per_match:
-            limit = min(limit, self.per_match * self._match_length(n, e))
+        period = len(toks) - end
         if not self.cycle:
             limit = min(limit, period)
         draft: list[int] = []
         for i in range(limit):
-            tok = toks[e + i % period]
+            tok = toks[end + i % period]
             draft.append(tok)
             if tok in self.eog_tokens:
                 break
+        return draft
+
+    # ------------------------------------------------------------------ proposer
+
+    def propose(self, request: ProposalRequest) -> Proposal | None:
+        self._sync(request.tokens)
+        self._pending = None
+        limit = min(self.max_len, request.max_len)
+        if limit <= 0:
+            return None
+        candidates = [(n, e) for n, e in self.index.matches() if n >= self.min_n]
+        if not candidates:
+            return None
+        curve = self.curve() if self.curve is not None else None
+        if curve is None:
+            n, e = candidates[0]
+            if self.per_match:
+                limit = min(limit, self.per_match * n)
+            return self._proposal(n, self._draft(e, limit))
+        return self._costed(curve, candidates[:CANDIDATES], limit)
+
+    def _costed(self, curve: CostCurve, candidates: list[tuple[int, int]],
+                limit: int) -> Proposal | None:
+        """The candidate and length with the best expected speedup (or a probe)."""
+        top = min(limit, curve.max_k)
+        best: tuple[float, int, list[int]] | None = None
+        for n, e in candidates:
+            draft = self._draft(e, top)
+            rs = ratios(curve, self.stats.acceptances(n, len(draft)), len(draft))
+            k = max(range(len(rs)), key=lambda j: (rs[j], -j))
+            if k > 0 and rs[k] > self.margin and (best is None or rs[k] > best[0]):
+                best = (rs[k], n, draft[:k])
+        if best is not None:
+            self._probing = False
+            self.explorer.speculated()
+            return self._proposal(best[1], best[2])
+        # Nothing pays: probe one token now and then, so the estimates can recover.
+        n, e = candidates[0]
+        if top >= 1:
+            hit = self.stats.p(n)
+            probe_cost = curve.cost(1) - 1.0 - hit
+            self.explorer.min_interval = max(0, math.ceil(probe_cost / PROBE_BUDGET))
+            if self.explorer.idle_step():
+                self.explorer.probed()
+                self._probing = True
+                return self._proposal(n, self._draft(e, 1))
+        return None
+
+    def _proposal(self, length: int, draft: list[int]) -> Proposal | None:
+        if not draft:
+            return None
+        self._pending = length
         return Proposal(tuple(draft))
 
-    def _match_length(self, n: int, e: int) -> int:
-        """How many tokens before ``e`` agree with the current suffix (>= ``n``, capped)."""
-        toks = self.index.tokens
-        t = len(toks)
-        length = n
-        while length < MATCH_CAP and e - length - 1 >= 0 and \
-                toks[e - length - 1] == toks[t - length - 1]:
-            length += 1
-        return length
-
     def observe(self, outcome: Outcome) -> None:
-        """Index the committed tokens now; the next request confirms them (cheaply)."""
+        """Learn the acceptance at the pending draft's match length; index the commits
+        now (the next request confirms them cheaply)."""
+        length, self._pending = self._pending, None
+        if length is not None and outcome.proposed > 0:
+            # The commit ends with the target's own token unless it was cut short.
+            censored = len(outcome.committed) <= outcome.accepted
+            self.stats.update(length, outcome.proposed, outcome.accepted, censored=censored)
+            if self._probing:
+                self.explorer.probe_result(outcome.accepted)
+        self._probing = False
         self.index.extend(outcome.committed)
 
     def close(self) -> None:
-        self.index = NgramIndex(self.index.min_n, self.index.max_n)
+        self.stats.close()
+        self.index = SuffixIndex()
         self._confirmed = 0
 
 
+@requires(Need.LIVE_COST_CURVE, Need.MATCH_STATS)
 def ngram_factory(env: ProposerEnv) -> NgramProposer:
-    """Entry point ``ngram``. Options: ``min_n``, ``max_n``, ``max_len``, ``cycle``,
-    ``per_match``."""
+    """Entry point ``ngram``. Options: ``min_n``, ``max_len``, ``cycle``, ``per_match``,
+    ``adaptive`` (default true: choose the draft length from the cost curve when the
+    daemon hands one over). Declared resources: the live cost curve (without it, e.g.
+    inside a composite that chooses lengths itself, drafts follow the fixed rule) and
+    the match statistics pooled across requests."""
     opts = env.options
-    min_n = int_option(opts, "min_n", DEFAULT_MIN_N, minimum=1)
-    max_n = int_option(opts, "max_n", max(DEFAULT_MAX_N, min_n), minimum=min_n)
+    curve: CurveSource | None = None
+    live = env.resources.cost_curve_now
+    if bool_option(opts, "adaptive", True) and callable(live):
+        def curve() -> CostCurve | None:
+            value = live()
+            return value if isinstance(value, CostCurve) else None
+    shared = env.resources.match_stats
     return NgramProposer(
-        min_n=min_n,
-        max_n=max_n,
+        min_n=int_option(opts, "min_n", DEFAULT_MIN_N, minimum=1),
         max_len=int_option(opts, "max_len", DEFAULT_MAX_LEN, minimum=1),
         cycle=bool_option(opts, "cycle", False),
         eog_tokens=env.eog_tokens,
         per_match=int_option(opts, "per_match", DEFAULT_PER_MATCH, minimum=0),
+        curve=curve,
+        shared=shared if isinstance(shared, SharedMatchStats) else None,
     )

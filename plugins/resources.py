@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import attrs
 
 from .adaptive import CostCurve
+from .match_stats import SharedMatchStats
 
 
 class Need(enum.Enum):
@@ -40,6 +41,11 @@ class Need(enum.Enum):
     COST_CURVE = "cost_curve"
     #: The proposer registry, to build other proposers (composites).
     REGISTRY = "registry"
+    #: A callable returning the current cost curve (kept current online), given only
+    #: when the request lets the cost model choose draft lengths.
+    LIVE_COST_CURVE = "cost_curve_now"
+    #: Acceptance by match length pooled across requests (:class:`SharedMatchStats`).
+    MATCH_STATS = "match_stats"
 
 
 class DraftSequenceLike(Protocol):
@@ -85,6 +91,8 @@ class Resources:
     prompt_text: str | None = None
     cost_curve: CostCurve | None = None
     registry: ProposerSource | None = None
+    cost_curve_now: Callable[[], CostCurve | None] | None = None
+    match_stats: SharedMatchStats | None = None
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -25,7 +25,7 @@ import attrs
 
 from .errors import BadRequest, ErrorCode
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 """The protocol version this package speaks; bumped on any incompatible change."""
 
 DEFAULT_MAX_FRAME_SIZE: Final = 4 * 1024 * 1024
@@ -39,6 +39,18 @@ PROPOSER_OFF: Final = "off"
 
 MAX_SEED: Final = 2**64 - 1
 
+# The sampling defaults: the one definition used by the wire's SamplingParams, the
+# daemon's engine and both command lines (``meshd generate``, ``meshctl``), so the same
+# request gives the same tokens however it is sent. Greedy by default: output is
+# reproducible and exactly verifiable, so speculation can run; top_k and top_p apply
+# once a temperature above 0 is asked for.
+DEFAULT_TEMPERATURE: Final = 0.0
+"""0 means greedy (argmax)."""
+DEFAULT_TOP_K: Final = 40
+"""Keep the 40 most likely tokens when sampling."""
+DEFAULT_TOP_P: Final = 0.95
+"""Nucleus mass kept when sampling."""
+
 
 class FinishReason(enum.StrEnum):
     """Why a generation ended (the ``finish_reason`` of ``done``)."""
@@ -51,6 +63,8 @@ class FinishReason(enum.StrEnum):
     """The model produced an end-of-generation token."""
     CANCELLED = "cancelled"
     """A ``cancel`` for this request arrived (or the client went away)."""
+    SHUTDOWN = "shutdown"
+    """The daemon is shutting down and its grace period for running requests ran out."""
     ERROR = "error"
     """The generation failed part-way; ``done.error_message`` says why."""
 
@@ -207,10 +221,11 @@ class ChatMessage:
 class SamplingParams:
     """How the next token is chosen. ``temperature == 0`` means greedy."""
 
-    temperature: float = attrs.field(default=0.8, validator=_non_negative_number)
-    top_k: int = attrs.field(default=40, validator=_int_at_least(0))
+    temperature: float = attrs.field(default=DEFAULT_TEMPERATURE,
+                                     validator=_non_negative_number)
+    top_k: int = attrs.field(default=DEFAULT_TOP_K, validator=_int_at_least(0))
     """Keep the ``top_k`` most likely tokens; 0 disables the filter."""
-    top_p: float = attrs.field(default=0.95)
+    top_p: float = attrs.field(default=DEFAULT_TOP_P)
     """Nucleus sampling mass, in (0, 1]; 1 disables the filter."""
     seed: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_SEED, True))
     """RNG seed for reproducible sampling; ``None`` lets the server choose."""
@@ -384,12 +399,15 @@ class Generate:
 class Cancel:
     """Cancel the running request whose id is ``id``.
 
-    It has no reply of its own: the target's stream ends with ``done`` whose
-    ``finish_reason`` is ``cancelled``. Cancelling an unknown or finished id is a no-op.
+    The target's stream ends with ``done`` whose ``finish_reason`` is ``cancelled``.
+    Cancelling an unknown or finished id changes nothing. Without ``ack`` there is no
+    reply; with it the server answers ``cancel_reply`` (id ``ack``) saying whether a
+    request was found and told to stop, so a tool can report an unknown id.
     """
 
     OP: ClassVar[str] = "cancel"
     id: str = attrs.field(validator=_request_id)
+    ack: str | None = attrs.field(default=None, validator=_optional_request_id)
 
 
 @attrs.frozen
@@ -483,6 +501,9 @@ class Done:
     )
     error_message: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
     """Why the generation failed, when ``finish_reason`` is ``error``."""
+    seed: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_SEED, True))
+    """The seed the tokens were sampled with (the request's, or one the daemon chose for
+    an unseeded sampled request, so it can be replayed); ``None`` for greedy decoding."""
 
 
 @attrs.frozen
@@ -561,6 +582,16 @@ class DetokenizeReply:
     text: str = attrs.field(validator=_string)
 
 
+@attrs.frozen
+class CancelReply:
+    """The answer to a ``cancel`` that asked for one (``id`` is the cancel's ``ack``)."""
+
+    OP: ClassVar[str] = "cancel_reply"
+    id: str = attrs.field(validator=_request_id)
+    cancelled: bool = attrs.field(validator=_boolean)
+    """Whether a request with that id was in flight and is now told to stop."""
+
+
 Request: TypeAlias = Hello | Generate | Cancel | Stats | Health | Models | Tokenize | Detokenize
 """Any frame a client may send."""
 
@@ -574,6 +605,7 @@ Response: TypeAlias = (
     | ModelsReply
     | TokenizeReply
     | DetokenizeReply
+    | CancelReply
 )
 """Any frame a server may send."""
 
@@ -596,6 +628,7 @@ RESPONSE_TYPES: Final[dict[str, type[Response]]] = {
         ModelsReply,
         TokenizeReply,
         DetokenizeReply,
+        CancelReply,
     )
 }
 """Response classes by ``op``."""

@@ -266,7 +266,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
 
 def finish_reason(value: str) -> str:
     """OpenAI's finish reasons: an end-of-generation token or a stop string is ``stop``;
-    ``length``, ``cancelled`` and ``error`` keep meshd's names."""
+    ``length``, ``cancelled``, ``shutdown`` and ``error`` keep meshd's names."""
     return "stop" if value == "eog" else value
 
 
@@ -296,9 +296,13 @@ def timings(stats: GenerationStats) -> dict[str, float | int]:
     }
 
 
-def meshd_block(stats: GenerationStats, proposer: str | None) -> dict[str, Any]:
-    """meshd's own speculation statistics (the native ``done`` frame's ``speculation``)."""
-    return attrs.asdict(speculation_stats(stats, proposer))
+def meshd_block(stats: GenerationStats, proposer: str | None, seed: int | None
+                ) -> dict[str, Any]:
+    """meshd's own speculation statistics (the native ``done`` frame's ``speculation``)
+    and the seed sampling drew with (``None`` for greedy decoding), as ``done`` has it."""
+    block = attrs.asdict(speculation_stats(stats, proposer))
+    block["seed"] = seed
+    return block
 
 
 def _object(req: CompletionRequest, *, stream: bool) -> str:
@@ -309,7 +313,7 @@ def _object(req: CompletionRequest, *, stream: bool) -> str:
 
 def completion_response(req: CompletionRequest, model: str, text: str, finish: str,
                         stats: GenerationStats, proposer: str | None,
-                        prompt_tokens: int) -> dict[str, Any]:
+                        prompt_tokens: int, seed: int | None) -> dict[str, Any]:
     """The whole (non-streamed) answer."""
     choice: dict[str, Any] = {"index": 0, "logprobs": None,
                               "finish_reason": finish_reason(finish)}
@@ -320,7 +324,7 @@ def completion_response(req: CompletionRequest, model: str, text: str, finish: s
     return {
         "id": req.generate.id, "object": _object(req, stream=False), "created": req.created,
         "model": model, "choices": [choice], "usage": usage(prompt_tokens, stats.emitted),
-        "timings": timings(stats), "meshd": meshd_block(stats, proposer),
+        "timings": timings(stats), "meshd": meshd_block(stats, proposer, seed),
     }
 
 

@@ -26,8 +26,8 @@ from meshd.daemon.bench_arms import (
     MeshdRunner,
     RunResult,
     first_divergence,
-    load_workloads,
 )
+from meshd.daemon.bench_workloads import load_workloads
 from meshd.daemon.cli import main
 from meshd.native.context import DEFAULT_DRAFT_MAX
 
@@ -213,6 +213,29 @@ def test_unknown_names_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> N
     assert "unknown workload" in capsys.readouterr().err
     assert main(["bench", "--model", "llama", "--arm", "nope"]) == 2
     assert "unknown arm" in capsys.readouterr().err
+
+
+def test_a_workload_file_runs_like_a_shipped_one(tmp_path: Path) -> None:
+    wl = tmp_path / "mine.json"
+    wl.write_text(json.dumps({"name": "mine", "copies": True, "messages": [
+        {"role": "user", "content": "Repeat: alpha beta gamma delta alpha beta gamma"}]}))
+    report = bench.run_bench(bench.BenchConfig(
+        models=("llama",), workloads=(str(wl), "story"), reps=1, max_tokens=8,
+        warmup=False, cost_reps=1, arms=("meshd-off",)), log=lambda _line: None)
+    names = [w["name"] for w in report["models"][0]["workloads"]]
+    assert names == ["mine", "story"]
+    assert report["models"][0]["workloads"][0]["arms"]["meshd-off"]["error"] is None
+
+
+def test_a_bad_workload_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "bad"}')
+    assert main(["bench", "--model", "llama", "--workload", str(bad)]) == 2
+    assert "messages" in capsys.readouterr().err
+    assert main(["bench", "--model", "llama", "--workload", str(tmp_path / "none.json")]) == 2
+    assert "none.json" in capsys.readouterr().err
 
 
 def test_plot_without_matplotlib_is_a_clear_error(

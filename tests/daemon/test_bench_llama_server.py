@@ -133,3 +133,12 @@ def test_modes_are_checked_and_named_once(fake_server: Path) -> None:
     assert names == ["llama-server", "llama-server-ngram-mod", "llama-server-draft-mtp"]
     with pytest.raises(bench.BenchError, match="unknown llama-server mode"):
         llama_server_arms(str(fake_server), ("ngram-fancy",))
+
+
+def test_arm_without_a_server_arm_keeps_the_server_arms(fake_server: Path) -> None:
+    report = bench.run_bench(_config(fake_server, ("meshd-off",)), log=_quiet)
+    arms = report["config"]["arms"]
+    assert "meshd-off" in arms and "meshd-auto" not in arms
+    assert {"llama-server", "llama-server-ngram-mod"} <= set(arms)
+    (wl,) = report["models"][0]["workloads"]
+    assert wl["arms"]["llama-server-ngram-mod"]["error"] is None

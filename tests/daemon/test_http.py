@@ -5,7 +5,9 @@ malformed HTTP answered with a 4xx or a close while the daemon keeps serving."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
@@ -16,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshd.daemon.http.config import HttpConfig
+from meshd.daemon.peercred import PeerPolicy
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.server import Server
 from meshd.daemon.service import ServerConfig
@@ -87,6 +90,22 @@ async def test_openai_completion_equals_native_output(smol: ModelRuntime) -> Non
             extra_body={"speculative": {"enabled": False}})
         assert off.choices[0].text == ref.text
         assert (off.model_extra or {})["meshd"]["proposer"] is None
+        # Seeded sampling: the same draws as the native request with the same parameters.
+        sampled = await api.completions.create(model="smollm2", prompt=PROMPT, max_tokens=24,
+                                               temperature=0.9, top_p=0.95, seed=1234)
+        async with Client.connect(path) as native:
+            ref_sampled = await native.generate(PROMPT, max_tokens=24, temperature=0.9,
+                                                top_k=0, top_p=0.95, seed=1234).collect()
+        assert sampled.choices[0].text == ref_sampled.text
+        assert (sampled.model_extra or {})["meshd"]["seed"] == 1234
+        assert extra["meshd"]["seed"] is None  # greedy
+        # Unseeded sampling reports the seed the daemon chose; sending it back repeats.
+        first = await api.completions.create(model="smollm2", prompt=PROMPT, max_tokens=12,
+                                             temperature=1.0)
+        chosen = (first.model_extra or {})["meshd"]["seed"]
+        again = await api.completions.create(model="smollm2", prompt=PROMPT, max_tokens=12,
+                                             temperature=1.0, seed=chosen)
+        assert isinstance(chosen, int) and again.choices[0].text == first.choices[0].text
         await wait_idle(server)
         assert_no_leaks(server)
 
@@ -222,6 +241,8 @@ async def test_metrics_parse_and_move_and_agree_with_stats(smol: ModelRuntime) -
             == stats.proposers["ngram"].drafted
         assert final[("meshd_time_to_first_token_seconds_count", ())] == \
             stats.counters["time_to_first_token_seconds_count"]
+        assert final[("meshd_protocol_errors_total", (("code", "bad_request"),))] == \
+            stats.counters["errors_bad_request"]
         assert_no_leaks(server)
 
 
@@ -335,3 +356,82 @@ async def test_curl_over_the_unix_socket(smol: ModelRuntime) -> None:
             [curl, "-sS", "--unix-socket", path, "http://localhost/metrics"])).stdout.decode()
         assert "meshd_spec_decode_num_drafts_total" in metrics_text or \
             "meshd_spec_decode_num_drafts" in metrics_text
+
+
+async def test_expect_100_continue(smol: ModelRuntime) -> None:
+    body = json.dumps({"prompt": "word " * 400, "max_tokens": 2, "temperature": 0}).encode()
+    async with http_daemon(smol) as (server, path, _http):
+        stream = await anyio.connect_unix(path)
+        receiver = StreamReceiver(stream)
+        try:
+            await stream.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                              b"Expect: 100-continue\r\nConnection: close\r\n"
+                              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+            with anyio.fail_after(30):
+                interim = await receiver.receive()
+                assert interim.startswith(b"HTTP/1.1 100 ")
+                await stream.send(body)
+                got = bytearray()
+                while True:
+                    try:
+                        got += await receiver.receive()
+                    except anyio.EndOfStream:
+                        break
+        finally:
+            await receiver.aclose()
+        assert status_of(bytes(got)) == 200
+        assert json.loads(bytes(got).partition(b"\r\n\r\n")[2])["usage"]["completion_tokens"] == 2
+        assert_no_leaks(server)
+
+
+async def test_the_socket_allow_list_applies_to_http(smol: ModelRuntime) -> None:
+    """A user the allow-list does not name gets 403 ``forbidden`` over HTTP, as the
+    native protocol refuses them; an allowed group is served."""
+    curl = shutil.which("curl", path="/usr/bin:/bin")
+    if os.getuid() != 0 or curl is None:
+        pytest.skip("needs root (to connect as another user) and curl")
+    config = ServerConfig(peers=PeerPolicy(gids=frozenset({12345})))
+    async with running_daemon(smol, config) as (server, path):
+        os.chmod(os.path.dirname(path), 0o755)
+        os.chmod(path, 0o666)
+
+        def as_nobody(*groups: int) -> str:
+            done = subprocess.run(
+                [curl, "-sS", "--unix-socket", path, "http://localhost/health"],
+                user=65534, group=65534, extra_groups=list(groups), capture_output=True,
+                text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+            return done.stdout
+
+        denied = json.loads(await anyio.to_thread.run_sync(as_nobody))
+        allowed = json.loads(await anyio.to_thread.run_sync(as_nobody, 12345))
+        assert denied["error"]["code"] == "forbidden"
+        assert allowed["status"] == "ok"
+        assert server.service.counters["connections_denied"] == 1
+
+
+async def test_shutdown_ends_a_stream_with_finish_reason_shutdown(smol: ModelRuntime) -> None:
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1000, "temperature": 0,
+                       "stream": True}).encode()
+    config = ServerConfig(shutdown_grace_s=0.0)
+    async with running_daemon(smol, config) as (server, path):
+        stream = await anyio.connect_unix(path)
+        receiver = StreamReceiver(stream)
+        got = bytearray()
+        try:
+            await stream.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                              + str(len(body)).encode() + b"\r\n\r\n" + body)
+            with anyio.fail_after(60):
+                got += await receiver.receive()
+                server.shutdown()
+                while True:
+                    try:
+                        got += await receiver.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        break
+        finally:
+            await receiver.aclose()
+    events = [json.loads(line.removeprefix(b"data: ")) for line in bytes(got).split(b"\n")
+              if line.startswith(b"data: {")]
+    assert events[-1]["choices"][0]["finish_reason"] == "shutdown"
+    assert b"data: [DONE]" in got
+    assert 0 < events[-1]["timings"]["predicted_n"] < 1000

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from meshd.daemon.cli import main as meshd_main
+from meshd.daemon.config import load as load_config
 from meshd.daemon.runtime import ModelRuntime, RequestError, RuntimeConfig
 from meshd.native.default_model import default_model_path
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
-from meshd.plugins.config import PluginConfigError, load_plugin_config, parse_table
+from meshd.plugins.config import PluginConfigError, parse_table
 from meshd.plugins.registry import Registry
 from meshd.plugins.resources import Need, requires
 
@@ -130,16 +131,16 @@ def test_plugins_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     config = tmp_path / "meshd.toml"
     config.write_text('[speculation.plugins.remote]\ncommand = ["my-plugin"]\n'
                       '[speculation.plugins.ngram]\nenabled = false\n')
-    assert set(load_plugin_config(config)) == {"remote", "ngram"}
-    assert meshd_main(["plugins", "list", "--json", "--plugins-config", str(config)]) == 0
+    assert set(load_config(str(config), environ={}).plugins) == {"remote", "ngram"}
+    assert meshd_main(["plugins", "list", "--json", "-C", str(config)]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["snippets"]["loaded"] and "meshd-snippets" in rows["snippets"]["origin"]
     assert rows["snippets"]["capabilities"]["max_len"] == 16
     assert rows["draft"]["needs"] == ["draft_model"]
     assert rows["ngram"]["enabled"] is False
     assert "spawned: my-plugin" in rows["remote"]["origin"]
-    assert meshd_main(["plugins", "list"]) == 0
+    assert meshd_main(["plugins", "list", "-C", str(config)]) == 0
     out = capsys.readouterr().out
     assert "snippets" in out and "from: meshd_snippets:factory" in out
     config.write_text("[speculation.plugins.bad]\nmax_faults = -1\n")
-    assert meshd_main(["plugins", "list", "--plugins-config", str(config)]) == 2
+    assert meshd_main(["plugins", "list", "-C", str(config)]) == 2

@@ -1,79 +1,89 @@
-"""Prompt lookup: agrees with a brute-force reference, is incremental, and costs O(1)."""
+"""Prompt lookup: the longest earlier match at any length (checked against brute force),
+incremental, bounded cost, and draft lengths set by match length, measured acceptance
+and the cost curve."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Outcome, ProposerEnv
-from meshd.plugins.ngram import NgramIndex, NgramProposer, ngram_factory
+from meshd.plugins.match_stats import MatchStats, SharedMatchStats, length_class, prior
+from meshd.plugins.ngram import NgramProposer, ngram_factory
+from meshd.plugins.resources import Resources
+from meshd.plugins.suffix_index import SuffixIndex
 
-from .fakes import request
+from .fakes import Q4_1, request
+
+#: A machine where a batch of k + 1 rows costs k + 1 decodes at small k, less per row
+#: at large k (shape of the measured Q4_1 curve, extended to 16 drafts).
+CPU = CostCurve.from_row_costs({2: 1.74, 9: 4.9, 17: 8.5})
 
 
-def reference(
-    seq: Sequence[int],
-    min_n: int,
-    max_n: int,
-    max_len: int,
-    eog: frozenset[int] = frozenset(),
-    cycle: bool = False,
-) -> tuple[int, ...] | None:
-    """Scan everything: longest suffix, most recent earlier occurrence, its follower."""
+def longest_earlier_match(seq: Sequence[int]) -> int:
+    """Brute force: the longest suffix of ``seq`` that also ends before its end."""
     t = len(seq)
-    for n in range(min(max_n, t), min_n - 1, -1):
-        suffix = list(seq[t - n :])
-        for e in range(t - 1, n - 1, -1):
-            if list(seq[e - n : e]) == suffix:
-                period = t - e
-                length = max_len if cycle else min(max_len, period)
-                out: list[int] = []
-                for i in range(length):
-                    out.append(seq[e + i % period])
-                    if out[-1] in eog:
-                        break
-                return tuple(out) if out else None
-    return None
+    best = 0
+    for n in range(1, t):
+        if any(seq[e - n : e] == seq[t - n :] for e in range(n, t)):
+            best = n
+    return best
+
+
+def is_occurrence(seq: Sequence[int], n: int, end: int) -> bool:
+    t = len(seq)
+    return n <= end < t and list(seq[end - n : end]) == list(seq[t - n :])
 
 
 tokens = st.lists(st.integers(0, 3), max_size=120)
-ngram_sizes = st.tuples(st.integers(1, 4), st.integers(0, 3)).map(lambda p: (p[0], p[0] + p[1]))
 
 
 @settings(max_examples=150, deadline=None)
-@given(seq=tokens, sizes=ngram_sizes, max_len=st.integers(1, 10), cycle=st.booleans())
-def test_every_step_matches_brute_force(
-    seq: list[int], sizes: tuple[int, int], max_len: int, cycle: bool
-) -> None:
-    min_n, max_n = sizes
-    # The reference knows the lookup rule, not the match-length bound on the draft.
-    prop = NgramProposer(min_n=min_n, max_n=max_n, max_len=max_len, cycle=cycle, per_match=0)
-    for t in range(len(seq) + 1):
-        got = prop.propose(request(seq[:t]))
-        want = reference(seq[:t], min_n, max_n, max_len, cycle=cycle)
-        assert (got.tokens if got else None) == want
+@given(seq=tokens)
+def test_index_finds_the_longest_match_at_every_step(seq: list[int]) -> None:
+    index = SuffixIndex()
+    for t, tok in enumerate(seq, start=1):
+        index.extend([tok])
+        prefix = seq[:t]
+        assert index.match_length == longest_earlier_match(prefix)
+        chain = list(index.matches())
+        if index.match_length == 0:
+            assert chain == []
+            continue
+        assert chain[0] == (index.match_length, index.match_end)
+        lengths = [n for n, _ in chain]
+        assert lengths == sorted(set(lengths), reverse=True)
+        assert all(is_occurrence(prefix, n, e) for n, e in chain)
+    assert index.states <= 2 * max(1, len(seq))
 
 
-@settings(max_examples=150, deadline=None)
-@given(seq=tokens, sizes=ngram_sizes, max_len=st.integers(1, 10))
-def test_proposal_really_followed_an_earlier_occurrence(
-    seq: list[int], sizes: tuple[int, int], max_len: int
-) -> None:
-    min_n, max_n = sizes
-    got = NgramProposer(min_n=min_n, max_n=max_n, max_len=max_len).propose(request(seq))
-    if got is None:
-        return
-    t, draft = len(seq), list(got.tokens)
-    assert 1 <= len(draft) <= max_len
-    # Some n-gram suffix (n >= min_n) occurred ending at e < t, and draft followed it there.
-    assert any(
-        seq[e - n : e] == seq[t - n :] and seq[e : e + len(draft)] == draft
-        for n in range(min_n, min(max_n, t) + 1)
-        for e in range(n, t)
-    )
+def test_longest_match_beats_a_more_recent_shorter_one() -> None:
+    # "a b c d" was copied from the first line; "x c d" occurs later too.
+    first = [1, 2, 3, 4, 5, 6]
+    seq = [*first, 9, 8, 3, 4, 7, 7, 1, 2, 3, 4]
+    prop = NgramProposer(max_len=2, per_match=0)
+    got = prop.propose(request(seq))
+    assert got is not None and got.tokens == (5, 6)  # not (7, 7) from the later "3 4"
+
+
+def test_draft_follows_an_occurrence_of_the_longest_match() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        seq = [rng.randrange(4) for _ in range(rng.randint(0, 60))]
+        got = NgramProposer(min_n=1, max_len=6, per_match=0).propose(request(seq))
+        n = longest_earlier_match(seq)
+        if n == 0:
+            assert got is None
+            continue
+        assert got is not None and 1 <= len(got.tokens) <= 6
+        t = len(seq)
+        assert any(is_occurrence(seq, n, e) and seq[e : e + len(got.tokens)] == list(got.tokens)
+                   for e in range(n, t))
 
 
 @settings(max_examples=100, deadline=None)
@@ -112,15 +122,6 @@ def test_contradicting_request_rebuilds() -> None:
     assert prop.rebuilds == 2 and prop.index.tokens == [5, 5]
 
 
-def test_prefers_longest_then_most_recent() -> None:
-    #      0  1  2  3  4  5  6  7  8  9 10 11 12
-    seq = [7, 1, 2, 8, 9, 2, 5, 1, 2, 6, 0, 1, 2]
-    # Suffix (1, 2) occurred before, followed by 8 (at 3) and by 6 (at 9): most recent wins.
-    assert NgramProposer(max_len=2).propose(request(seq)).tokens == (6, 0)  # type: ignore[union-attr]
-    # (0, 1, 2) and (6, 0, 1, 2) never occurred before; with min_n=3 there is no match.
-    assert NgramProposer(min_n=3, max_n=4).propose(request(seq)) is None
-
-
 def test_never_proposes_the_current_suffix_itself() -> None:
     assert NgramProposer(min_n=1).propose(request([4, 5, 6])) is None
     # Period-1 repetition: the only earlier occurrence is one back; its follower is
@@ -130,12 +131,111 @@ def test_never_proposes_the_current_suffix_itself() -> None:
     assert cyc is not None and cyc.tokens == (3, 3, 3, 3)
 
 
-def test_respects_request_max_len_and_stops_after_eog() -> None:
+def test_respects_min_n_request_max_len_and_stops_after_eog() -> None:
     seq = [1, 2, 3, 4, 5, 6, 1, 2]
     assert NgramProposer().propose(request(seq, 2)).tokens == (3, 4)  # type: ignore[union-attr]
     assert NgramProposer().propose(request(seq, 0)) is None
+    assert NgramProposer(min_n=3).propose(request(seq)) is None
     eog = NgramProposer(eog_tokens=frozenset({4})).propose(request(seq))
     assert eog is not None and eog.tokens == (3, 4)
+
+
+def test_without_a_curve_the_draft_follows_the_evidence_of_the_match() -> None:
+    """At most ``per_match`` tokens per matched token: a two-token coincidence proposes
+    little, a long copied stretch a long draft."""
+    text = list(range(10, 40))  # 30 distinct tokens
+    weak = [*text, 99, 10, 11]  # only (10, 11) matches: 2 tokens of evidence
+    got = NgramProposer(max_len=16).propose(request(weak))
+    assert got is not None and got.tokens == tuple(text[2:6])  # 2 x 2 tokens
+    strong = [*text, 99, *text[:12]]  # 12 tokens copied so far
+    got = NgramProposer(max_len=16).propose(request(strong))
+    assert got is not None and got.tokens == tuple(text[12:28])  # the full 16
+
+
+def _costed(curve: CostCurve = CPU, **kw: object) -> NgramProposer:
+    return NgramProposer(curve=lambda: curve, **kw)  # type: ignore[arg-type]
+
+
+def test_with_a_cost_curve_short_matches_draft_nothing_and_long_ones_long() -> None:
+    text = list(range(100, 160))
+    weak = [*text, 99, 100, 101]  # a 2-token coincidence
+    assert _costed().propose(request(weak)) is None
+    strong = [*text, 99, *text[:30]]  # 30 tokens copied
+    got = _costed().propose(request(strong, 16))
+    assert got is not None and len(got.tokens) >= 4
+    assert got.tokens == tuple(text[30 : 30 + len(got.tokens)])
+    # On a machine where extra rows are nearly free, even a short match drafts.
+    flat = CostCurve.sanitized([1.0 + 0.02 * k for k in range(17)])
+    got = _costed(flat).propose(request(weak, 16))
+    assert got is not None and len(got.tokens) >= 2
+
+
+def test_measured_acceptance_at_a_match_length_sets_the_draft_length() -> None:
+    """Where long matches keep failing (text that repeats phrases, not passages), the
+    same match length stops drafting; where they hold, it drafts the longest window."""
+    text = list(range(100, 160))
+    seq = [*text, 99, *text[:20]]
+    liar, honest = _costed(), _costed()
+    for _ in range(30):
+        liar.stats.update(20, 8, 0)
+        honest.stats.update(20, 16, 16)
+    assert liar.propose(request(seq, 16)) is None
+    kept = honest.propose(request(seq, 16))
+    assert kept is not None and kept.tokens == tuple(text[20:36])
+
+
+def test_observe_learns_at_the_match_length_the_draft_was_taken_at() -> None:
+    text = list(range(100, 160))
+    prop = _costed()
+    got = prop.propose(request([*text, 99, *text[:20]], 16))
+    assert got is not None
+    before, beyond = prop.stats.p(20), prop.stats.p(24)
+    prop.observe(Outcome(len(got.tokens), 0, (5,)))  # position 0 rejected at length 20
+    # Its class learns most; every length a little (the text copies less than hoped).
+    assert before - prop.stats.p(20) > beyond - prop.stats.p(24) > 0
+
+
+def test_a_probe_revives_a_match_length_that_stopped_paying() -> None:
+    text = list(range(100, 160))
+    seq = [*text, 99, *text[:20]]
+    prop = _costed()
+    for _ in range(30):
+        prop.stats.update(20, 8, 0)
+    drafts = [prop.propose(request(seq, 16)) for _ in range(400)]
+    probes = [d for d in drafts if d is not None]
+    assert probes and all(d.tokens == (text[20],) for d in probes)
+    assert len(probes) < 40  # rare: their cost stays a few percent of a decode
+
+
+def test_match_stats_prior_and_sharing() -> None:
+    assert prior(0) == 0.0 and prior(9) == pytest.approx(0.75)
+    assert prior(9, 4.0) == pytest.approx(36 / 39)
+    assert length_class(1) == 0 and length_class(5) == length_class(4)
+    assert length_class(1000) == length_class(128)
+    fresh = MatchStats()
+    assert fresh.p(1) < fresh.p(8) < fresh.p(64)
+    shared = SharedMatchStats()
+    first = MatchStats(shared)
+    for _ in range(20):
+        first.update(12, 8, 0)  # long matches that fail at once
+    first.close()
+    second = MatchStats(shared)  # a later request starts from what the first measured
+    assert second.p(12) < fresh.p(12) - 0.2
+    first.close()  # closing twice adds nothing
+    assert MatchStats(shared).p(12) == pytest.approx(second.p(12))
+    # Long matches that hold make short ones trusted too (the text is being copied);
+    # long matches that fail make every length less trusted.
+    copying, phrasing = MatchStats(), MatchStats()
+    for _ in range(5):
+        copying.update(12, 8, 8)
+        phrasing.update(12, 8, 0)
+    assert copying.factor > 2 and phrasing.factor < 0.5
+    assert copying.p(3) > fresh.p(3) + 0.1 > phrasing.p(3) + 0.2
+    # Censored outcomes (cut short by the budget) are no rejection.
+    cut, rejected = MatchStats(), MatchStats()
+    cut.update(4, 4, 2, censored=True)
+    rejected.update(4, 4, 2)
+    assert cut.p(6) > rejected.p(6) and cut.p(6) >= fresh.p(6)
 
 
 class CountingSeq(Sequence[int]):
@@ -154,14 +254,11 @@ class CountingSeq(Sequence[int]):
 
 
 def test_cost_per_step_does_not_grow_with_context() -> None:
-    """Per step: index work <= (#n sizes) * (new tokens + 1), request reads <= new + 1,
-    whether the context is 100 or 5000 tokens long."""
-    import random
-
+    """Per step the request is read only where it is new, and the automaton stays
+    within 2 states per token, whether the context is 100 or 5000 tokens long."""
     rng = random.Random(0)
     seq = [rng.randrange(50) for _ in range(5000)]
-    prop = NgramProposer(min_n=2, max_n=4)
-    sizes = 3
+    prop = _costed(Q4_1)
     data: list[int] = []
     t = 0
     while t < len(seq):
@@ -172,45 +269,32 @@ def test_cost_per_step_does_not_grow_with_context() -> None:
         data.extend(new)
         t += len(new)
         tokens = CountingSeq(data)
-        before = prop.index.ops
         prop.propose(request(tokens, 8))
-        assert prop.index.ops - before <= sizes * (len(new) + 1)
         assert tokens.reads <= len(new) + 1
-        assert prop.index.size() <= sizes * len(data)
+        assert prop.index.states <= 2 * len(data)
     assert prop.rebuilds == 0
 
 
-def test_index_rejects_bad_sizes() -> None:
-    with pytest.raises(ValueError):
-        NgramIndex(0, 2)
-    with pytest.raises(ValueError):
-        NgramIndex(3, 2)
-
-
-def test_factory_reads_options() -> None:
+def test_factory_reads_options_and_resources() -> None:
     env = ProposerEnv(
-        vocab_size=10, eog_tokens=frozenset({9}), options={"min_n": 1, "max_n": 2, "max_len": 3}
+        vocab_size=10, eog_tokens=frozenset({9}), options={"min_n": 1, "max_len": 3}
     )
     prop = ngram_factory(env)
-    assert (prop.index.min_n, prop.index.max_n, prop.max_len) == (1, 2, 3)
+    assert (prop.min_n, prop.max_len) == (1, 3)
     assert prop.eog_tokens == {9} and prop.capabilities.max_len == 3
-    assert ngram_factory(ProposerEnv(vocab_size=10, eog_tokens=frozenset())).index.max_n == 4
-    # max_n defaults to at least min_n.
-    assert ngram_factory(ProposerEnv(10, frozenset(), options={"min_n": 6})).index.max_n == 6
-    for bad in ({"min_n": 0}, {"max_len": "8"}, {"min_n": 3, "max_n": 2}, {"cycle": 1}):
+    assert not prop.capabilities.decides_length  # no cost curve: the engine decides
+    shared = SharedMatchStats()
+    live = ngram_factory(ProposerEnv(10, frozenset(), resources=Resources(
+        cost_curve_now=lambda: Q4_1, match_stats=shared)))
+    assert live.capabilities.decides_length and live.curve is not None
+    assert live.curve() is Q4_1 and live.stats.shared is shared
+    # A fixed curve is the composite's (it chooses lengths): the child drafts by rule.
+    assert ngram_factory(ProposerEnv(10, frozenset(), resources=Resources(cost_curve=Q4_1))
+                         ).curve is None
+    off = ngram_factory(ProposerEnv(10, frozenset(),
+                                    resources=Resources(cost_curve_now=lambda: Q4_1),
+                                    options={"adaptive": False}))
+    assert off.curve is None
+    for bad in ({"min_n": 0}, {"max_len": "8"}, {"cycle": 1}, {"adaptive": "yes"}):
         with pytest.raises(ValueError):
             ngram_factory(ProposerEnv(vocab_size=10, eog_tokens=frozenset(), options=bad))
-
-
-def test_draft_length_follows_the_evidence_of_the_match() -> None:
-    """A draft may be at most ``per_match`` tokens per token of context that matched: a
-    two-token coincidence proposes little, a long copied stretch a long draft."""
-    text = list(range(10, 40))  # 30 distinct tokens
-    weak = [*text, 99, 10, 11]  # only (10, 11) matches: 2 tokens of evidence
-    got = NgramProposer(max_len=16).propose(request(weak))
-    assert got is not None and got.tokens == tuple(text[2:6])  # 2 x 2 tokens
-    strong = [*text, 99, *text[:12]]  # 12 tokens copied so far
-    got = NgramProposer(max_len=16).propose(request(strong))
-    assert got is not None and got.tokens == tuple(text[12:28])  # the full 16
-    assert NgramProposer(max_len=16, per_match=0).propose(request(weak)).tokens == tuple(
-        text[2:18])  # type: ignore[union-attr]

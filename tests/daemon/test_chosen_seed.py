@@ -1,0 +1,128 @@
+"""Speculation for sampled requests: an unseeded sampled request gets a seed.
+
+A request that asks for a temperature but no seed gets a seed chosen by the daemon,
+reported in ``done``; drafts are verified by sample-and-match, so such a request
+speculates, and sending the reported seed back replays the same tokens, with
+speculation on or off, for every proposer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.sampling import GREEDY, SamplingParams, with_chosen_seed
+from meshd.native import testmodels
+from meshd.plugins.adaptive import CostCurve
+from meshd.plugins.registry import default_registry
+from meshd.protocol import Client
+
+from .daemon_helpers import running_daemon, wait_idle
+
+#: Proposers each synthetic model can run (draft: the synthetic llama drafts for it).
+PROPOSERS = {"llama": ["ngram", "composite"],
+             "qwen35": ["mtp", "ngram", "composite", "draft"],
+             "mimo2": ["mtp", "ngram", "composite", "draft"]}
+#: Synthetic models rarely repeat a bigram: single-token matches make n-gram drafts.
+OPTIONS: dict[str, dict[str, object]] = {"ngram": {"min_n": 1},
+                                         "composite": {"ngram": {"min_n": 1}}}
+
+#: A prompt whose continuation copies it: six identical blocks, the model writes more.
+COPY_PROMPT = "".join(
+    f"item {i}: the {c} box holds {n} bolts and {n + 3} nuts\n"
+    for _ in range(6)
+    for i, (c, n) in enumerate([("red", 12), ("blue", 40), ("green", 7), ("grey", 19)])
+)
+
+
+def _synthetic(kind: str) -> ModelRuntime:
+    path = str(testmodels.test_model_path(kind, acceptance=0.9))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=2,
+                                    draft_max=6, calibrate=False, threads=1),
+                      registry=default_registry())
+    # A cheap-verify cost curve (like F32/F16 models) so the composite speculates.
+    rt.curve = CostCurve.sanitized([1.0 + 0.15 * k for k in range(7)])
+    return rt
+
+
+def _run(rt: ModelRuntime, prompt: list[int], sampling: SamplingParams,
+         proposer: str) -> tuple[list[int], int, dict[str, int]]:
+    name = proposer
+    if proposer == "draft":
+        name = f"draft:{testmodels.test_model_path('llama')}"
+    gen = rt.generation(prompt, max_tokens=60, sampling=sampling, proposer=name,
+                        adaptive=False, proposer_options=OPTIONS.get(proposer))
+    for _ in gen.run():
+        pass
+    return list(gen.committed), gen.stats.verify_calls, dict(gen.stats.refusals)
+
+
+def test_greedy_and_seeded_parameters_are_kept() -> None:
+    assert with_chosen_seed(GREEDY) is GREEDY
+    seeded = SamplingParams(temperature=0.7, seed=42)
+    assert with_chosen_seed(seeded) is seeded
+
+
+@pytest.mark.parametrize("kind", sorted(PROPOSERS))
+def test_a_chosen_seed_replays_with_and_without_speculation(kind: str) -> None:
+    rt = _synthetic(kind)
+    try:
+        prompt = rt.tokenize_prompt("sampled by a chosen seed", chat=False)
+        sampling = with_chosen_seed(SamplingParams(temperature=0.8, top_k=40, top_p=0.95))
+        assert sampling.seed is not None and sampling.exact_verifiable
+        ref, _, _ = _run(rt, prompt, sampling, "off")
+        assert len(ref) == 60
+        for proposer in PROPOSERS[kind]:
+            got, verifies, refusals = _run(rt, prompt, sampling, proposer)
+            assert got == ref, proposer
+            assert verifies > 0 and "unseeded_sampling" not in refusals, proposer
+    finally:
+        rt.close()
+
+
+@pytest.fixture(scope="module")
+def smollm2_runtime() -> Iterator[ModelRuntime]:
+    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=1024, n_seq_max=2, draft_max=8,
+                                    calibrate=False, threads=1))
+    yield rt
+    rt.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_an_unseeded_sampled_request_drafts(smollm2_runtime: ModelRuntime) -> None:
+    """Sampling without a seed (temperature 0.8) on a copy workload speculates."""
+    rt = smollm2_runtime
+    async with running_daemon(rt) as (server, path), Client.connect(path) as client:
+        # Sampled text may still wander off or end early: judge a few requests together.
+        runs = [await client.generate(COPY_PROMPT, max_tokens=48, temperature=0.8).collect()
+                for _ in range(3)]
+        await wait_idle(server)
+    seeds = {run.done.seed for run in runs}
+    assert None not in seeds and len(seeds) == 3  # chosen per request: samples still vary
+    stats = [run.done.speculation for run in runs]
+    assert all("unseeded_sampling" not in sp.refusals for sp in stats)
+    assert sum(sp.drafted for sp in stats) > 0 and sum(sp.accepted for sp in stats) > 0
+
+
+@pytest.mark.anyio
+async def test_done_reports_the_seed_that_replays_the_request() -> None:
+    rt = _synthetic("llama")
+    try:
+        async with running_daemon(rt) as (server, path), Client.connect(path) as client:
+            chosen = await client.generate("replay me", max_tokens=30, temperature=0.8,
+                                           proposer="ngram").collect()
+            seed = chosen.done.seed
+            assert seed is not None
+            again = await client.generate("replay me", max_tokens=30, seed=seed,
+                                          temperature=0.8, proposer="off").collect()
+            greedy = await client.generate("replay me", max_tokens=5,
+                                           temperature=0.0).collect()
+            await wait_idle(server)
+        assert again.done.seed == seed
+        assert list(again.token_ids) == list(chosen.token_ids)
+        assert greedy.done.seed is None
+    finally:
+        rt.close()

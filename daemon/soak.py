@@ -36,7 +36,7 @@ import anyio
 
 from .argtypes import integer, positive
 from .options import subparser
-from .soak_load import Soak, SoakConfig
+from .soak_load import ACTIONS, Soak, SoakConfig
 from .soak_report import SoakReport, sample_process
 
 __all__ = ["SoakConfig", "add_parser", "run", "run_soak"]
@@ -165,6 +165,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                       help="load duration in seconds (default: 60)")
     p.add_argument("--clients", type=positive, default=8, metavar="N",
                    help="concurrent clients")
+    p.add_argument("--skip", action="append", default=[], choices=sorted(ACTIONS),
+                   metavar="ACTION",
+                   help="leave out an action kind (repeatable): " + ", ".join(sorted(ACTIONS)))
     p.add_argument("--model", default=None, metavar="PATH",
                    help="GGUF file (default: the synthetic hybrid qwen35 with an MTP head, "
                         "and two synthetic draft models)")
@@ -186,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     """``meshd soak``: exit 0 when the run passes, 1 when it does not."""
     seconds = args.minutes * 60 if args.minutes is not None else (args.seconds or 60.0)
     interval = args.sample_interval or max(1.0, seconds / 60)
-    config = SoakConfig(seconds=seconds, clients=args.clients, model=args.model,
+    config = SoakConfig(seconds=seconds, clients=args.clients, skip=tuple(args.skip),
+                        model=args.model,
                         slots=args.slots, threads=args.threads, seed=args.seed,
                         sample_interval_s=interval)
     report = anyio.run(lambda: run_soak(config, log_dir=args.log_dir))

@@ -37,7 +37,7 @@ from meshd.protocol import (
 from .soak_probe import ProbeConnection, Record, Refused
 from .soak_report import SoakReport, sample_process
 
-__all__ = ["Soak", "SoakConfig"]
+__all__ = ["ACTIONS", "Soak", "SoakConfig"]
 
 _ANSWER_TIMEOUT_S: Final = 120.0
 """A request unanswered this long under soak load is a hang, reported as a violation."""
@@ -50,7 +50,7 @@ _PROMPTS: Final = (
     "Once upon a time there was a daemon that never slept.",
 )
 
-_ACTIONS: Final = {
+ACTIONS: Final = {
     # name: weight
     "generate": 30, "chat": 6, "cancel_op": 10, "disconnect": 8, "tokenize": 10,
     "stats": 8, "garbage": 6, "big_reply": 1, "slow_frame": 1, "idle": 1,
@@ -63,6 +63,9 @@ class SoakConfig:
 
     seconds: float = 60.0
     clients: int = 8
+    skip: tuple[str, ...] = ()
+    """Action kinds left out (e.g. ``big_reply``, whose multi-megabyte allocations make
+    RSS swing by hundreds of MB and hide a slow trend)."""
     model: str | None = None
     """GGUF path; ``None``: the synthetic hybrid qwen35 (MTP acceptance 0.74) with two
     synthetic draft models."""
@@ -319,8 +322,8 @@ class Soak:
 
     async def _client(self, index: int, end: float) -> None:
         rng = random.Random(self.config.seed * 1000 + index)
-        names = list(_ACTIONS)
-        weights = list(_ACTIONS.values())
+        names = [name for name in ACTIONS if name not in self.config.skip]
+        weights = [ACTIONS[name] for name in names]
         n = 0
         while time.monotonic() < end:
             n += 1

@@ -1,4 +1,5 @@
-"""The ``meshd`` command line: serve, demo, generate, bench, make-test-model.
+"""The ``meshd`` command line: serve, demo, generate, bench, bench-threads, config,
+make-test-model.
 
 Exit codes: 0 success, 2 bad usage or request, 3 model/runtime error (``serve`` and
 ``demo`` document theirs).
@@ -65,6 +66,41 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="benchmark arms side by side against llama-cpp-python; --identity gate",
         parents=[opt.model_options(ctx=2048, model=False),
                  opt.speculation_options(proposer=False, fixed_k=False)]))
+
+
+def _add_bench_threads(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .bench_threads import add_arguments
+
+    add_arguments(opt.subparser(
+        sub, "bench-threads",
+        help="llama.cpp's thread wait policies and counts, on a quiet machine and with "
+             "competing CPU-bound processes"))
+
+
+def _add_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .config import DEFAULT_CONFIG_PATH
+
+    p = opt.subparser(sub, "config", help="check and print the daemon's configuration")
+    actions = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = opt.subparser(
+        actions, "check",
+        help="print the effective configuration of meshd serve (file, MESHD_<SECTION>_<KEY> "
+             "variables, defaults) with each value's source; exit 2 naming the bad key")
+    check.add_argument("-C", "--config", metavar="FILE", default=None,
+                       help=f"TOML file (default: {DEFAULT_CONFIG_PATH} if it exists)")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from . import config
+
+    try:
+        loaded = config.load(args.config)
+        config.server_config(loaded.config)  # user and group names must resolve
+    except (config.ConfigError, ValueError) as exc:
+        print(f"meshd config check: {exc}", file=sys.stderr)
+        return 2
+    print(config.render(loaded))
+    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -150,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     soak.add_parser(sub)
     _add_bench(sub)
+    _add_bench_threads(sub)
+    _add_config(sub)
     _add_make_test_model(sub)
     return parser
 
@@ -178,6 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import cmd_bench
 
         return cmd_bench(args)
+    if args.command == "config":
+        return cmd_config(args)
+    if args.command == "bench-threads":
+        from .bench_threads import cmd_bench_threads
+
+        return cmd_bench_threads(args)
     return cmd_make_test_model(args)
 
 

@@ -47,6 +47,7 @@ from meshd.protocol import (
     InternalError,
     ModelError,
     Models,
+    PermissionDenied,
     ProtocolError,
     Request,
     RequestDecoder,
@@ -61,6 +62,7 @@ from meshd.protocol import FinishReason as WireFinishReason
 
 from .engine import GenerationStats, TokenEvent
 from .mapping import done_message, token_message
+from .peercred import peer_credentials
 from .scheduler import Failed, Finished, GenRequest, RequestHandle
 from .service import InFlight, Service
 from .speculation import FinishReason
@@ -112,6 +114,8 @@ class Connection:
         """Handshake, then serve requests until EOF; closes the stream on the way out."""
         self.log.debug("connection_opened")
         try:
+            if not await self._admit_peer():
+                return
             async with anyio.create_task_group() as tg:
                 self._scope = tg.cancel_scope
                 try:
@@ -125,6 +129,23 @@ class Connection:
         finally:
             await self._receiver.aclose()
             self.log.debug("connection_closed", client=self.client_name)
+
+    async def _admit_peer(self) -> bool:
+        """Check the peer's credentials against the allow-list; a refused peer gets one
+        ``forbidden`` error frame (id null) and the connection closes."""
+        policy = self.config.peers
+        if not policy.restricted or self._socket is None:
+            return True
+        peer = peer_credentials(self._socket)
+        if policy.allows(peer):
+            return True
+        self.service.counters["connections_denied"] += 1
+        self.log.warning("peer_denied", pid=peer.pid if peer else None,
+                         uid=peer.uid if peer else None, gid=peer.gid if peer else None)
+        await self._send(PermissionDenied(
+            "this daemon does not serve your user or groups (ask its administrator to add "
+            "them to the allowed users or groups)").to_message())
+        return False
 
     def close(self) -> None:
         """Stop serving (from any task of the event loop)."""
@@ -310,14 +331,14 @@ class Connection:
             try:
                 gen = await self.service.prepare(request)
                 if entry.cancelled:
-                    await self._finish_early(request.id, gen)
+                    await self._finish_early(request.id, gen, entry)
                     return
                 handle = self.service.submit(gen, request.id)
             except ProtocolError as exc:
                 await self._reject(exc.with_request_id(request.id))
                 return
             entry.attach(handle)
-            await self._stream(request.id, gen, handle)
+            await self._stream(request.id, gen, handle, entry)
         except Exception:
             self.log.exception("request_crashed", id=request.id, op=request.OP)
             await self._reject(InternalError("generation failed", request_id=request.id))
@@ -327,14 +348,16 @@ class Connection:
             self.service.unregister(entry)
             self._last_activity = anyio.current_time()
 
-    async def _finish_early(self, request_id: str, gen: GenRequest) -> None:
+    async def _finish_early(self, request_id: str, gen: GenRequest, entry: InFlight) -> None:
         """A request cancelled before it reached the scheduler still ends with ``done``."""
         stats = GenerationStats(prompt_tokens=len(gen.prompt))
-        await self._send(done_message(request_id, FinishReason.CANCELLED, stats, None,
+        finish = _finish_reason(FinishReason.CANCELLED, entry)
+        await self._send(done_message(request_id, finish, stats, None,
                                       prompt_tokens=len(gen.prompt), sampling=gen.sampling))
-        self._log_finished(request_id, "cancelled", stats, None, gen)
+        self._log_finished(request_id, finish.value, stats, None, gen)
 
-    async def _stream(self, request_id: str, gen: GenRequest, handle: RequestHandle) -> None:
+    async def _stream(self, request_id: str, gen: GenRequest, handle: RequestHandle,
+                      entry: InFlight) -> None:
         """Forward the scheduler's events as frames, coalescing what is already there."""
         frames_sent = 0
         async with handle.events:
@@ -358,7 +381,7 @@ class Connection:
                         final = event
                 if final is not None:
                     frames.append(encode(self._final_message(
-                        request_id, gen, handle, final, frames_sent + len(frames) > 0
+                        request_id, gen, handle, final, frames_sent + len(frames) > 0, entry
                     )))
                 if not await self._send_bytes(b"".join(frames)):
                     return
@@ -367,12 +390,13 @@ class Connection:
                     return
 
     def _final_message(self, request_id: str, gen: GenRequest, handle: RequestHandle,
-                       final: Finished | Failed, streamed: bool) -> Response:
+                       final: Finished | Failed, streamed: bool, entry: InFlight) -> Response:
         """``done`` for a finished generation; for a failed one, ``error`` if nothing was
         streamed yet, else ``done`` with ``finish_reason: error`` (PROTOCOL.md)."""
         if isinstance(final, Finished):
-            self._log_finished(request_id, final.finish.value, final.stats, final.proposer, gen)
-            return done_message(request_id, final.finish, final.stats, final.proposer,
+            finish = _finish_reason(final.finish, entry)
+            self._log_finished(request_id, finish.value, final.stats, final.proposer, gen)
+            return done_message(request_id, finish, final.stats, final.proposer,
                                 prompt_tokens=len(gen.prompt), sampling=gen.sampling)
         error: ProtocolError = (
             BadRequest(f"generate: {final.message}", request_id=request_id)
@@ -477,3 +501,10 @@ class Connection:
             except OSError as exc:
                 raise anyio.BrokenResourceError(str(exc)) from exc
             view = view[sent:]
+
+
+def _finish_reason(finish: FinishReason, entry: InFlight) -> WireFinishReason:
+    """The wire's finish reason: a cancellation by the daemon's shutdown says so."""
+    if finish is FinishReason.CANCELLED and entry.shutdown:
+        return WireFinishReason.SHUTDOWN
+    return WireFinishReason(finish.value)

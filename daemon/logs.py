@@ -1,4 +1,4 @@
-"""structlog setup for the daemon: JSON lines by default, a readable console on a TTY.
+"""structlog setup for the daemon: one stream of events, whoever emitted them.
 
 Why JSON lines: the daemon runs under systemd/journald or a supervisor whose logs are
 read by tools, so each event is one parseable object (``event``, ``level``, ``timestamp``
@@ -6,62 +6,145 @@ plus its fields). A person running ``meshd serve`` in a terminal gets the consol
 renderer instead. Events carry ids, codes and counts, never prompt or output text: that
 is what a log line is allowed to contain at ``info``; request contents go nowhere.
 
+Every line goes through structlog: records of stdlib loggers (llama.cpp's own messages
+arrive on ``meshd.llama``, the plugin registry warns on ``meshd.plugins.registry``) and
+Python warnings are turned into structlog events with their logger's name, so nothing
+is printed raw into the JSON stream and nothing twice.
+
+Under journald (``$JOURNAL_STREAM`` names our stderr) each line starts with its syslog
+priority (``<3>`` error ... ``<7>`` debug), which journald strips and records as the
+entry's priority (``journalctl -p warning`` works); journald stamps the time itself, so
+the default format there is ``event key=value`` without a timestamp.
+
 Only ``meshd serve`` (and whoever else calls :func:`configure_logging`) changes the
-global structlog configuration; library code just asks :func:`get_logger`.
+global structlog and logging configuration; library code just asks :func:`get_logger`
+(or a stdlib logger).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import Final, TextIO
+from collections.abc import Mapping
+from typing import Any, Final, TextIO
 
 import structlog
-from structlog.typing import FilteringBoundLogger, Processor
+from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
-__all__ = ["LEVELS", "configure_logging", "get_logger"]
+__all__ = ["FORMATS", "LEVELS", "configure_logging", "get_logger", "under_journald"]
 
 LEVELS: Final = ("debug", "info", "warning", "error")
 """The accepted ``--log-level`` values."""
 
+FORMATS: Final = ("auto", "json", "console", "journal")
+"""``--log-format``: auto picks journal under journald, console on a terminal, else JSON."""
+
+_PRIORITY: Final = {"critical": 2, "exception": 3, "error": 3, "warning": 4, "warn": 4,
+                    "info": 6, "debug": 7}
+
+
+def under_journald(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``stream`` is connected to journald (``$JOURNAL_STREAM`` is its dev:inode)."""
+    value = (os.environ if environ is None else environ).get("JOURNAL_STREAM", "")
+    dev, _, ino = value.partition(":")
+    if not (dev.isdigit() and ino.isdigit()):
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+
 
 def configure_logging(
-    level: str = "info", *, stream: TextIO | None = None, json: bool | None = None
+    level: str = "info", *, stream: TextIO | None = None, json: bool | None = None,
+    format: str | None = None,
 ) -> None:
-    """Send structlog events at ``level`` and above to ``stream`` (default stderr).
+    """Send every event at ``level`` and above to ``stream`` (default stderr).
 
-    ``json=None`` picks JSON lines unless ``stream`` is a terminal.
+    ``format`` is one of :data:`FORMATS` (``json=True/False`` is the older spelling of
+    ``json``/``console``). Also routes stdlib logging and Python warnings into structlog.
     """
     if level not in LEVELS:
         raise ValueError(f"unknown log level {level!r}; expected one of {', '.join(LEVELS)}")
     out = stream if stream is not None else sys.stderr
-    if json is None:
-        json = not _isatty(out)
+    if format is None:
+        format = "auto" if json is None else ("json" if json else "console")
+    if format not in FORMATS:
+        raise ValueError(f"unknown log format {format!r}; expected one of {', '.join(FORMATS)}")
+    journal = under_journald(out)
+    if format == "auto":
+        format = "journal" if journal else ("console" if _isatty(out) else "json")
     processors: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.format_exc_info,
     ]
-    renderer: Processor = (
-        structlog.processors.JSONRenderer()
-        if json
-        else structlog.dev.ConsoleRenderer(colors=_isatty(out))
-    )
+    if format != "journal":
+        processors.append(structlog.processors.TimeStamper(fmt="iso", utc=True))
+    processors.append(structlog.processors.format_exc_info)
+    renderer: Processor
+    if format == "json":
+        renderer = structlog.processors.JSONRenderer()
+    elif format == "journal":
+        renderer = structlog.processors.LogfmtRenderer(key_order=["event"], drop_missing=True)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=_isatty(out))
+    if journal or format == "journal":
+        renderer = _Prioritised(renderer)
+    threshold = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
         processors=[*processors, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
+    _route_stdlib(threshold)
 
 
 def get_logger(name: str, **bound: object) -> FilteringBoundLogger:
     """A logger whose events carry ``logger_name=name`` and ``bound``."""
     logger: FilteringBoundLogger = structlog.get_logger().bind(logger_name=name, **bound)
     return logger
+
+
+class _Prioritised:
+    """Wraps a renderer: ``<priority>`` first, and one physical line per event (a
+    traceback's newlines would otherwise become separate journal entries)."""
+
+    def __init__(self, inner: Processor) -> None:
+        self.inner = inner
+
+    def __call__(self, logger: WrappedLogger, name: str, event_dict: EventDict) -> str:
+        priority = _PRIORITY.get(str(event_dict.get("level", name)), 6)
+        text = str(self.inner(logger, name, event_dict))
+        return f"<{priority}>" + text.replace("\n", "\\n")
+
+
+class _ToStructlog(logging.Handler):
+    """A stdlib handler that re-emits each record as a structlog event."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if record.name == "py.warnings":  # "file:line: Category: text\n  source"
+                message = message.strip().splitlines()[0]
+            fields: dict[str, Any] = {"logger_name": record.name}
+            if record.exc_info:
+                fields["exc_info"] = record.exc_info
+            structlog.get_logger().log(record.levelno, message, **fields)
+        except Exception:
+            self.handleError(record)
+
+
+def _route_stdlib(threshold: int) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _ToStructlog):
+            root.removeHandler(handler)
+    root.addHandler(_ToStructlog())
+    root.setLevel(threshold)
+    logging.captureWarnings(True)
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -52,6 +52,12 @@ DEFAULT_CTX: Final = 4096
 DEFAULT_MAX_TOKENS: Final = 256
 """Tokens generated when a request does not say: ``serve``, ``generate`` and ``demo``."""
 DEFAULT_PROPOSER: Final = "auto"
+DEFAULT_SLOTS: Final = 4
+"""Generations ``serve`` decodes together (sessions in the shared context)."""
+DEFAULT_MAX_QUEUE: Final = 64
+"""Requests waiting for a slot before new ones are answered ``busy``."""
+DEFAULT_STREAM_INTERVAL_MS: Final = 100
+"""Tokens are streamed in batches at most this far apart (after the first token)."""
 DEFAULT_BACKEND: Final = "asyncio"
 DEFAULT_LOG_LEVEL: Final = "info"
 
@@ -122,8 +128,13 @@ def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True) -> argparse.Arg
                    help="context length per session in tokens; capped at the model's "
                         "training context (a note says so)")
     g.add_argument("-t", "--threads", type=positive, default=None, metavar="N",
-                   help="CPU threads for llama.cpp (default: every core this process may "
-                        "use; on a shared machine use 1)")
+                   help="CPU threads for llama.cpp (default: the CPUs this process may "
+                        "use: its affinity mask, capped by its cgroup CPU quota). Between "
+                        "operations the threads sleep (OMP_WAIT_POLICY=passive, unless "
+                        "OMP_WAIT_POLICY or GOMP_SPINCOUNT is set): spinning "
+                        "(OMP_WAIT_POLICY=active) is faster on an idle machine but collapses "
+                        "when other processes want the cores; meshd bench-threads measures "
+                        "both")
     return p
 
 

@@ -87,6 +87,16 @@ def _cost_model_key(model_path: Path, config: ContextConfig) -> list[object]:
 
 
 def _cost_cache_dir() -> Path:
+    """Where calibrated cost curves are kept.
+
+    Under systemd (``CacheDirectory=meshd`` / ``StateDirectory=meshd``) the service's own
+    writable directories, since a hardened unit can write nowhere else (its home may be
+    ``/``); otherwise ``$XDG_CACHE_HOME/meshd/costs`` (default ``~/.cache``).
+    """
+    for variable in ("CACHE_DIRECTORY", "STATE_DIRECTORY"):
+        value = os.environ.get(variable)
+        if value:  # systemd passes a colon-separated list; the first is ours
+            return Path(value.split(":")[0]) / "costs"
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "meshd" / "costs"
 

@@ -33,6 +33,7 @@ from meshd.native.session import verify_many
 from .costs import CostModel
 from .engine import Generation, GenerationStats, TokenEvent, Window
 from .histogram import Histogram
+from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
 from .runtime import ModelRuntime, RequestError
 from .sampling import GREEDY, SamplingParams
 from .speculation import Decision, FinishReason, RepairKind
@@ -131,8 +132,8 @@ class SchedulerStats:
 class Scheduler:
     """Owns one ModelRuntime's sessions; ``run`` is the engine loop."""
 
-    def __init__(self, runtime: ModelRuntime, *, max_queue: int = 64,
-                 step_budget_s: float = 0.1) -> None:
+    def __init__(self, runtime: ModelRuntime, *, max_queue: int = DEFAULT_MAX_QUEUE,
+                 step_budget_s: float = DEFAULT_STREAM_INTERVAL_MS / 1000) -> None:
         self.runtime = runtime
         self.max_queue = max_queue
         #: Run steps back to back on the worker thread for up to this long before handing
@@ -148,6 +149,7 @@ class Scheduler:
         self._wakeup = anyio.Event()
         self.stats = SchedulerStats()
         self.started = time.monotonic()
+        self._native_since: float | None = None
 
     # ------------------------------------------------------------------ API
 
@@ -179,7 +181,23 @@ class Scheduler:
 
     async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a blocking llama.cpp call on a worker thread, one at a time per model."""
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        def timed() -> Any:
+            self._native_since = time.monotonic()
+            try:
+                return fn(*args)
+            finally:
+                self._native_since = None
+
+        return await anyio.to_thread.run_sync(timed, limiter=self.limiter)
+
+    def native_busy_s(self) -> float:
+        """How long the llama.cpp call running now has been running (0 when none).
+
+        The watchdog's measure of a wedged engine: one call is bounded by the step
+        budget plus one forward, so a call that runs far longer is stuck.
+        """
+        since = self._native_since
+        return time.monotonic() - since if since is not None else 0.0
 
     # ------------------------------------------------------------------ loop
 

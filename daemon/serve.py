@@ -1,13 +1,18 @@
 """``meshd serve``: load the model, listen on the socket, serve until SIGINT/SIGTERM.
 
 Why the order of things: the model loads (seconds) before the socket exists, so a
-client that can connect can also be served; "ready" is logged (and the ready hooks run,
-systemd notify later) only once the socket listens. The first SIGINT/SIGTERM shuts down
-gracefully (running generations end with ``done`` cancelled, the socket file goes); a
-second one stops at once.
+client that can connect can also be served; "ready" is logged and systemd told
+``READY=1`` only once the socket listens. Under socket activation the socket is
+systemd's and exists all along; connections wait in its backlog until then. The first
+SIGINT/SIGTERM shuts down gracefully (running generations get ``--shutdown-grace``
+seconds, then end with ``done`` and ``shutdown``; a socket file meshd created is
+removed); a second one stops at once. SIGHUP is handled in :mod:`.supervise`.
+
+Every message goes to the log (stderr), once: a person at a terminal reads the console
+format, journald gets priority-prefixed lines.
 
 Exit codes: 0 after a clean shutdown, 1 when the socket cannot be used, 2 bad usage,
-3 the model failed to load.
+3 the model failed to load, 130 when a second signal cut the shutdown short.
 """
 
 from __future__ import annotations
@@ -15,28 +20,34 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import signal
-import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 import anyio
 import anyio.abc
 
 from meshd.native.errors import NativeError
 
+from . import config as cfg
 from . import options as opt
+from .activation import ActivationError, InheritedSocket, listen_fds
 from .argtypes import non_negative, positive, positive_seconds
 from .checks import check_model_args
 from .http.tcp import check_http_address, open_http_listener
 from .listener import ListenerError, default_socket_path, open_listener, preflight
-from .logs import configure_logging, get_logger
+from .logs import FORMATS, configure_logging, get_logger
+from .notify import Notifier
 from .runtime import ModelRuntime, RequestError, RuntimeConfig
 from .server import Server
-from .service import ServerConfig
+from .service import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
+from .supervise import Supervisor, notifying_progress, pinging_while_starting
 from .terminal import Progress
 
-__all__ = ["add_parser", "run", "socket_address"]
+HTTP_FD_NAME: Final = "http"
+"""``FileDescriptorName=`` of an inherited socket to serve HTTP on."""
+
+__all__ = ["HTTP_FD_NAME", "add_parser", "run", "socket_address"]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,11 +65,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="also serve HTTP (OpenAI API, /health, /metrics) on a loopback TCP "
                         "port or an inherited socket (fd://N); the Unix socket always "
                         "serves HTTP too")
-    p.add_argument("--slots", metavar="N", type=positive, default=4,
+    p.add_argument("--slots", metavar="N", type=positive, default=opt.DEFAULT_SLOTS,
                    help="generations decoded together (sessions in the shared context)")
-    p.add_argument("--max-queue", metavar="N", type=non_negative, default=64,
+    p.add_argument("--max-queue", metavar="N", type=non_negative, default=opt.DEFAULT_MAX_QUEUE,
                    help="requests waiting for a slot before new ones are answered busy")
-    p.add_argument("--stream-interval-ms", metavar="MS", type=positive, default=100,
+    p.add_argument("--stream-interval-ms", metavar="MS", type=positive,
+                   default=opt.DEFAULT_STREAM_INTERVAL_MS,
                    help="stream tokens in batches at most this far apart (fewer wake-ups "
                         "of the client, which on a small machine steal the decode's cores)")
     p.add_argument("--draft-model", action="append", default=[], metavar="PATH",
@@ -83,8 +95,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--backlog", type=positive, default=None, metavar="N",
                    help="listen backlog (default: the system maximum, "
                         "/proc/sys/net/core/somaxconn)")
-    p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto",
-                   help="auto: console on a terminal, JSON lines otherwise")
+    p.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
+                   metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, how long running requests may finish before "
+                        "they end with finish reason 'shutdown'")
+    p.add_argument("--allow-user", action="append", default=[], metavar="USER",
+                   help="serve only these users (name or uid; repeatable) and the groups "
+                        "of --allow-group; root and the daemon's own user always may")
+    p.add_argument("--allow-group", action="append", default=[], metavar="GROUP",
+                   help="serve members of this group (name or gid; repeatable)")
+    p.add_argument("--log-format", choices=FORMATS, default="auto",
+                   help="auto: journal under journald (priority prefixes), console on a "
+                        "terminal, JSON lines otherwise")
+    cfg.add_config_flags(p)
 
 
 def socket_address(explicit: str | None) -> str:
@@ -95,74 +118,141 @@ def socket_address(explicit: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``meshd serve`` with parsed ``args``; returns the exit code."""
-    json_logs = {"auto": None, "json": True, "console": False}[args.log_format]
-    configure_logging(args.log_level, json=json_logs)
+    flags = cfg.explicit_flags(args)
+    try:
+        loaded = cfg.load(args.config, flags=flags)
+    except cfg.ConfigError as exc:
+        configure_logging(flags.get("log_level", opt.DEFAULT_LOG_LEVEL),
+                          format=flags.get("log_format", "auto"))
+        get_logger("meshd.serve").error("bad_config", error=str(exc))
+        return 2
+    c = loaded.config
+    configure_logging(c.log.level, format=c.log.format)
     log = get_logger("meshd.serve")
-    bind = socket_address(args.socket)
-    proposer = args.proposer
-    if proposer.startswith("draft:") and proposer.partition(":")[2] not in args.draft_model:
-        message = (f"--proposer {proposer} names a draft model that is not among the "
-                   "--draft-model files; add --draft-model "
+    if loaded.path:
+        log.info("config_loaded", path=loaded.path)
+    notifier = Notifier()
+    if notifier.last_error:
+        log.warning("notify_unusable", error=notifier.last_error)
+    try:
+        inherited = listen_fds()
+    except ActivationError as exc:
+        log.error("socket_activation_failed", error=str(exc))
+        return 1
+    bind = c.serve.socket or _activated_bind(inherited) or socket_address(None)
+    http = c.serve.http or _activated_http(inherited)
+    drafts = list(c.model.draft_models)
+    try:
+        proposer = opt.proposer_name(c.speculation.proposer)
+    except argparse.ArgumentTypeError as exc:
+        log.error("bad_config", error=f"speculation.proposer: {exc}")
+        return 2
+    if proposer.startswith("draft:") and proposer.partition(":")[2] not in drafts:
+        message = (f"proposer {proposer} names a draft model that is not among the "
+                   "draft models; add --draft-model "
                    f"{proposer.partition(':')[2]}")
         log.error("bad_usage", error=message)
-        print(f"meshd serve: {message}", file=sys.stderr)
         return 2
     try:
-        check_model_args(args.model, proposer, args.draft_model)
+        check_model_args(c.model.path, proposer, drafts)
     except NativeError as exc:
         log.error("model_load_failed", error=str(exc))
-        print(f"meshd serve: {exc}", file=sys.stderr)
         return 3
     config = RuntimeConfig(
-        model_path=args.model, n_ctx_seq=args.ctx, n_seq_max=args.slots,
-        draft_max=args.draft_max, threads=args.threads, calibrate=not args.fixed_k,
-        default_proposer=proposer, allowed_drafts=tuple(args.draft_model),
+        model_path=c.model.path, n_ctx_seq=c.model.ctx, n_seq_max=c.serve.slots,
+        draft_max=c.speculation.draft_max, threads=c.model.threads,
+        calibrate=not c.speculation.fixed_k, default_proposer=proposer,
+        allowed_drafts=tuple(drafts),
     )
     try:
         preflight(bind)
-        if args.http is not None:
-            check_http_address(args.http)
+        server_config = cfg.server_config(c)
+        if http is not None:
+            check_http_address(http)
     except ListenerError as exc:
         log.error("listen_failed", address=bind, error=str(exc))
-        print(f"meshd serve: {exc}", file=sys.stderr)
         return 1
-    log.info("loading_model", model=args.model or "embedded default")
+    except ValueError as exc:
+        log.error("bad_config", error=str(exc))
+        return 2
+    log.info("loading_model", model=c.model.path or "embedded default")
     t0 = time.monotonic()
 
     def note(event: str, message: str) -> None:
         log.warning(event, message=message)
 
     try:
-        runtime = ModelRuntime(config, notes=note, progress=Progress)
+        with pinging_while_starting(notifier):
+            runtime = ModelRuntime(config, notes=note,
+                                   progress=notifying_progress(notifier, Progress))
     except (NativeError, RequestError, OSError) as exc:
         log.error("model_load_failed", error=str(exc))
-        print(f"meshd serve: {exc}", file=sys.stderr)
         return 3
     with runtime:
         log.info("model_loaded", path=runtime.model.info.path,
                  seconds=round(time.monotonic() - t0, 2))
-        server = Server(runtime, ServerConfig(
-            max_tokens_default=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
-            max_queue=args.max_queue, stream_interval_s=args.stream_interval_ms / 1000,
-            max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
-            frame_timeout_s=args.frame_timeout, backlog=args.backlog,
-        ))
+        server = Server(runtime, server_config)
+        supervisor = Supervisor(server, notifier, reload=_reloader(loaded))
+        server.ready_hooks = (supervisor.on_ready,)
         options: dict[str, Any] = {}
-        if args.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
+        if c.serve.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
             options["use_uvloop"] = True
         try:
-            anyio.run(_serve_until_signalled, server, bind, args.http,
-                      backend=args.backend, backend_options=options)
+            anyio.run(_serve_until_signalled, server, supervisor, bind, http,
+                      backend=c.serve.backend, backend_options=options)
         except ListenerError as exc:
             log.error("listen_failed", address=bind, error=str(exc))
-            print(f"meshd serve: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:  # a signal before the handlers were in place
             return 130
-    return 0
+        except Exception:  # a bug: logged as one event (with its traceback), not raw
+            log.exception("serve_crashed")
+            return 1
+        finally:
+            notifier.stopping("stopped")
+            notifier.close()
+    return 130 if supervisor.forced else 0
 
 
-async def _serve_until_signalled(server: Server, bind: str, http: str | None) -> None:
+def _reloader(loaded: cfg.Loaded) -> Callable[[], ServerConfig]:
+    """SIGHUP: read the file and environment again (the command line's flags still win),
+    apply what can change live, say which changed keys need a restart."""
+    current = [loaded.config]
+
+    def reload() -> ServerConfig:
+        new = cfg.load(loaded.path, flags=loaded.flags).config
+        server_config = cfg.server_config(new)  # raises before anything is applied
+        needs_restart = cfg.restart_needed(current[0], new)
+        if needs_restart:
+            get_logger("meshd.serve").warning("restart_needed", keys=needs_restart)
+        if new.log.level != current[0].log.level:
+            configure_logging(new.log.level, format=current[0].log.format)
+        current[0] = new
+        return server_config
+
+    return reload
+
+
+def _activated_bind(inherited: list[InheritedSocket]) -> str | None:
+    """The socket-activated Unix socket to serve: the one named ``meshd`` (the unit's
+    ``FileDescriptorName=``), else the first Unix one."""
+    unix = [s for s in inherited if s.family == "unix" and s.name != HTTP_FD_NAME]
+    named = [s for s in unix if s.name == "meshd"]
+    chosen = named or unix
+    return chosen[0].bind if chosen else None
+
+
+def _activated_http(inherited: list[InheritedSocket]) -> str | None:
+    """A socket-activated TCP socket for HTTP: the one named ``http`` (a second socket
+    unit with ``FileDescriptorName=http``), else the first TCP one."""
+    tcp = [s for s in inherited if s.family in ("inet", "inet6")]
+    named = [s for s in tcp if s.name == HTTP_FD_NAME]
+    chosen = named or tcp
+    return chosen[0].bind if chosen else None
+
+
+async def _serve_until_signalled(server: Server, supervisor: Supervisor, bind: str,
+                                 http: str | None) -> None:
     # Raises ListenerError plainly, before any task.
     listener = await open_listener(bind, backlog=server.config.backlog)
     try:
@@ -171,22 +261,7 @@ async def _serve_until_signalled(server: Server, bind: str, http: str | None) ->
     except BaseException:
         await listener.aclose()
         raise
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_signals, signals, server, tg.cancel_scope)
-            await server.serve(listener, http=http_listener)
-            tg.cancel_scope.cancel()
-
-
-async def _watch_signals(signals: Any, server: Server, scope: anyio.CancelScope) -> None:
-    log = get_logger("meshd.serve")
-    stopping = False
-    async for signum in signals:
-        name = signal.Signals(signum).name
-        if not stopping:
-            stopping = True
-            log.info("signal_received", signal=name, action="graceful shutdown")
-            server.shutdown()
-        else:
-            log.warning("signal_received", signal=name, action="stopping now")
-            scope.cancel()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(supervisor.run, tg.cancel_scope)
+        await server.serve(listener, http=http_listener)
+        tg.cancel_scope.cancel()

@@ -3,9 +3,10 @@
 Why this shape (structured concurrency, as in trio): :meth:`Server.serve` owns every
 task it starts; it reports readiness through ``task_status.started()`` once the socket
 listens, and nothing outlives it. Shutting down is a sequence, not a cancellation
-storm: stop accepting and remove the socket, refuse new work, cancel every generation
-so its client gets ``done`` with ``finish_reason: cancelled``, wait (bounded) for those
-to be delivered, then close the connections and stop the engine loop. Cancelling
+storm: stop accepting and remove the socket, refuse new work, let running generations
+finish for a grace period, cancel the rest so each client gets ``done`` with
+``finish_reason: shutdown``, wait (bounded) for those to be delivered, then close the
+connections and stop the engine loop. Cancelling
 ``serve`` from outside (a test's task group, a second Ctrl-C) skips the politeness but
 still closes every generation's session and removes the socket.
 
@@ -60,10 +61,28 @@ class Server:
         self._ids = itertools.count(1)
         self._open = 0  # connections accepted and not yet closed (the limit counts them)
         self._stop = anyio.Event()
+        self._grace_s: float | None = None
 
-    def shutdown(self) -> None:
-        """Begin a graceful shutdown (call from the event loop; idempotent)."""
+    def shutdown(self, *, grace_s: float | None = None) -> None:
+        """Begin a graceful shutdown (call from the event loop; idempotent): stop
+        accepting, let running generations finish for up to ``grace_s`` (default: the
+        config's ``shutdown_grace_s``), then end the rest with ``shutdown``."""
+        if not self._stop.is_set() and grace_s is not None:
+            self._grace_s = grace_s
         self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def reconfigure(self, config: ServerConfig) -> None:
+        """Apply settings that can change while serving (SIGHUP): limits, timeouts,
+        the stream interval and the peer allow-list. New connections use them at once;
+        open ones keep the allow-list they were admitted under."""
+        self.config = config
+        self.service.config = config
+        self.scheduler.max_queue = config.max_queue
+        self.scheduler.step_budget_s = config.stream_interval_s
 
     @property
     def connections(self) -> int:
@@ -126,7 +145,8 @@ class Server:
         await listener.aclose()  # no new connections; the socket file goes away now
         if http_listener is not None:
             await http_listener.aclose()
-        drained = await self.service.drain(self.config.drain_timeout_s)
+        grace = self.config.shutdown_grace_s if self._grace_s is None else self._grace_s
+        drained = await self.service.drain(self.config.drain_timeout_s, grace_s=grace)
         if not drained:
             self.log.warning("drain_timeout", in_flight=self.service.n_inflight)
         for conn in list(self._connections):
@@ -222,6 +242,7 @@ async def serving(
             body_error = exc
             tg.cancel_scope.cancel()
         finally:
-            server.shutdown()
+            # Leaving the block means "stop now": no grace period for what still runs.
+            server.shutdown(grace_s=0)
     if body_error is not None:
         raise body_error

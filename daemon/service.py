@@ -14,6 +14,7 @@ import collections
 import importlib.metadata
 import time
 from collections.abc import Iterator
+from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -47,13 +48,19 @@ from meshd.protocol import (
 
 from .http.config import HttpConfig
 from .mapping import model_info, sampling_params
-from .options import DEFAULT_MAX_TOKENS
+from .options import DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS, DEFAULT_STREAM_INTERVAL_MS
+from .peercred import PeerPolicy
 from .runtime import ModelRuntime, RequestError
 from .sampling import with_chosen_seed
 from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
 
-__all__ = ["DEFAULT_MAX_TOKENS", "InFlight", "ServerConfig", "Service", "server_version"]
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SHUTDOWN_GRACE_S", "InFlight", "ServerConfig", "Service",
+           "server_version"]
 
+
+
+DEFAULT_SHUTDOWN_GRACE_S: Final = 30.0
+"""Seconds running generations may go on after SIGTERM (systemd's stop timeout is 90)."""
 
 
 def server_version() -> str:
@@ -72,9 +79,9 @@ class ServerConfig:
     max_tokens_limit: int | None = None
     """Largest ``max_tokens`` accepted; ``None`` means the per-session context length."""
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_queue: int = 64
+    max_queue: int = DEFAULT_MAX_QUEUE
     """Generations waiting for a slot before new ones are answered ``busy``."""
-    stream_interval_s: float = 0.1
+    stream_interval_s: float = DEFAULT_STREAM_INTERVAL_MS / 1000
     """Tokens are streamed in batches at most this far apart (after the first token)."""
     max_requests_per_connection: int = 256
     """Concurrent requests one connection may have in flight before ``busy``."""
@@ -92,8 +99,13 @@ class ServerConfig:
     """Listen backlog; ``None`` takes the system's maximum (``net.core.somaxconn``)."""
     send_timeout_s: float = 60.0
     """A client that takes longer than this to accept one write is disconnected."""
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    """On shutdown, how long running generations may go on to finish normally; those
+    still running then end with ``done`` and ``finish_reason: shutdown``."""
     drain_timeout_s: float = 10.0
     """On shutdown, how long cancelled generations get to end with ``done``."""
+    peers: PeerPolicy = attrs.field(factory=PeerPolicy)
+    """Which peers (by uid/gid from the socket's credentials) are served."""
     http: HttpConfig = attrs.field(factory=HttpConfig)
     """Limits and timeouts of HTTP connections (Unix socket and ``--http``)."""
 
@@ -109,6 +121,8 @@ class InFlight:
         self.id = request_id
         self.handle: RequestHandle | None = None
         self.cancelled = False
+        #: Cancelled because the daemon is shutting down (``done`` says ``shutdown``).
+        self.shutdown = False
 
     def attach(self, handle: RequestHandle) -> None:
         self.handle = handle
@@ -369,11 +383,16 @@ class Service:
     def n_inflight(self) -> int:
         return self._n_inflight
 
-    async def drain(self, timeout_s: float) -> bool:
-        """Refuse new work, cancel every generation, wait for them to end (their clients
-        get ``done`` cancelled). Returns whether all ended within ``timeout_s``."""
+    async def drain(self, timeout_s: float, *, grace_s: float = 0.0) -> bool:
+        """Refuse new work, let running generations finish for up to ``grace_s``, then
+        cancel the rest (their clients get ``done`` with ``finish_reason: shutdown``) and
+        wait for them to end. Returns whether all ended within ``timeout_s`` of that."""
         self.draining = True
+        if grace_s > 0:
+            with anyio.move_on_after(grace_s):
+                await self._idle.wait()
         for entry in self.inflight():
+            entry.shutdown = True
             entry.cancel()
         with anyio.move_on_after(timeout_s):
             await self._idle.wait()

@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from .cpus import usable_cpus
 from .errors import CapacityError, NativeError, RuntimeStateError
 from .llama import float_rows, lc, lcx
 from .model import Model
@@ -99,9 +100,7 @@ def context_params(config: ContextConfig, threads: int) -> Any:
 
 
 def _default_threads() -> int:
-    import os
-
-    return max(1, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 2
+    return usable_cpus()
 
 
 class TargetContext:

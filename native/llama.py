@@ -33,14 +33,34 @@ _LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARN
 _recent_errors: collections.deque[str] = collections.deque(maxlen=4)
 
 
+_CONT = 5
+_pending: list[str] = []  # a line llama.cpp has not finished yet
+_pending_level = logging.DEBUG
+_pending_lock = threading.Lock()
+
+
 @lc.llama_log_callback  # type: ignore[untyped-decorator]
 def _log_callback(level: int, text: bytes, _user: Any) -> None:
-    # llama.cpp logs a lot at INFO while loading; keep that at DEBUG.
-    pylevel = _LEVELS.get(level, logging.DEBUG)
+    # llama.cpp prints lines in pieces (progress dots, CONT-level continuations); one
+    # log record per finished line keeps the daemon's log one event per line.
+    global _pending_level
+    chunk = text.decode("utf-8", "replace")
+    with _pending_lock:
+        if level != _CONT:
+            # llama.cpp logs a lot at INFO while loading; keep that at DEBUG.
+            _pending_level = _LEVELS.get(level, logging.DEBUG)
+        _pending.append(chunk)
+        if not chunk.endswith("\n"):
+            return
+        lines = "".join(_pending).splitlines()
+        _pending.clear()
+        pylevel = _pending_level
     if pylevel >= logging.ERROR:
-        _recent_errors.append(text.decode("utf-8", "replace").strip())
+        _recent_errors.extend(line.strip() for line in lines if line.strip())
     if _log.isEnabledFor(pylevel):
-        _log.log(pylevel, "%s", text.decode("utf-8", "replace").rstrip())
+        for line in lines:
+            if line.strip():
+                _log.log(pylevel, "%s", line.rstrip())
 
 
 def ensure_backend() -> None:

@@ -34,6 +34,8 @@ class ErrorCode(enum.StrEnum):
     """The request was cancelled before it produced a result."""
     INTERNAL = "internal"
     """A bug or unexpected condition on the answering side."""
+    FORBIDDEN = "forbidden"
+    """The peer is not allowed to use this daemon (its uid/gid is not on the allow-list)."""
 
 
 class ProtocolError(Exception):
@@ -148,6 +150,13 @@ class InternalError(ProtocolError):
     code = ErrorCode.INTERNAL
 
 
+class PermissionDenied(ProtocolError, PermissionError):
+    """The server refuses this peer (checked from the socket's peer credentials); the
+    connection is closed after the ``error`` frame."""
+
+    code = ErrorCode.FORBIDDEN
+
+
 class ConnectionClosed(ProtocolError, ConnectionError):
     """The connection ended (EOF, reset, or the client was closed) while a request was
     pending. Client-side only: it never travels as a frame, and its wire code is
@@ -164,6 +173,7 @@ _BY_CODE: dict[ErrorCode, type[ProtocolError]] = {
     ErrorCode.MODEL_ERROR: ModelError,
     ErrorCode.CANCELLED: RequestCancelled,
     ErrorCode.INTERNAL: InternalError,
+    ErrorCode.FORBIDDEN: PermissionDenied,
 }
 
 

@@ -25,7 +25,7 @@ import attrs
 
 from .errors import BadRequest, ErrorCode
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 """The protocol version this package speaks; bumped on any incompatible change."""
 
 DEFAULT_MAX_FRAME_SIZE: Final = 4 * 1024 * 1024
@@ -63,6 +63,8 @@ class FinishReason(enum.StrEnum):
     """The model produced an end-of-generation token."""
     CANCELLED = "cancelled"
     """A ``cancel`` for this request arrived (or the client went away)."""
+    SHUTDOWN = "shutdown"
+    """The daemon is shutting down and its grace period for running requests ran out."""
     ERROR = "error"
     """The generation failed part-way; ``done.error_message`` says why."""
 

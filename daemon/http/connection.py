@@ -27,6 +27,7 @@ from structlog.typing import FilteringBoundLogger
 
 from meshd.protocol import StreamReceiver
 
+from ..peercred import peer_credentials
 from ..service import Service
 from .routes import Routes
 
@@ -35,6 +36,8 @@ __all__ = ["HttpConnection"]
 _SERVER_HEADER: Final = b"meshd"
 _MAX_PENDING_BYTES: Final = 1024 * 1024
 """Bytes of a pipelined request kept while the current one is served."""
+_DENIED: Final = ("this daemon does not serve your user or groups (ask its administrator to "
+                  "add them to the allowed users or groups)")
 _LINGER_S: Final = 1.0
 _LINGER_BYTES: Final = 4 * 1024 * 1024
 
@@ -75,7 +78,10 @@ class HttpConnection:
         try:
             with anyio.CancelScope() as scope:
                 self._scope = scope
-                await self._serve()
+                if self._peer_allowed():
+                    await self._serve()
+                elif await self._read_request() is not None:
+                    await self._refuse(403, _DENIED, code="forbidden")
         finally:
             self._peer_gone()
             with anyio.CancelScope(shield=True):
@@ -83,6 +89,20 @@ class HttpConnection:
                     await self._linger()
                 await self._receiver.aclose()
             self.log.debug("connection_closed")
+
+    def _peer_allowed(self) -> bool:
+        """The allow-list of the daemon's socket applies to HTTP as to the native
+        protocol (TCP peers have no credentials; the loopback listener decides)."""
+        policy = self.service.config.peers
+        if not policy.restricted or self._socket is None:
+            return True
+        peer = peer_credentials(self._socket)
+        if policy.allows(peer):
+            return True
+        self.service.counters["connections_denied"] += 1
+        self.log.warning("peer_denied", pid=peer.pid if peer else None,
+                         uid=peer.uid if peer else None, gid=peer.gid if peer else None)
+        return False
 
     def close(self) -> None:
         """Stop serving (from any task of the event loop); a running generation is
@@ -253,17 +273,18 @@ class HttpConnection:
 
     # ------------------------------------------------------------------ writing
 
-    async def _refuse(self, status: int, message: str) -> None:
-        """Answer a request h11 or the limits rejected, then the connection closes."""
-        self.log.info("http_refused", status=status)
+    async def _refuse(self, status: int, message: str, code: str | None = None) -> None:
+        """Answer a request h11, the limits or the allow-list rejected, then the
+        connection closes."""
+        code = code or ("too_large" if status in (413, 431) else "bad_request")
+        self.log.info("http_refused", status=status, code=code)
         self.log.debug("http_refused_message", message=message)
-        self.service.counters["errors_too_large" if status in (413, 431)
-                              else "errors_bad_request"] += 1
+        self.service.counters[f"errors_{code}"] += 1
         if self._h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         self._refused = True
-        body = (b'{"error": {"message": ' + json.dumps(message).encode() +
-                b', "type": "invalid_request_error", "param": null, "code": "bad_request"}}')
+        body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                     "param": None, "code": code}}).encode()
         await self._send_events([
             h11.Response(status_code=status, reason=_reason(status), headers=[
                 *self._headers("application/json", [("Connection", "close")]),

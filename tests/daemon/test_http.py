@@ -5,7 +5,9 @@ malformed HTTP answered with a 4xx or a close while the daemon keeps serving."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
@@ -16,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshd.daemon.http.config import HttpConfig
+from meshd.daemon.peercred import PeerPolicy
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.server import Server
 from meshd.daemon.service import ServerConfig
@@ -379,3 +382,28 @@ async def test_expect_100_continue(smol: ModelRuntime) -> None:
         assert status_of(bytes(got)) == 200
         assert json.loads(bytes(got).partition(b"\r\n\r\n")[2])["usage"]["completion_tokens"] == 2
         assert_no_leaks(server)
+
+
+async def test_the_socket_allow_list_applies_to_http(smol: ModelRuntime) -> None:
+    """A user the allow-list does not name gets 403 ``forbidden`` over HTTP, as the
+    native protocol refuses them; an allowed group is served."""
+    curl = shutil.which("curl", path="/usr/bin:/bin")
+    if os.getuid() != 0 or curl is None:
+        pytest.skip("needs root (to connect as another user) and curl")
+    config = ServerConfig(peers=PeerPolicy(gids=frozenset({12345})))
+    async with running_daemon(smol, config) as (server, path):
+        os.chmod(os.path.dirname(path), 0o755)
+        os.chmod(path, 0o666)
+
+        def as_nobody(*groups: int) -> str:
+            done = subprocess.run(
+                [curl, "-sS", "--unix-socket", path, "http://localhost/health"],
+                user=65534, group=65534, extra_groups=list(groups), capture_output=True,
+                text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+            return done.stdout
+
+        denied = json.loads(await anyio.to_thread.run_sync(as_nobody))
+        allowed = json.loads(await anyio.to_thread.run_sync(as_nobody, 12345))
+        assert denied["error"]["code"] == "forbidden"
+        assert allowed["status"] == "ok"
+        assert server.service.counters["connections_denied"] == 1

@@ -251,16 +251,35 @@ async def test_graceful_shutdown_ends_requests_with_done(runtime: ModelRuntime) 
         with anyio.fail_after(10):
             while server.scheduler.active < SLOTS or server.scheduler.queued < 2:
                 await anyio.sleep(0.001)
-        server.shutdown()
+        server.shutdown(grace_s=0)
         for s in streams:
             async for _ in s:
                 pass
             assert s.done is not None
-            assert s.done.finish_reason is FinishReason.CANCELLED
+            assert s.done.finish_reason is FinishReason.SHUTDOWN
         # The listener closed first: nobody new gets in while the rest drains.
         assert not os.path.exists(path)
         assert server.service.draining
     assert runtime.idle_slots == SLOTS
+
+
+async def test_shutdown_grace_lets_running_requests_finish(runtime: ModelRuntime) -> None:
+    """Within the grace period a running generation ends normally; nobody new gets in."""
+    config = ServerConfig(shutdown_grace_s=60, stream_interval_s=0.002)
+    async with running_daemon(runtime, config) as (server, path), Client.connect(path) as client:
+        stream = client.generate(_prompt(1), max_tokens=400, temperature=0.0)
+        await stream.start()
+        with anyio.fail_after(10):
+            while server.scheduler.active < 1:
+                await anyio.sleep(0.001)
+        server.shutdown()
+        assert server.scheduler.active == 1  # still running when the shutdown began
+        async for _ in stream:
+            pass
+        assert stream.done is not None
+        assert stream.done.finish_reason is FinishReason.LENGTH
+        assert len(stream.token_ids) == 400
+        assert not os.path.exists(path)
 
 
 async def test_logs_have_stats_but_no_prompt_text(runtime: ModelRuntime) -> None:

@@ -61,10 +61,16 @@ def test_bind_spec_parsing() -> None:
 
 
 def test_default_socket_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
     assert default_socket_path() == "/run/user/1000/meshd/meshd.sock"
     monkeypatch.delenv("XDG_RUNTIME_DIR")
-    assert default_socket_path() == f"/tmp/meshd-{os.getuid()}/meshd.sock"
+    expected = ("/run/meshd/meshd.sock" if os.getuid() == 0
+                else f"/tmp/meshd-{os.getuid()}/meshd.sock")
+    assert default_socket_path() == expected
+    # Under systemd, RuntimeDirectory= wins (its first entry when it names several).
+    monkeypatch.setenv("RUNTIME_DIRECTORY", "/run/meshd:/run/other")
+    assert default_socket_path() == "/run/meshd/meshd.sock"
 
 
 async def test_socket_mode_and_removal_on_close(sock_dir: str) -> None:

@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from meshd.protocol import (
+    PROTOCOL_VERSION,
     BadRequest,
     Client,
     ConnectionClosed,
@@ -36,7 +37,7 @@ async def test_handshake_exposes_welcome() -> None:
         assert c.welcome.model.name == "fake-model"
         assert c.welcome.proposers == ("ngram", "mtp")
         assert server.hellos[0].client_name == "t"
-        assert server.hellos[0].protocol_version == 1
+        assert server.hellos[0].protocol_version == PROTOCOL_VERSION
 
 
 async def test_connect_unix_alias() -> None:
@@ -215,9 +216,9 @@ async def test_single_reply_requests() -> None:
 
 
 async def test_version_mismatch_raises() -> None:
-    server = FakeServer(protocol_version=2)
+    server = FakeServer(protocol_version=PROTOCOL_VERSION + 1)
     async with running_server(server) as (_, path):
-        with pytest.raises(UnsupportedVersion, match="need protocol 2"):
+        with pytest.raises(UnsupportedVersion, match=f"need protocol {PROTOCOL_VERSION + 1}"):
             async with Client.connect(path):
                 pytest.fail("handshake should not succeed")
 

@@ -18,6 +18,7 @@ from meshd.protocol import (
     Generate,
     InternalError,
     ModelError,
+    PermissionDenied,
     ProposerStats,
     ProtocolError,
     RequestCancelled,
@@ -34,7 +35,8 @@ from meshd.protocol import (
 
 
 def test_protocol_version_is_an_int() -> None:
-    assert PROTOCOL_VERSION == 1
+    assert isinstance(PROTOCOL_VERSION, int)
+    assert PROTOCOL_VERSION == 2  # 2: finish reason "shutdown", error code "forbidden"
 
 
 @pytest.mark.parametrize(
@@ -94,6 +96,7 @@ def test_every_code_has_an_exception() -> None:
         ErrorCode.MODEL_ERROR: ModelError,
         ErrorCode.CANCELLED: RequestCancelled,
         ErrorCode.INTERNAL: InternalError,
+        ErrorCode.FORBIDDEN: PermissionDenied,
     }
     assert set(expected) == set(ErrorCode)
     for code, cls in expected.items():
@@ -131,4 +134,5 @@ def test_errors_pickle_and_reattribute() -> None:
 
 
 def test_finish_reasons() -> None:
-    assert [r.value for r in FinishReason] == ["stop", "length", "eog", "cancelled", "error"]
+    assert [r.value for r in FinishReason] == ["stop", "length", "eog", "cancelled", "shutdown",
+                                              "error"]

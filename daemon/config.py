@@ -1,0 +1,489 @@
+"""The daemon's configuration: one typed object from a TOML file, the environment and flags.
+
+Why one object: ``meshd serve`` under systemd is configured in ``/etc/meshd/meshd.toml``,
+tweaked per host with environment variables (``Environment=`` in a drop-in) and per run
+with flags, and every setting must mean the same in all three. Each key is declared once,
+below, as a field of its section with its default, its help and whether it can change
+while serving; from that one declaration come the file key (``[serve] max_queue``), the
+environment variable (``MESHD_SERVE_MAX_QUEUE``), the flag (``--max-queue``; keys without
+a flag of their own in :mod:`.options` or ``serve`` get ``--SECTION-KEY``), the type
+check, ``meshd config check``'s listing and SIGHUP's live/restart split.
+
+Precedence: flag > environment > file > default. A bad value or an unknown key is an
+error that names the key and where it came from (the file, the variable); nothing is
+silently ignored. Values are strictly typed (``"64"`` is not an integer in TOML, ``1.5``
+is not an integer anywhere); environment values are parsed by the key's type (lists are
+comma-separated, booleans ``1/0/true/false/yes/no``).
+
+Adding a key: add an :func:`key` field to its section class (and use it where the daemon
+is built, in :mod:`.serve`). Nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Final, Union
+
+import attrs
+import cattrs
+from attrs import validators as v
+
+from meshd.native.context import DEFAULT_DRAFT_MAX
+
+from . import options as opt
+from .http.config import HttpConfig
+from .logs import FORMATS, LEVELS
+from .peercred import PeerPolicy
+from .service import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
+
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "Config",
+    "ConfigError",
+    "Loaded",
+    "ShownDefault",
+    "add_config_flags",
+    "explicit_flags",
+    "load",
+    "render",
+    "server_config",
+]
+
+DEFAULT_CONFIG_PATH: Final = "/etc/meshd/meshd.toml"
+"""Read when it exists and ``--config`` is not given."""
+
+ENV_PREFIX: Final = "MESHD_"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key and its source."""
+
+
+def key(default: Any, help: str, *, flag: str | None = None, live: bool = False,
+        validator: Any = None) -> Any:
+    """One configuration key. ``flag``: the argparse dest of an existing option (None: a
+    ``--SECTION-KEY`` flag is generated); ``live``: SIGHUP applies it while serving."""
+    metadata = {"help": help, "flag": flag, "live": live}
+    return attrs.field(default=default, metadata=metadata, validator=validator)
+
+
+_SERVER = attrs.fields(ServerConfig)
+_positive = v.optional(v.ge(1))
+_non_negative = v.ge(0)
+_non_negative_float = v.ge(0.0)
+
+
+@attrs.frozen
+class ModelSection:
+    path: str | None = key(None, "GGUF model file (default: the embedded SmolLM2-135M)",
+                           flag="model")
+    ctx: int = key(opt.DEFAULT_CTX, "context length per session in tokens", flag="ctx",
+                   validator=_positive)
+    threads: int | None = key(None, "CPU threads for llama.cpp (default: the CPUs this "
+                              "process may use)", flag="threads", validator=_positive)
+    draft_models: tuple[str, ...] = key((), "GGUF files requests may name as draft:PATH",
+                                  flag="draft_model")
+
+
+@attrs.frozen
+class SpeculationSection:
+    proposer: str = key(opt.DEFAULT_PROPOSER, "default proposer: off | auto | mtp | ngram | "
+                        "composite | draft:PATH | a plugin", flag="proposer")
+    draft_max: int = key(DEFAULT_DRAFT_MAX, "longest draft per step; 0 turns speculation off",
+                         flag="draft_max", validator=_non_negative)
+    fixed_k: bool = key(False, "always draft draft_max tokens (no cost model, no calibration)",
+                        flag="fixed_k")
+
+
+@attrs.frozen
+class ServeSection:
+    socket: str | None = key(None, "socket path, unix:PATH or fd://N (default: the "
+                             "socket-activated one, $MESHD_SOCKET, $RUNTIME_DIRECTORY/"
+                             "meshd.sock, ...)", flag="socket")
+    http: str | None = key(None, "also serve HTTP on tcp:127.0.0.1:PORT or fd://N",
+                           flag="http")
+    backend: str = key(opt.DEFAULT_BACKEND, "event loop: asyncio | trio", flag="backend",
+                       validator=v.in_(("asyncio", "trio")))
+    slots: int = key(opt.DEFAULT_SLOTS, "generations decoded together", flag="slots",
+                     validator=_positive)
+    max_queue: int = key(opt.DEFAULT_MAX_QUEUE, "requests waiting for a slot before new ones "
+                         "are answered busy", flag="max_queue", live=True,
+                         validator=_non_negative)
+    stream_interval_ms: int = key(opt.DEFAULT_STREAM_INTERVAL_MS, "stream tokens in batches "
+                                  "at most this far apart", flag="stream_interval_ms",
+                                  live=True, validator=_positive)
+    max_tokens: int = key(opt.DEFAULT_MAX_TOKENS, "max_tokens of a request that does not say",
+                          flag="max_tokens", live=True, validator=_positive)
+    max_tokens_limit: int | None = key(None, "largest max_tokens accepted (default: the "
+                                       "context length)", flag="max_tokens_limit", live=True,
+                                       validator=_positive)
+    shutdown_grace: float = key(DEFAULT_SHUTDOWN_GRACE_S, "seconds running requests may "
+                                "finish after SIGTERM", flag="shutdown_grace", live=True,
+                                validator=_non_negative_float)
+    allow_users: tuple[str, ...] = key((), "users (names or uids) allowed to connect; root and "
+                                 "the daemon's own user always are", flag="allow_user",
+                                 live=True)
+    allow_groups: tuple[str, ...] = key((), "groups (names or gids) allowed to connect",
+                                  flag="allow_group", live=True)
+    max_connections: int = key(_SERVER.max_connections.default, "open connections at once; "
+                               "one more is answered busy and closed", flag="max_connections",
+                               live=True, validator=_positive)
+    idle_timeout: float = key(_SERVER.idle_timeout_s.default, "seconds a connection with "
+                              "nothing in flight may stay silent", flag="idle_timeout",
+                              live=True, validator=v.gt(0.0))
+    frame_timeout: float = key(_SERVER.frame_timeout_s.default, "seconds a frame that has "
+                               "begun may take to end", flag="frame_timeout", live=True,
+                               validator=v.gt(0.0))
+    backlog: int | None = key(_SERVER.backlog.default, "listen backlog (default: the "
+                              "system maximum)", flag="backlog", validator=_positive)
+
+
+_HTTP = attrs.fields(HttpConfig)
+
+
+@attrs.frozen
+class HttpSection:
+    max_header_bytes: int = key(_HTTP.max_header_bytes.default, "request line plus headers; "
+                                "more is answered 431", live=True, validator=_positive)
+    max_body_bytes: int = key(_HTTP.max_body_bytes.default, "larger bodies are answered 413",
+                              live=True, validator=_positive)
+    request_timeout_s: float = key(_HTTP.request_timeout_s.default, "seconds from a "
+                                   "request's first byte to its last", live=True,
+                                   validator=_non_negative_float)
+    idle_timeout_s: float = key(_HTTP.idle_timeout_s.default, "seconds a connection may be "
+                                "idle between requests", live=True,
+                                validator=_non_negative_float)
+
+
+@attrs.frozen
+class LogSection:
+    level: str = key(opt.DEFAULT_LOG_LEVEL, "least severe events logged", flag="log_level",
+                     live=True, validator=v.in_(LEVELS))
+    format: str = key("auto", "auto | json | console | journal", flag="log_format",
+                      validator=v.in_(FORMATS))
+
+
+@attrs.frozen
+class Config:
+    """Everything ``meshd serve`` is configured with."""
+
+    model: ModelSection = attrs.field(factory=ModelSection)
+    speculation: SpeculationSection = attrs.field(factory=SpeculationSection)
+    serve: ServeSection = attrs.field(factory=ServeSection)
+    http: HttpSection = attrs.field(factory=HttpSection)
+    log: LogSection = attrs.field(factory=LogSection)
+
+
+SECTIONS: Final[dict[str, type[Any]]] = {
+    f.name: typing.get_type_hints(Config)[f.name] for f in attrs.fields(Config)
+}
+
+
+def _keys() -> list[tuple[str, attrs.Attribute[Any], type[Any]]]:
+    """Every (section, field, resolved type)."""
+    out: list[tuple[str, attrs.Attribute[Any], type[Any]]] = []
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        out.extend((section, f, hints[f.name]) for f in attrs.fields(cls))
+    return out
+
+
+def _flag_dest(section: str, field: attrs.Attribute[Any]) -> str:
+    return field.metadata.get("flag") or f"{section}_{field.name}"
+
+
+# ---------------------------------------------------------------------- strict converter
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _strict(kind: type[Any], check: Any, expected: str) -> None:
+    def structure(value: Any, _type: Any) -> Any:
+        if not check(value):
+            raise ValueError(f"expected {expected}, got {value!r}")
+        return kind(value)
+
+    _converter.register_structure_hook(kind, structure)
+
+
+_strict(int, lambda x: type(x) is int, "an integer")
+_strict(float, lambda x: type(x) in (int, float), "a number")
+_strict(str, lambda x: type(x) is str, "a string")
+_strict(bool, lambda x: type(x) is bool, "true or false")
+
+
+def _structure(data: Mapping[str, Any]) -> Config:
+    try:
+        return _converter.structure(dict(data), Config)
+    except Exception as exc:  # cattrs groups errors; report the first, by key
+        raise ConfigError(_first_error(exc)) from None
+
+
+def _first_error(exc: BaseException, path: str = "") -> str:
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        extra = sorted(exc.extra_fields)
+        where = f"{path}." if path else ""
+        allowed = ", ".join(f.name for f in attrs.fields(exc.cl)) if exc.cl else ""
+        return f"unknown key {where}{extra[0]} (known: {allowed})"
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            note = next((n for n in getattr(sub, "__notes__", []) if "attribute" in n), "")
+            name = note.rsplit(" ", 1)[-1] if note else ""
+            sub_path = f"{path}.{name}" if name and path else (name or path)
+            return _first_error(sub, sub_path)
+    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    rule = re.match(r"'(\w+)' must be (.*?)(?:: (.*))?$", message)
+    if rule:  # an attrs validator: "'slots' must be >= 1: 0"
+        name, what, got = rule.groups()
+        if not path.endswith("." + name):
+            path = f"{path}.{name}" if path else name
+        message = f"must be {what}" + (f" (got {got})" if got is not None else "")
+    return f"{path}: {message}" if path else message
+
+
+# ---------------------------------------------------------------------- sources
+
+
+@attrs.frozen
+class Loaded:
+    """The effective configuration and where each key's value came from."""
+
+    config: Config
+    sources: dict[str, str]
+    """``section.key`` -> ``default``, the file's path, ``$MESHD_...`` or ``--flag``."""
+    path: str | None
+    """The file read (None: none)."""
+    flags: dict[str, Any] = attrs.field(factory=dict)
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such configuration file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for section, body in data.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{path}: unknown section [{section}] "
+                              f"(known: {', '.join(SECTIONS)})")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{path}: {section} must be a table ([{section}])")
+    try:
+        _structure(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return data
+
+
+def _env_value(text: str, kind: Any) -> Any:
+    """An environment string as a value of the key's type (TOML-like strictness)."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (Union, types.UnionType) and type(None) in args:
+        if text == "":
+            return None
+        kind = next(a for a in args if a is not type(None))
+    if typing.get_origin(kind) is tuple:
+        return [part.strip() for part in text.split(",") if part.strip()]
+    if kind is bool:
+        lowered = text.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected true or false, got {text!r}")
+    if kind is int:
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {text!r}") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+    return text
+
+
+def _read_env(environ: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    known = {(s, f.name): t for s, f, t in _keys()}
+    data: dict[str, dict[str, Any]] = {}
+    names: dict[str, str] = {}
+    for name, text in sorted(environ.items()):
+        section = next((s for s in SECTIONS if name.startswith(f"{ENV_PREFIX}{s.upper()}_")),
+                       None)
+        if section is None:
+            continue
+        field_name = name[len(ENV_PREFIX) + len(section) + 1:].lower()
+        if (section, field_name) not in known:
+            keys = ", ".join(f"{ENV_PREFIX}{section.upper()}_{n.upper()}"
+                             for s, n in known if s == section)
+            raise ConfigError(f"${name}: unknown key {section}.{field_name} (known: {keys})")
+        try:
+            value = _env_value(text, known[(section, field_name)])
+            _structure({section: {field_name: value}})
+        except (ValueError, ConfigError) as exc:
+            detail = str(exc).split(": ", 1)[-1]
+            raise ConfigError(f"${name}: {section}.{field_name}: {detail}") from None
+        data.setdefault(section, {})[field_name] = value
+        names[f"{section}.{field_name}"] = f"${name}"
+    return data, names
+
+
+def load(path: str | None = None, *, environ: Mapping[str, str] | None = None,
+         flags: Mapping[str, Any] | None = None,
+         default_path: str | None = DEFAULT_CONFIG_PATH) -> Loaded:
+    """The effective configuration: ``flags`` (argparse dests given on the command line)
+    over ``environ`` (default ``os.environ``) over the file over the defaults.
+
+    ``path`` None reads ``default_path`` if it exists. Raises ConfigError.
+    """
+    env = os.environ if environ is None else environ
+    chosen = path if path is not None else (
+        default_path if default_path and os.path.exists(default_path) else None)
+    file_data = _read_file(chosen) if chosen is not None else {}
+    env_data, env_names = _read_env(env)
+    flag_values = dict(flags or {})
+    merged: dict[str, dict[str, Any]] = {s: dict(file_data.get(s, {})) for s in SECTIONS}
+    sources: dict[str, str] = {}
+    for section, f, _ in _keys():
+        dotted = f"{section}.{f.name}"
+        sources[dotted] = chosen if (chosen and f.name in file_data.get(section, {})) \
+            else "default"
+        if f.name in env_data.get(section, {}):
+            merged[section][f.name] = env_data[section][f.name]
+            sources[dotted] = env_names[dotted]
+        dest = _flag_dest(section, f)
+        if dest in flag_values:
+            value = flag_values[dest]
+            merged[section][f.name] = list(value) if isinstance(value, list | tuple) else value
+            sources[dotted] = "--" + dest.replace("_", "-")
+    return Loaded(_structure(merged), sources, chosen, flag_values)
+
+
+# ---------------------------------------------------------------------- flags
+
+
+class ShownDefault:
+    """A flag's default as argparse sees it: shown in ``--help`` like the value, but
+    recognisable afterwards as "not given", so the file and environment can decide."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.value == (other.value if isinstance(other, ShownDefault) else other))
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """``-C/--config``, a ``--SECTION-KEY`` flag for every key without a flag, and
+    defaults that yield to the file and environment."""
+    parser.add_argument("-C", "--config", metavar="FILE", default=None,
+                        help=f"TOML configuration file (default: {DEFAULT_CONFIG_PATH} if "
+                             "it exists); flags override MESHD_<SECTION>_<KEY> variables, "
+                             "which override the file")
+    dests = {a.dest for a in parser._actions}
+    group = parser.add_argument_group("configuration keys without a shorter flag")
+    for section, f, kind in _keys():
+        dest = _flag_dest(section, f)
+        if dest in dests:
+            continue
+        base = kind if kind in (int, float, str) else str
+        group.add_argument("--" + dest.replace("_", "-"), dest=dest, type=base, default=None,
+                           metavar=f.name.split("_")[-1].upper(),
+                           help=f"{f.metadata['help']} (default: {f.default})")
+    for action in parser._actions:
+        if action.dest in {_flag_dest(s, f) for s, f, _ in _keys()} and \
+                action.default not in (None, False, []) and \
+                not isinstance(action.default, ShownDefault):
+            action.default = ShownDefault(action.default)
+
+
+def explicit_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The configuration flags given on the command line (argparse dest -> value)."""
+    out: dict[str, Any] = {}
+    for section, f, _ in _keys():
+        dest = _flag_dest(section, f)
+        value = getattr(args, dest, None)
+        if value is None or value is False or value == [] or isinstance(value, ShownDefault):
+            continue
+        out[dest] = value
+    return out
+
+
+# ---------------------------------------------------------------------- use
+
+
+def server_config(config: Config) -> ServerConfig:
+    """The live part of the configuration as the server's settings (ValueError: an
+    allow-list names a user or group that does not exist)."""
+    s, h = config.serve, config.http
+    return ServerConfig(
+        max_tokens_default=s.max_tokens, max_tokens_limit=s.max_tokens_limit,
+        max_queue=s.max_queue, stream_interval_s=s.stream_interval_ms / 1000,
+        shutdown_grace_s=s.shutdown_grace,
+        peers=PeerPolicy.from_names(s.allow_users, s.allow_groups),
+        max_connections=s.max_connections, idle_timeout_s=s.idle_timeout,
+        frame_timeout_s=s.frame_timeout, backlog=s.backlog,
+        http=HttpConfig(max_header_bytes=h.max_header_bytes, max_body_bytes=h.max_body_bytes,
+                        request_timeout_s=h.request_timeout_s,
+                        idle_timeout_s=h.idle_timeout_s),
+    )
+
+
+def restart_needed(old: Config, new: Config) -> list[str]:
+    """Keys that changed but only take effect after a restart."""
+    changed = []
+    for section, f, _ in _keys():
+        if f.metadata.get("live"):
+            continue
+        if getattr(getattr(old, section), f.name) != getattr(getattr(new, section), f.name):
+            changed.append(f"{section}.{f.name}")
+    return changed
+
+
+def render(loaded: Loaded) -> str:
+    """The effective configuration as TOML, each key commented with its source."""
+    lines = [f"# meshd configuration (file: {loaded.path or 'none'}); precedence: "
+             "flag > MESHD_<SECTION>_<KEY> > file > default", ""]
+    for section, cls in SECTIONS.items():
+        lines.append(f"[{section}]")
+        body = getattr(loaded.config, section)
+        for f in attrs.fields(cls):
+            value = getattr(body, f.name)
+            source = loaded.sources[f"{section}.{f.name}"]
+            live = "" if f.metadata.get("live") else ", restart to change"
+            text = f"{f.name} = {_toml(value)}" if value is not None else f"# {f.name} = (unset)"
+            lines.append(f"{text:<48} # {source}{live}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(x) for x in value) + "]"
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+

@@ -70,7 +70,9 @@ class FinishReason(enum.StrEnum):
 
 
 class HealthStatus(enum.StrEnum):
-    """Overall daemon state reported by ``health``."""
+    """Overall daemon state reported by ``health``. meshd reports ``ok`` and
+    ``draining``; ``starting`` and ``degraded`` are reserved for servers that answer
+    before they are ready or while impaired, so clients must accept them."""
 
     OK = "ok"
     STARTING = "starting"

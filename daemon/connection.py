@@ -39,6 +39,7 @@ from structlog.typing import FilteringBoundLogger
 from meshd.protocol import (
     BadRequest,
     Cancel,
+    CancelReply,
     Detokenize,
     FrameTooLarge,
     Generate,
@@ -272,10 +273,14 @@ class Connection:
                 tg.start_soon(self._generate, item, entry)
         elif isinstance(item, Cancel):
             target = self._requests.get(item.id)
+            found = target is not None
             if target is not None:
                 target.cancel()
             elif self.service.cancel_anywhere(item.id):
+                found = True
                 self.log.info("request_cancelled_elsewhere", id=item.id)
+            if item.ack is not None:
+                await self._send(CancelReply(id=item.ack, cancelled=found))
         elif isinstance(item, Health):
             await self._send(self.service.health(item))
         elif isinstance(item, Stats):

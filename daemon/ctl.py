@@ -83,6 +83,10 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
         if args.system:
             messages.append(ChatMessage(role="system", content=args.system))
         messages.append(ChatMessage(role="user", content=text))
+    elif "chat" in client.welcome.capabilities and not args.json:
+        # An instruct model given raw text often ends at once: say what happened.
+        print("meshctl: note: sent as raw text without the model's chat template "
+              "(`meshctl chat` applies it)", file=sys.stderr)
     stream = client.generate(
         None if chat else text,
         messages=messages,
@@ -190,11 +194,11 @@ def _cmd_detokenize(client: SyncClient, args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(client: SyncClient, args: argparse.Namespace) -> int:
-    client.cancel(args.request_id)
-    # ``cancel`` has no reply; a round trip afterwards shows the daemon has processed it
-    # (frames of one connection are handled in order) before we hang up.
-    client.health()
-    print(f"cancel sent for {args.request_id}", file=sys.stderr)
+    if not client.cancel_confirmed(args.request_id):
+        print(f"meshctl: no request {args.request_id!r} is running (unknown or already "
+              "finished)", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"cancelled {args.request_id}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -270,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
         return subparser(sub, name, help=help_text,
                          parents=[_connection_options(suppress=True), *(parents or [])])
 
-    p = command("generate", "generate from a raw prompt (no chat template), streaming the text",
+    p = command("generate", "generate from raw text (no chat template: use `chat` for "
+                            "instruct models), streaming the text",
                 [sampling_options()])
     p.add_argument("prompt", help="prompt text ('-' reads stdin)")
     _add_generation_options(p)

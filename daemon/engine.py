@@ -44,7 +44,14 @@ HEAD_CHECK_EVERY = 8
 
 @attrs.define
 class GenerationStats:
-    """What one request did; the ``done`` frame and ``meshd generate --json`` carry it."""
+    """What one request did; the ``done`` frame and ``meshd generate --json`` carry it.
+
+    Every figure describes this request alone, also when its session came from the
+    prefix cache (the session's own counters run over its whole life). Forwards include
+    the prefill's (``prefill_forwards`` of them); ``decode_ms`` is the forward time after
+    the prefill (plain decodes and verify windows), ``verify_ms`` the part of it spent in
+    forwards over a draft (``verify_calls`` of them).
+    """
 
     emitted: int = 0
     prompt_tokens: int = 0
@@ -214,6 +221,8 @@ class Generation:
         self._cancel_at: int | None = None
         self._cancel_lock = threading.Lock()
         self._t0 = time.perf_counter()
+        #: The session's counters when this request got it (a prefix-cache hit has some).
+        self._counters_base = session.counters.snapshot()
         self._text = ""
         self._pending_text: list[str] = []
 
@@ -282,8 +291,11 @@ class Generation:
             except Exception:
                 self.stats.fault("close_error")
             self.proposer = None
+        if self._released:  # the session may serve another request by now
+            return
+        self._released = True
         self.stats.wall_ms = (time.perf_counter() - self._t0) * 1e3
-        c = self.session.counters
+        c = self.session.counters.since(self._counters_base)
         self.stats.target_forwards = c.target_forwards
         self.stats.prefill_forwards = c.prefill_forwards
         self.stats.rollbacks_in_place = c.rollbacks_in_place
@@ -292,11 +304,8 @@ class Generation:
         self.stats.checkpoint_bytes = c.checkpoint_bytes
         self.stats.restores = c.restores
         self.stats.prefill_ms = c.prefill_ms
-        self.stats.decode_ms = c.decode_ms
+        self.stats.decode_ms = c.decode_ms + c.verify_ms
         self.stats.verify_ms = c.verify_ms
-        if self._released:
-            return
-        self._released = True
         if self.session.usable:
             self.stats.state_bytes = self.session.state_bytes()
         if self.on_release is not None and self.session.usable:

@@ -22,6 +22,8 @@ from meshd.native.default_model import default_model_path
 from meshd.native.draft import DraftModel
 from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
+from meshd.native.rpc import parse_endpoint
+from meshd.native.rpc_workers import RemoteWorkers
 from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Proposer, ProposerEnv
 from meshd.plugins.match_stats import SharedMatchStats
@@ -36,6 +38,11 @@ from .sampling import GREEDY, SamplingParams
 
 class RequestError(ValueError):
     """The request cannot be served as asked (bad proposer name, prompt too long, ...)."""
+
+
+class PromptTooLong(RequestError):
+    """The prompt does not fit the context (the daemon answers ``model_error``; ``meshd
+    generate`` exits 3 like meshctl)."""
 
 
 class StepProgress(Protocol):
@@ -78,12 +85,21 @@ class RuntimeConfig:
     #: use by the local user; the daemon passes its ``--draft-model`` list, so a socket
     #: client cannot make it load an arbitrary file).
     allowed_drafts: tuple[str, ...] | None = None
+    #: Remote workers (``HOST:PORT``, llama.cpp RPC servers) the layers are split across.
+    rpc_workers: tuple[str, ...] = ()
+    #: Weights of the layer split over the devices (local accelerators, then workers).
+    tensor_split: tuple[float, ...] = ()
 
 
-def _cost_model_key(model_path: Path, config: ContextConfig) -> list[object]:
+def _cost_model_key(model_path: Path, config: ContextConfig,
+                    placement: Sequence[object] = ()) -> list[object]:
     """What a cost curve depends on besides the thread count."""
     st = model_path.stat()
-    return [str(model_path), st.st_size, st.st_mtime_ns, config.draft_max, os.cpu_count()]
+    key: list[object] = [str(model_path), st.st_size, st.st_mtime_ns, config.draft_max,
+                         os.cpu_count()]
+    if placement:  # layers on remote workers cost what their network and cores cost
+        key.append(list(placement))
+    return key
 
 
 def _cost_cache_dir() -> Path:
@@ -101,8 +117,9 @@ def _cost_cache_dir() -> Path:
     return base / "meshd" / "costs"
 
 
-def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None) -> Path:
-    key = json.dumps([*_cost_model_key(model_path, config), threads])
+def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None,
+                     placement: Sequence[object] = ()) -> Path:
+    key = json.dumps([*_cost_model_key(model_path, config, placement), threads])
     return _cost_cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
 
 
@@ -134,24 +151,21 @@ class ModelRuntime:
         self._notes = notes
         self._progress = progress
         path = Path(config.model_path) if config.model_path else default_model_path()
-        bar = self._step(f"loading {path.name}")
-        self.model = Model.load(path, on_progress=bar.update)
-        bar.done()
+        self.path = path
+        #: The workers the layers are split across (None: everything is local).
+        self.remote: RemoteWorkers | None = None
+        if config.rpc_workers:
+            self.remote = RemoteWorkers(
+                [parse_endpoint(w) for w in config.rpc_workers],
+                tensor_split=config.tensor_split)
         try:
-            n_ctx_train = self.model.info.n_ctx_train
-            if n_ctx_train and config.n_ctx_seq > n_ctx_train:
-                self._note("ctx_capped", f"--ctx {config.n_ctx_seq} is more than the model "
-                           f"was trained for; using its training context of {n_ctx_train}")
-            ctx_config = ContextConfig(
-                n_ctx_seq=min(config.n_ctx_seq, n_ctx_train or config.n_ctx_seq),
-                n_seq_max=config.n_seq_max, n_batch=config.n_batch,
-                draft_max=config.draft_max, n_threads=config.threads,
-                in_place_rollback=config.in_place_rollback,
-            )
-            self.context = TargetContext(self.model, ctx_config)
-        except Exception:
-            self.model.close()
+            self.model, self.context = self._load()
+            self._loaded = True
+        except BaseException:
+            if self.remote is not None:
+                self.remote.close()
             raise
+        ctx_config = self.context.config
         self.registry = registry if registry is not None else default_registry()
         cache_tokens = config.prefix_cache_tokens
         if cache_tokens is None:
@@ -188,6 +202,50 @@ class ModelRuntime:
     def _step(self, what: str) -> StepProgress:
         return self._progress(what) if self._progress is not None else _Silent()
 
+    def _load(self, *, announce: bool = True) -> tuple[Model, TargetContext]:
+        """Load the model (placing layers on the workers, if any) and its context."""
+        config = self.config
+        placement = self.remote.connect() if self.remote is not None else None
+        bar = self._step(f"loading {self.path.name}") if announce else _Silent()
+        model = Model.load(self.path, on_progress=bar.update, placement=placement)
+        bar.done()
+        try:
+            n_ctx_train = model.info.n_ctx_train
+            if announce and n_ctx_train and config.n_ctx_seq > n_ctx_train:
+                self._note("ctx_capped", f"--ctx {config.n_ctx_seq} is more than the model "
+                           f"was trained for; using its training context of {n_ctx_train}")
+            ctx_config = ContextConfig(
+                n_ctx_seq=min(config.n_ctx_seq, n_ctx_train or config.n_ctx_seq),
+                n_seq_max=config.n_seq_max, n_batch=config.n_batch,
+                draft_max=config.draft_max, n_threads=config.threads,
+                in_place_rollback=config.in_place_rollback,
+            )
+            return model, TargetContext(model, ctx_config)
+        except BaseException:
+            model.close()
+            raise
+
+    @property
+    def degraded(self) -> bool:
+        """A remote worker was lost: forwards fail until :meth:`reload` succeeds."""
+        return self.remote is not None and (self.remote.degraded or not self._loaded)
+
+    def reload(self) -> bool:
+        """Load the model again after a lost worker is back; False (nothing changed)
+        while a session still uses the old context. Call on the model's worker thread."""
+        if self.remote is None:
+            return False
+        self.prefix_cache.clear()
+        if self.context.sessions:
+            return False
+        self._loaded = False
+        self.context.close()
+        self.model.close()
+        self.model, self.context = self._load(announce=False)
+        self.prefix_cache.context = self.context
+        self._loaded = True
+        return True
+
     @property
     def mtp_head_pays(self) -> bool:
         """Whether drafting with the MTP head can pay on this model and machine, even at
@@ -210,14 +268,15 @@ class ModelRuntime:
     def _load_or_measure_costs(self, path: Path, ctx_config: ContextConfig) -> list[float]:
         """The calibrated curve: cached per model/machine, re-measured when implausible."""
         threads = self.config.threads
-        cache = _cost_cache_path(path, ctx_config, threads)
+        placement = [*self.config.rpc_workers, *self.config.tensor_split]
+        cache = _cost_cache_path(path, ctx_config, threads, placement)
         try:
             cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
             if is_plausible(cached) and len(cached) == ctx_config.draft_max + 1:
                 return cached
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        model_key = _cost_model_key(path, ctx_config)
+        model_key = _cost_model_key(path, ctx_config, placement)
         others = [t for t in _cached_thread_counts(model_key) if t != threads]
         if others:
             def name(t: int | None) -> str:
@@ -255,6 +314,8 @@ class ModelRuntime:
         self._drafts.clear()
         self.context.close()
         self.model.close()
+        if self.remote is not None:
+            self.remote.close()
 
     def draft_model(self, path: str) -> DraftModel:
         """The draft model at ``path``, loaded once and shared by every request."""
@@ -304,10 +365,64 @@ class ModelRuntime:
         except ChatTemplateError as exc:
             raise RequestError(str(exc)) from exc
 
+    def prompt_too_long(self, n_prompt: int) -> str:
+        """Why a prompt of ``n_prompt`` tokens cannot run, naming ``--ctx`` and the limit."""
+        n_ctx = self.context.config.n_ctx_seq
+        n_train = self.model.info.n_ctx_train
+        message = (f"prompt of {n_prompt} tokens does not fit the context of {n_ctx} tokens "
+                   f"per session (--ctx): at most {n_ctx - 1} prompt tokens")
+        if n_train and n_ctx < n_train:
+            return f"{message}; a larger --ctx (up to {n_train}, the model's training " \
+                   "context) makes room"
+        if n_train and n_ctx >= n_train:
+            return f"{message}; that is the model's training context, the most --ctx allows"
+        return message
+
     def tokenize_prompt(self, text: str, *, chat: bool) -> list[int]:
         return self.model.tokenizer.tokenize(text, add_special=not chat, parse_special=chat)
 
     # ------------------------------------------------------------------ generations
+
+    def unavailable_proposers(self) -> dict[str, str]:
+        """Installed proposers that cannot serve this model, with the reason for each."""
+        out: dict[str, str] = {}
+        if "mtp" in self.registry and self.context.mtp is None:
+            out["mtp"] = "the model has no MTP head"
+        if "draft" in self.registry and self.config.allowed_drafts == ():
+            out["draft"] = "no draft model (start meshd serve with --draft-model PATH)"
+        for name, why in self.registry.errors.items():
+            out[name] = f"the plugin failed to load: {why}"
+        return out
+
+    def usable_proposers(self) -> list[str]:
+        """What a request may name besides ``off``: ``auto``, every installed proposer
+        that can serve this model, and ``draft:PATH`` for each allowed draft model."""
+        bad = self.unavailable_proposers()
+        names = ["auto"]
+        for name in self.registry.names():
+            if name in bad:
+                continue
+            if name == "draft" and self.config.allowed_drafts:
+                names += [f"draft:{p}" for p in self.config.allowed_drafts]
+            else:
+                names.append(name)
+        return names
+
+    def proposer_problem(self, name: str | None) -> str | None:
+        """Why a request's proposer cannot be used here (None: it can, or it is a
+        ``draft:PATH`` whose path is checked when it is loaded)."""
+        name = name or self.config.default_proposer
+        if name == "off":
+            return None
+        base = name.partition(":")[0]
+        bad = self.unavailable_proposers()
+        available = ", ".join(["off", *self.usable_proposers()])
+        if base in bad:
+            return f"proposer {name!r} cannot serve this model: {bad[base]} " \
+                   f"(available: {available})"
+        if base != "auto" and base not in self.registry:
+            return f"unknown proposer {name!r} (available: {available})"
+        return None
 
     def resolve_proposer(self, name: str | None) -> str | None:
         """The registry name for a request's proposer ("draft:PATH" is "draft")."""
@@ -328,6 +443,9 @@ class ModelRuntime:
         resolved = self.resolve_proposer(name)
         if resolved is None:
             return None, None
+        problem = self.proposer_problem(name)
+        if problem is not None:
+            raise RequestError(problem)
         head = MtpHead() if self.context.mtp is not None else None
         resources: dict[str, object] = {}
         if self.curve is not None:
@@ -344,11 +462,6 @@ class ModelRuntime:
             vocab_size=self.model.info.n_vocab, eog_tokens=self.model.info.eog_tokens,
             mtp=head, options=dict(options or {}), resources=resources,
         )
-        if resolved not in self.registry:
-            raise RequestError(
-                f"unknown proposer {resolved!r}; available: off, auto, "
-                f"{', '.join(self.registry.names())}"
-            )
         try:
             return self.registry.create(resolved, env), head
         except Exception as exc:
@@ -371,10 +484,7 @@ class ModelRuntime:
             raise RequestError("the prompt is empty")
         need = len(prompt) + 1
         if need > self.context.config.n_ctx_seq:
-            raise RequestError(
-                f"prompt of {len(prompt)} tokens does not fit the context of "
-                f"{self.context.config.n_ctx_seq} tokens"
-            )
+            raise PromptTooLong(self.prompt_too_long(len(prompt)))
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
         prop, head = self.make_proposer(proposer, proposer_options, adaptive=adaptive)
         if k == 0 and prop is not None:

@@ -56,7 +56,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         sub, "serve", help="run the daemon on a Unix socket until SIGINT/SIGTERM",
         description="Load the model, listen on a Unix socket and serve requests (talk to "
                     "it with meshctl) until SIGINT/SIGTERM.",
-        parents=[opt.model_options(), opt.speculation_options(), opt.daemon_options()],
+        parents=[opt.model_options(), opt.speculation_options(), opt.daemon_options(),
+                 opt.placement_options()],
     )
     p.add_argument("-s", "--socket", default=None, metavar="PATH",
                    help="socket path, unix:PATH or fd://N (default: $MESHD_SOCKET, else "
@@ -163,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         draft_max=c.speculation.draft_max, threads=c.model.threads,
         calibrate=not c.speculation.fixed_k, default_proposer=proposer,
         allowed_drafts=tuple(drafts),
+        rpc_workers=c.model.rpc, tensor_split=c.model.tensor_split,
     )
     try:
         preflight(bind)
@@ -175,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("bad_config", error=str(exc))
         return 2
-    log.info("loading_model", model=c.model.path or "embedded default")
+    log.info("loading_model", model=c.model.path or "embedded default",
+             workers=list(c.model.rpc))
     t0 = time.monotonic()
 
     def note(event: str, message: str) -> None:
@@ -185,12 +188,18 @@ def run(args: argparse.Namespace) -> int:
         with pinging_while_starting(notifier):
             runtime = ModelRuntime(config, notes=note,
                                    progress=notifying_progress(notifier, Progress))
-    except (NativeError, RequestError, OSError) as exc:
+    except (NativeError, RequestError, OSError, ValueError) as exc:
         log.error("model_load_failed", error=str(exc))
         return 3
     with runtime:
         log.info("model_loaded", path=runtime.model.info.path,
-                 seconds=round(time.monotonic() - t0, 2))
+                 seconds=round(time.monotonic() - t0, 2),
+                 proposers=runtime.usable_proposers(),
+                 unavailable=runtime.unavailable_proposers())
+        problem = runtime.proposer_problem(proposer)
+        if problem is not None:
+            log.error("bad_usage", error=f"proposer: {problem}")
+            return 2
         server = Server(runtime, server_config)
         supervisor = Supervisor(server, notifier, reload=_reloader(loaded))
         server.ready_hooks = (supervisor.on_ready,)

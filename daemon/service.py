@@ -104,6 +104,8 @@ class ServerConfig:
     still running then end with ``done`` and ``finish_reason: shutdown``."""
     drain_timeout_s: float = 10.0
     """On shutdown, how long cancelled generations get to end with ``done``."""
+    worker_probe_s: float = 1.0
+    """While a remote worker is lost, how often it is probed to reload the model."""
     peers: PeerPolicy = attrs.field(factory=PeerPolicy)
     """Which peers (by uid/gid from the socket's credentials) are served."""
     http: HttpConfig = attrs.field(factory=HttpConfig)
@@ -189,8 +191,9 @@ class Service:
         )
 
     def proposers(self) -> tuple[str, ...]:
-        """Names ``generate.speculative.proposer`` may use (``off`` is always allowed)."""
-        return ("auto", *self.runtime.registry.names())
+        """Names ``generate.speculative.proposer`` may use on this model (``off`` is
+        always allowed); installed ones that cannot serve it are left out."""
+        return tuple(self.runtime.usable_proposers())
 
     def models(self, request: Models) -> ModelsReply:
         return ModelsReply(id=request.id, models=(self._model_info,))
@@ -203,7 +206,8 @@ class Service:
         """Answered from counters only: never waits for the model."""
         return HealthReply(
             id=request.id,
-            status=HealthStatus.DRAINING if self.draining else HealthStatus.OK,
+            status=(HealthStatus.DRAINING if self.draining
+                    else HealthStatus.DEGRADED if self.runtime.degraded else HealthStatus.OK),
             uptime_s=self.uptime_s,
             active_requests=self.scheduler.active,
             queued_requests=self.scheduler.queued,
@@ -292,13 +296,10 @@ class Service:
         max_tokens = min(max_tokens, limit)
         proposer = request.speculative.proposer
         if proposer is not None and proposer != PROPOSER_OFF:
-            name = proposer.partition(":")[0]
-            if name not in ("auto", *self.runtime.registry.names()):
+            problem = self.runtime.proposer_problem(proposer)
+            if problem is not None:
                 raise BadRequest.invalid_field(
-                    "generate.speculative.proposer",
-                    f"unknown proposer {proposer!r} (available: off, "
-                    f"{', '.join(self.proposers())})",
-                ).with_request_id(rid)
+                    "generate.speculative.proposer", problem).with_request_id(rid)
         try:
             # Unseeded sampling gets a daemon-chosen seed (reported in ``done``), so it
             # can be verified exactly and speculation runs for API clients by default.
@@ -314,10 +315,7 @@ class Service:
         if not prompt:
             raise BadRequest("generate.prompt: tokenizes to no tokens", request_id=rid)
         if len(prompt) + 1 > n_ctx:
-            raise ModelError(
-                f"prompt of {len(prompt)} tokens does not fit the context of {n_ctx} tokens",
-                request_id=rid,
-            )
+            raise ModelError(self.runtime.prompt_too_long(len(prompt)), request_id=rid)
         return GenRequest(
             prompt=tuple(prompt), max_tokens=max_tokens, sampling=sampling,
             stop=tuple(request.stop), proposer=proposer,

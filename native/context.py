@@ -36,8 +36,10 @@ FloatArray = npt.NDArray[np.float32]
 
 #: The longest draft meshd verifies by default. Long windows pay only for drafts that
 #: are nearly always right (prompt lookup while the output copies the input), but there
-#: they pay most: on SmolLM2 Q8_0 here 17 rows cost 5.2 decodes, 9 rows 3.9.
-DEFAULT_DRAFT_MAX = 16
+#: they pay most: on SmolLM2 Q8_0 here 9 rows cost 3.9 decodes, 17 rows 5.2, 33 rows
+#: about 6-8.5 (Q4_1: 17 rows 8.5, 33 rows about 15). The cost model chooses shorter
+#: windows wherever acceptance does not carry the long ones.
+DEFAULT_DRAFT_MAX = 32
 
 #: The deepest in-place rollback of a recurrent state (``n_rs_seq``): each step of depth
 #: keeps one more copy of every recurrent layer's state per sequence.
@@ -236,6 +238,7 @@ class TargetContext:
                 b.logits[i] = r.output
                 n_out += r.output
             b.n_tokens = n
+            self.model.check_devices()
             rc = lc.llama_decode(self.ctx, b)
             self.forward_id += 1
             if rc != 0:
@@ -258,6 +261,11 @@ class TargetContext:
                 hidden = float_rows(ptr, n, self.n_embd).copy()
                 self.mtp.catch_up(rows, hidden)
                 self.last_mtp_s = time.perf_counter() - t0
+            # A remote worker lost during the forward: its rows are garbage (see rpc_relay).
+            # Checked once the computation is over (llama_decode may return before).
+            if self.model.placement is not None:
+                lc.llama_synchronize(self.ctx)
+            self.model.check_devices()
             return logits, hidden
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:

@@ -36,7 +36,12 @@ if TYPE_CHECKING:
 
 @attrs.define
 class SessionCounters:
-    """What one session cost (reported in request stats)."""
+    """What one session has cost over its whole life (prefix-cache reuses included).
+
+    A request's own figures are the difference between two snapshots (``since``).
+    ``decode_ms`` is single-row forwards, ``verify_ms`` forwards over a drafted window
+    (``[last, d0..]``, two rows or more), ``prefill_ms`` the prompt.
+    """
 
     target_forwards: int = 0
     prefill_forwards: int = 0
@@ -57,6 +62,25 @@ class SessionCounters:
 
     def as_dict(self) -> dict[str, float | int]:
         return attrs.asdict(self)
+
+    def snapshot(self) -> SessionCounters:
+        """A copy, to subtract later with :meth:`since`."""
+        return attrs.evolve(self)
+
+    def since(self, base: SessionCounters) -> SessionCounters:
+        """What was counted after ``base`` was taken (field by field)."""
+        return SessionCounters(**{
+            f.name: getattr(self, f.name) - getattr(base, f.name)
+            for f in attrs.fields(SessionCounters)
+        })
+
+    def note_window(self, n_rows: int, ms: float) -> None:
+        """Count one decode (1 row) or verify (a drafted window) forward's time."""
+        if n_rows > 1:
+            self.rows_verified += n_rows
+            self.verify_ms += ms
+        else:
+            self.decode_ms += ms
 
 
 @attrs.define
@@ -201,7 +225,7 @@ class RuntimeSession:
     def decode(self, token: int) -> FloatArray:
         """Decode one token; returns its logits row (a copy)."""
         logits, ms = self._window([token])
-        self.counters.decode_ms += ms
+        self.counters.note_window(1, ms)
         row: FloatArray = logits[0]
         return row
 
@@ -212,8 +236,7 @@ class RuntimeSession:
         ``tokens[i]``. The window stays in the state until ``retire``/a repair.
         """
         logits, ms = self._window(tokens)
-        self.counters.rows_verified += len(tokens)
-        self.counters.verify_ms += ms
+        self.counters.note_window(len(tokens), ms)
         return logits
 
     def _window(self, tokens: Sequence[int]) -> tuple[FloatArray, float]:
@@ -396,6 +419,5 @@ def verify_many(items: Sequence[tuple[RuntimeSession, Sequence[int]]]) -> list[F
             out.append(logits[start:start + len(tokens)])
             start += len(tokens)
             session._note_forward(len(tokens))
-            session.counters.rows_verified += len(tokens)
-            session.counters.verify_ms += dt
+            session.counters.note_window(len(tokens), dt)
     return out

@@ -10,9 +10,9 @@ length L)``, gives the per-position acceptance of any draft: ``acc[i] = p(L + i)
 
 Estimates: counts per length class (lengths grouped on a roughly logarithmic scale,
 :data:`CLASS_STARTS`), with exponential decay, shrunk toward a prior curve. The prior is
-the rule of succession for a run of ``L`` agreements counted against ``2 / f`` failures::
+the rule of succession for a run of ``L`` agreements counted against ``3 / f`` failures::
 
-    p0(L) = f L / (f L + 2)
+    p0(L) = f L / (f L + 3)
 
 ``f`` is the text's *copy factor*, measured across all classes at once (a weighted
 mean of each class's observed odds over the curve's, in log space, shrunk toward
@@ -42,10 +42,12 @@ CLASS_STARTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 _MIDS = tuple(math.sqrt(a * max(a, b - 1)) for a, b in
               zip(CLASS_STARTS, (*CLASS_STARTS[1:], CLASS_STARTS[-1] * 2), strict=True))
 
+#: Failures a run of agreements is counted against in the prior (at copy factor 1).
+PRIOR_FAILURES = 3.0
 #: Weight of the prior curve against a class's own counts, in observations.
 PRIOR_WEIGHT = 4.0
 #: Weight of ``f = 1`` in the copy-factor fit, in observations.
-FACTOR_WEIGHT = 4.0
+FACTOR_WEIGHT = 8.0
 #: The copy factor stays within [1/FACTOR_LIMIT, FACTOR_LIMIT].
 FACTOR_LIMIT = 64.0
 
@@ -63,7 +65,7 @@ def length_class(length: int) -> int:
 def prior(length: float, factor: float = 1.0) -> float:
     """The prior curve: probability that a run of ``length`` agreements goes on."""
     n = max(0.0, float(length)) * factor
-    return n / (n + 2.0)
+    return n / (n + PRIOR_FAILURES)
 
 
 def copy_factor(hits: list[float], trials: list[float]) -> float:
@@ -80,7 +82,7 @@ def copy_factor(hits: list[float], trials: list[float]) -> float:
             continue
         h = hits[c]
         odds = (h + 0.5) / (t - h + 0.5)
-        acc += t * math.log(2.0 * odds / _MIDS[c])
+        acc += t * math.log(PRIOR_FAILURES * odds / _MIDS[c])
         total += t
     f = math.exp(acc / total)
     return min(FACTOR_LIMIT, max(1.0 / FACTOR_LIMIT, f))

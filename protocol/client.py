@@ -43,6 +43,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .codec import ResponseDecoder, encode
 from .errors import (
+    BadRequest,
     ConnectionClosed,
     InternalError,
     ProtocolError,
@@ -53,6 +54,7 @@ from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
     Cancel,
+    CancelReply,
     ChatMessage,
     Detokenize,
     DetokenizeReply,
@@ -124,15 +126,31 @@ def _sampling(
     return attrs.evolve(params, **changes) if changes else params
 
 
+M = TypeVar("M")
+
+
+def _build(cls: Callable[..., M], **fields: Any) -> M:
+    """A request message; a bad value raises BadRequest with the field's full path
+    (``detokenize.tokens[0]: ...``), as the server would write it."""
+    try:
+        return cls(**fields)
+    except BadRequest as exc:
+        raise exc.under(getattr(cls, "OP", "request")) from None
+
+
 def _chat(
     messages: Sequence[ChatMessage | Mapping[str, str]] | None,
 ) -> tuple[ChatMessage, ...] | None:
     if messages is None:
         return None
-    return tuple(
-        m if isinstance(m, ChatMessage) else ChatMessage(role=m["role"], content=m["content"])
-        for m in messages
-    )
+    out = []
+    for i, m in enumerate(messages):
+        try:
+            out.append(m if isinstance(m, ChatMessage)
+                       else ChatMessage(role=m["role"], content=m["content"]))
+        except BadRequest as exc:
+            raise exc.under(f"messages[{i}]") from None
+    return tuple(out)
 
 
 @attrs.frozen
@@ -410,20 +428,39 @@ class Client:
         ``"off"``) and ``draft_max`` override speculative decoding.
         Invalid values raise BadRequest here, before anything is sent.
         """
-        request = Generate(
-            id=request_id or self.new_id(),
-            prompt=prompt,
-            messages=_chat(messages),
-            max_tokens=max_tokens,
-            sampling=_sampling(sampling, temperature, top_k, top_p, seed),
-            stop=(stop,) if isinstance(stop, str) else tuple(stop),
-            speculative=SpeculativeOverrides(proposer=proposer, draft_max=draft_max),
-        )
+        # Errors name the field's path as the server's do: generate.sampling.top_p: ...
+        try:
+            params = _sampling(sampling, temperature, top_k, top_p, seed)
+        except BadRequest as exc:
+            raise exc.under("generate.sampling") from None
+        try:
+            speculative = SpeculativeOverrides(proposer=proposer, draft_max=draft_max)
+        except BadRequest as exc:
+            raise exc.under("generate.speculative") from None
+        try:
+            request = Generate(
+                id=request_id or self.new_id(),
+                prompt=prompt,
+                messages=_chat(messages),
+                max_tokens=max_tokens,
+                sampling=params,
+                stop=(stop,) if isinstance(stop, str) else tuple(stop),
+                speculative=speculative,
+            )
+        except BadRequest as exc:
+            raise exc.under("generate") from None
         return GenerationStream(self, request)
 
     async def cancel(self, request_id: str) -> None:
         """Ask the server to cancel a running request (its stream ends ``cancelled``)."""
-        await self._send(Cancel(id=request_id))
+        await self._send(_build(Cancel, id=request_id))
+
+    async def cancel_confirmed(self, request_id: str) -> bool:
+        """Cancel and wait for the server's answer: whether a request with that id was in
+        flight (on any connection) and is now told to stop."""
+        request = _build(Cancel, id=request_id, ack=self.new_id())
+        assert request.ack is not None
+        return (await self._call(request, CancelReply, reply_id=request.ack)).cancelled
 
     async def stats(self) -> StatsReply:
         """Daemon-wide counters and per-proposer acceptance."""
@@ -439,25 +476,28 @@ class Client:
 
     async def tokenize(self, text: str, *, add_special: bool = True) -> tuple[int, ...]:
         """Token ids of ``text`` under the server's model."""
-        request = Tokenize(id=self.new_id(), text=text, add_special=add_special)
+        request = _build(Tokenize, id=self.new_id(), text=text, add_special=add_special)
         return (await self._call(request, TokenizeReply)).tokens
 
     async def detokenize(self, tokens: Sequence[int]) -> str:
         """Text of ``tokens`` under the server's model."""
-        request = Detokenize(id=self.new_id(), tokens=tuple(tokens))
+        request = _build(Detokenize, id=self.new_id(), tokens=tuple(tokens))
         return (await self._call(request, DetokenizeReply)).text
 
-    async def _call(self, request: Request, reply_type: type[R]) -> R:
-        """Send a single-reply request and wait for its reply (or error)."""
-        receive = self._register(request.id)
+    async def _call(self, request: Request, reply_type: type[R],
+                    reply_id: str | None = None) -> R:
+        """Send a single-reply request and wait for its reply (or error); the reply
+        carries ``reply_id`` (default: the request's id)."""
+        key = reply_id or request.id
+        receive = self._register(key)
         try:
             await self._send(request)
             try:
                 item = await receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
-                raise self._closed_error(request.id) from None
+                raise self._closed_error(key) from None
         finally:
-            self._unregister(request.id)
+            self._unregister(key)
             receive.close()
         if isinstance(item, reply_type):
             return item
@@ -835,6 +875,10 @@ class SyncClient:
     def cancel(self, request_id: str) -> None:
         """Ask the server to cancel a running request."""
         self._call(self._client.cancel, request_id)
+
+    def cancel_confirmed(self, request_id: str) -> bool:
+        """Cancel and return whether a request with that id was in flight."""
+        return self._call(self._client.cancel_confirmed, request_id)
 
     def stats(self) -> StatsReply:
         """Daemon-wide counters and per-proposer acceptance."""

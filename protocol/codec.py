@@ -210,9 +210,9 @@ converter: Final = _make_converter()
 
 def _format_exception(exc: BaseException, type_: type | None) -> str:
     """Render one leaf failure from cattrs' error tree (see ``cattrs.transform_error``)."""
-    if isinstance(exc, BadRequest) and exc.field and exc.message.startswith(exc.field + " "):
+    if isinstance(exc, BadRequest) and exc.field and exc.message.startswith(exc.field + ": "):
         # Let _describe append the field to the path: "op.sampling.top_p: must be ...".
-        return f"{exc.field}{_FIELD_SEP}{exc.message[len(exc.field) + 1 :]}"
+        return f"{exc.field}{_FIELD_SEP}{exc.message[len(exc.field) + 2 :]}"
     if isinstance(exc, ProtocolError):
         return exc.message
     if isinstance(exc, ForbiddenExtraKeysError):

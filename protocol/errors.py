@@ -93,7 +93,8 @@ class BadRequest(ProtocolError, ValueError):
     a message with an out-of-range value locally raises something Python code expects).
 
     ``field`` names the offending field when one is to blame; the message then starts
-    with it (``"top_p must be a number in (0, 1] (got 2)"``).
+    with its path and a colon, written one way everywhere, by the server and by the
+    client library (``"generate.sampling.top_p: must be a number in (0, 1] (got 2)"``).
     """
 
     code = ErrorCode.BAD_REQUEST
@@ -107,7 +108,20 @@ class BadRequest(ProtocolError, ValueError):
     @classmethod
     def invalid_field(cls, field: str, detail: str) -> BadRequest:
         """The error for one field whose value breaks a rule."""
-        return cls(f"{field} {detail}", field=field)
+        return cls(f"{field}: {detail}", field=field)
+
+    def under(self, prefix: str) -> BadRequest:
+        """The same error with its field path placed under ``prefix``: a message object
+        knows only its own field names (``max_tokens``), its sender knows where it sits
+        (``generate``), giving ``generate.max_tokens: ...``."""
+        if self.field is None:
+            out = BadRequest(f"{prefix}: {self.message}", request_id=self.request_id)
+        else:
+            detail = self.message.removeprefix(f"{self.field}: ")
+            dot = "" if self.field.startswith("[") else "."
+            out = BadRequest.invalid_field(f"{prefix}{dot}{self.field}", detail)
+            out.request_id = self.request_id
+        return out
 
 
 class UnsupportedVersion(ProtocolError):

@@ -70,7 +70,9 @@ class FinishReason(enum.StrEnum):
 
 
 class HealthStatus(enum.StrEnum):
-    """Overall daemon state reported by ``health``."""
+    """Overall daemon state reported by ``health``. meshd reports ``ok``, ``degraded``
+    (a remote worker is lost) and ``draining``; ``starting`` is reserved for servers
+    that answer before their model is loaded, so clients must accept it."""
 
     OK = "ok"
     STARTING = "starting"
@@ -389,12 +391,15 @@ class Generate:
 class Cancel:
     """Cancel the running request whose id is ``id``.
 
-    It has no reply of its own: the target's stream ends with ``done`` whose
-    ``finish_reason`` is ``cancelled``. Cancelling an unknown or finished id is a no-op.
+    The target's stream ends with ``done`` whose ``finish_reason`` is ``cancelled``.
+    Cancelling an unknown or finished id changes nothing. Without ``ack`` there is no
+    reply; with it the server answers ``cancel_reply`` (id ``ack``) saying whether a
+    request was found and told to stop, so a tool can report an unknown id.
     """
 
     OP: ClassVar[str] = "cancel"
     id: str = attrs.field(validator=_request_id)
+    ack: str | None = attrs.field(default=None, validator=_optional_request_id)
 
 
 @attrs.frozen
@@ -569,6 +574,16 @@ class DetokenizeReply:
     text: str = attrs.field(validator=_string)
 
 
+@attrs.frozen
+class CancelReply:
+    """The answer to a ``cancel`` that asked for one (``id`` is the cancel's ``ack``)."""
+
+    OP: ClassVar[str] = "cancel_reply"
+    id: str = attrs.field(validator=_request_id)
+    cancelled: bool = attrs.field(validator=_boolean)
+    """Whether a request with that id was in flight and is now told to stop."""
+
+
 Request: TypeAlias = Hello | Generate | Cancel | Stats | Health | Models | Tokenize | Detokenize
 """Any frame a client may send."""
 
@@ -582,6 +597,7 @@ Response: TypeAlias = (
     | ModelsReply
     | TokenizeReply
     | DetokenizeReply
+    | CancelReply
 )
 """Any frame a server may send."""
 
@@ -604,6 +620,7 @@ RESPONSE_TYPES: Final[dict[str, type[Response]]] = {
         ModelsReply,
         TokenizeReply,
         DetokenizeReply,
+        CancelReply,
     )
 }
 """Response classes by ``op``."""

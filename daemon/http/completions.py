@@ -18,6 +18,7 @@ from meshd.protocol import ProtocolError
 from ..engine import GenerationStats, TokenEvent
 from ..scheduler import Failed, Finished, RequestHandle
 from ..service import InFlight
+from ..speculation import FinishReason
 from . import sse
 from .openai_api import (
     JSON,
@@ -60,9 +61,9 @@ async def serve_completion(routes: Routes, req: CompletionRequest, out: Responde
         prompt_tokens = len(gen.prompt)
         seed = None if gen.sampling.greedy else gen.sampling.seed
         if req.stream:
-            await _stream(routes, req, handle, out, prompt_tokens, seed)
+            await _stream(routes, req, handle, out, prompt_tokens, seed, entry)
         else:
-            await _collect(routes, req, handle, out, prompt_tokens, seed)
+            await _collect(routes, req, handle, out, prompt_tokens, seed, entry)
     finally:
         service.unregister(entry)
 
@@ -76,7 +77,8 @@ def _failure(final: Failed) -> ApiError:
 
 
 async def _collect(routes: Routes, req: CompletionRequest, handle: RequestHandle,
-                   out: Responder, prompt_tokens: int, seed: int | None) -> None:
+                   out: Responder, prompt_tokens: int, seed: int | None,
+                   entry: InFlight) -> None:
     parts: list[str] = []
     async with handle.events:
         async for event in handle.events:
@@ -85,9 +87,10 @@ async def _collect(routes: Routes, req: CompletionRequest, handle: RequestHandle
             elif isinstance(event, Failed):
                 raise _failure(event)
             else:
-                _log_finished(routes, req, event, prompt_tokens)
+                finish = _finish_reason(event, entry)
+                _log_finished(routes, req, event, finish, prompt_tokens)
                 body = completion_response(
-                    req, routes.service.model.name, "".join(parts), event.finish.value,
+                    req, routes.service.model.name, "".join(parts), finish,
                     event.stats, event.proposer, prompt_tokens, seed)
                 await out.send(200, json_bytes(body), JSON)
                 return
@@ -96,7 +99,8 @@ async def _collect(routes: Routes, req: CompletionRequest, handle: RequestHandle
 
 
 async def _stream(routes: Routes, req: CompletionRequest, handle: RequestHandle,
-                  out: Responder, prompt_tokens: int, seed: int | None) -> None:
+                  out: Responder, prompt_tokens: int, seed: int | None,
+                  entry: InFlight) -> None:
     """SSE: a chunk per batch of committed text, the finish chunk (with ``timings`` and
     ``meshd``), the usage chunk if asked, then ``data: [DONE]``."""
     model = routes.service.model.name
@@ -127,8 +131,9 @@ async def _stream(routes: Routes, req: CompletionRequest, handle: RequestHandle,
             if text:
                 data += sse.event(chunk(req, model, text=text))
             if isinstance(final, Finished):
-                _log_finished(routes, req, final, prompt_tokens)
-                data += _closing(req, model, final.finish.value, final.stats, final.proposer,
+                finish = _finish_reason(final, entry)
+                _log_finished(routes, req, final, finish, prompt_tokens)
+                data += _closing(req, model, finish, final.stats, final.proposer,
                                  prompt_tokens, seed)
             elif isinstance(final, Failed):
                 data += sse.event(error_body(_failure(final)))
@@ -154,11 +159,19 @@ def _closing(req: CompletionRequest, model: str, finish: str, stats: GenerationS
     return data + sse.DONE
 
 
-def _log_finished(routes: Routes, req: CompletionRequest, final: Finished,
+def _finish_reason(final: Finished, entry: InFlight) -> str:
+    """As the native ``done`` says it: a cancellation by the daemon's shutdown is
+    ``shutdown``."""
+    if final.finish is FinishReason.CANCELLED and entry.shutdown:
+        return "shutdown"
+    return final.finish.value
+
+
+def _log_finished(routes: Routes, req: CompletionRequest, final: Finished, finish: str,
                   prompt_tokens: int) -> None:
     st = final.stats
     routes.log.info(
-        "request_finished", id=req.generate.id, finish_reason=final.finish.value,
+        "request_finished", id=req.generate.id, finish_reason=finish,
         prompt_tokens=prompt_tokens, completion_tokens=st.emitted,
         proposer=final.proposer or "off", drafted=st.drafted, accepted=st.accepted,
         target_forwards=st.target_forwards, wall_ms=round(st.wall_ms, 2),

@@ -266,7 +266,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
 
 def finish_reason(value: str) -> str:
     """OpenAI's finish reasons: an end-of-generation token or a stop string is ``stop``;
-    ``length``, ``cancelled`` and ``error`` keep meshd's names."""
+    ``length``, ``cancelled``, ``shutdown`` and ``error`` keep meshd's names."""
     return "stop" if value == "eog" else value
 
 

@@ -98,11 +98,17 @@ async def test_exit_codes(runtime: ModelRuntime, capsys: pytest.CaptureFixture[s
     async with running_daemon(runtime) as (_, path):
         assert await meshctl("--socket", path, "generate", "x", "--max-tokens",
                              "100000") == ctl.EXIT_USAGE
-        assert "bad_request" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "bad_request: generate.max_tokens: must be at most 512 (got 100000)" in err
+        assert await meshctl("--socket", path, "cancel", "nosuch") == ctl.EXIT_FAILURE
+        assert "no request 'nosuch' is running" in capsys.readouterr().err
         assert await meshctl("--socket", path, "chat", "hi") == ctl.EXIT_USAGE
         assert "chat template" in capsys.readouterr().err
         assert await meshctl("--socket", path, "generate", "word " * 600) == ctl.EXIT_MODEL
-        assert "model_error" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "model_error: prompt of " in err
+        assert "does not fit the context of 512 tokens per session (--ctx): at most 511 " \
+            "prompt tokens" in err
     os.rmdir(directory)
 
 
@@ -118,7 +124,7 @@ async def test_cancel_from_another_process(runtime: ModelRuntime,
         assert stream.done is not None
         assert stream.done.finish_reason is FinishReason.CANCELLED
         await wait_idle(server)
-    assert "cancel sent" in capsys.readouterr().err
+    assert "cancelled long-one" in capsys.readouterr().err
 
 
 def test_demo_runs_the_daemon_end_to_end() -> None:

@@ -407,3 +407,31 @@ async def test_the_socket_allow_list_applies_to_http(smol: ModelRuntime) -> None
         assert denied["error"]["code"] == "forbidden"
         assert allowed["status"] == "ok"
         assert server.service.counters["connections_denied"] == 1
+
+
+async def test_shutdown_ends_a_stream_with_finish_reason_shutdown(smol: ModelRuntime) -> None:
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1000, "temperature": 0,
+                       "stream": True}).encode()
+    config = ServerConfig(shutdown_grace_s=0.0)
+    async with running_daemon(smol, config) as (server, path):
+        stream = await anyio.connect_unix(path)
+        receiver = StreamReceiver(stream)
+        got = bytearray()
+        try:
+            await stream.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                              + str(len(body)).encode() + b"\r\n\r\n" + body)
+            with anyio.fail_after(60):
+                got += await receiver.receive()
+                server.shutdown()
+                while True:
+                    try:
+                        got += await receiver.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        break
+        finally:
+            await receiver.aclose()
+    events = [json.loads(line.removeprefix(b"data: ")) for line in bytes(got).split(b"\n")
+              if line.startswith(b"data: {")]
+    assert events[-1]["choices"][0]["finish_reason"] == "shutdown"
+    assert b"data: [DONE]" in got
+    assert 0 < events[-1]["timings"]["predicted_n"] < 1000

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from meshd.protocol import (
     Cancel,
+    CancelReply,
     ChatMessage,
     Detokenize,
     DetokenizeReply,
@@ -116,7 +117,7 @@ def _generate() -> st.SearchStrategy[Generate]:
 requests: st.SearchStrategy[Any] = st.one_of(
     st.builds(Hello, id=ids, protocol_version=counts, client_name=names),
     _generate(),
-    st.builds(Cancel, id=ids),
+    st.builds(Cancel, id=ids, ack=st.none() | ids),
     st.builds(Stats, id=ids),
     st.builds(Health, id=ids),
     st.builds(Models, id=ids),
@@ -163,6 +164,7 @@ responses: st.SearchStrategy[Any] = st.one_of(
     st.builds(ModelsReply, id=ids, models=st.lists(model_info, max_size=2).map(tuple)),
     st.builds(TokenizeReply, id=ids, tokens=token_lists),
     st.builds(DetokenizeReply, id=ids, text=texts),
+    st.builds(CancelReply, id=ids, cancelled=st.booleans()),
 )
 
 json_values: st.SearchStrategy[Any] = st.recursive(

@@ -14,6 +14,7 @@ from meshd.protocol import (
     RESPONSE_TYPES,
     BadRequest,
     Cancel,
+    CancelReply,
     ChatMessage,
     Detokenize,
     DetokenizeReply,
@@ -73,6 +74,7 @@ REQUESTS: list[Any] = [
         speculative=SpeculativeOverrides(proposer="off", draft_max=8),
     ),
     Cancel(id="g1"),
+    Cancel(id="g1", ack="c2"),
     Stats(id="s"),
     Health(id="hl"),
     Models(id="m"),
@@ -133,6 +135,7 @@ RESPONSES: list[Any] = [
     ModelsReply(id="m2", models=()),
     TokenizeReply(id="t", tokens=()),
     DetokenizeReply(id="d", text="abc"),
+    CancelReply(id="c2", cancelled=False),
 ]
 
 

@@ -268,7 +268,8 @@ async def _serve_until_signalled(server: Server, supervisor: Supervisor, bind: s
     # Raises ListenerError plainly, before any task.
     listener = await open_listener(bind, backlog=server.config.backlog)
     try:
-        http_listener = await open_http_listener(http) if http is not None else None
+        http_listener = await open_http_listener(http, backlog=server.config.backlog) \
+            if http is not None else None
     except BaseException:
         await listener.aclose()
         raise

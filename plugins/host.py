@@ -9,7 +9,8 @@ every answer is validated, and whatever goes wrong is a counted, logged fault:
   that turns up later is discarded as ``stale``);
 - ``empty``, ``oversize``, ``negative``, ``out_of_vocab``: the proposal is discarded;
 - ``plugin_error``: the plugin's own code raised (the SDK reports it);
-- ``garbage`` (not a plugin message, or an over-long frame: flooding), ``disconnected``
+- ``garbage`` (not a plugin message, or an over-long frame), ``flood`` (more than
+  ``MAX_STALE_PER_STEP`` answers to other steps while one is awaited), ``disconnected``
   (exited, crashed, closed), ``hung`` (stopped reading): the link is closed.
 
 Each fault is a strike; after ``max_faults`` strikes the plugin is quarantined: its
@@ -67,7 +68,9 @@ from .resources import Need, TokenizerLike, requires
 log = structlog.get_logger("meshd.plugins.host")
 
 #: Faults that end the link (nothing more from it can be trusted).
-FATAL = frozenset({"garbage", "disconnected", "hung"})
+FATAL = frozenset({"garbage", "disconnected", "hung", "flood"})
+#: Answers to other steps tolerated while waiting for one answer (more is flooding).
+MAX_STALE_PER_STEP = 64
 #: Valid answers in a row after which earlier strikes are forgiven (strikes are not
 #: reset by a restart, so a plugin that crashes on every request is still quarantined).
 CLEAN_RUN = 32
@@ -395,6 +398,7 @@ class RemoteProposer:
 
     def _answer(self, link: Link, k: int, deadline: float) -> Proposal | None:
         host = self.host
+        stale = 0
         while True:
             try:
                 msg = link.channel.recv(deadline)
@@ -412,6 +416,10 @@ class RemoteProposer:
                 return None
             if msg.request != self.request_id or msg.step != self._step:
                 host.counters.stale += 1  # an answer to an earlier (late) question
+                stale += 1
+                if stale > MAX_STALE_PER_STEP:
+                    host.fault(link, "flood", f"more than {MAX_STALE_PER_STEP} stale answers")
+                    return None
                 continue
             if isinstance(msg, Abstain):
                 host.counters.abstains += 1

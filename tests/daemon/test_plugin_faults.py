@@ -23,7 +23,7 @@ MAX_TOKENS = 20
 #: mode -> the fault it must be counted as.
 FAULTS = {
     "sleep": "late", "silent": "late", "oov": "out_of_vocab", "huge": "oversize",
-    "raise": "plugin_error", "exit": "disconnected", "garbage": "garbage",
+    "raise": "plugin_error", "exit": "disconnected", "garbage": "garbage", "flood": "flood",
 }
 
 pytestmark = pytest.mark.anyio

@@ -6,7 +6,8 @@ correctly (a valid one-token guess), then misbehaves on every later one:
 
 sleep (answers after the deadline), silent (never answers), oov (ids outside the
 vocabulary), huge (10,000 tokens), raise (the propose function raises), exit (the
-process exits mid-request), garbage (bytes that are no plugin message).
+process exits mid-request), garbage (bytes that are no plugin message), flood (floods
+answers to steps nobody asked about).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Sequence
 
 from meshd.plugins import sdk
+from meshd.protocol.plugin import Abstain, encode_plugin
 from meshd.protocol.plugin_channel import PluginChannel
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "sleep"
@@ -52,6 +54,11 @@ class BadPlugin(sdk.Plugin):
             assert self.channel is not None
             self.channel.send_bytes(b"\x00\xff not json at all {{{\n")
             return ()
+        if MODE == "flood":
+            assert self.channel is not None
+            bogus = Abstain(ctx.request_id, -1)
+            self.channel.send_bytes(encode_plugin(bogus) * 1000)
+            return (ctx.tokens[-1],)
         raise SystemExit(f"unknown mode {MODE}")
 
 

@@ -71,3 +71,24 @@ def positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text}")
     return value
+
+
+def workers(text: str) -> tuple[str, ...]:
+    """``HOST:PORT[,HOST:PORT...]``: remote workers (llama.cpp RPC servers)."""
+    from meshd.native.rpc import parse_endpoints
+
+    try:
+        return tuple(str(ep) for ep in parse_endpoints(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def weights(text: str) -> tuple[float, ...]:
+    """``W[,W...]``: non-negative weights, not all zero (``--tensor-split 3,1``)."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 3,1, got {text}") from None
+    if any(v < 0 or v != v for v in values) or not any(values):
+        raise argparse.ArgumentTypeError(f"weights must be >= 0 and not all 0, got {text}")
+    return values

@@ -35,6 +35,7 @@ from meshd.native.llama import ensure_backend, lc
 
 from .bench_workloads import BenchError, Workload
 from .runtime import ModelRuntime, RuntimeConfig
+from .terminal import Progress
 
 #: MTP acceptance of a synthetic model named without one (``qwen35``, ``mimo2``): below 1
 #: so drafts get rejected and every repair path runs.
@@ -122,11 +123,13 @@ def requantized(src: Path, qtype: str, *, cache_dir: Path | None = None,
     params.allow_requantize = True
     params.nthread = threads or 0
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    bar = Progress(f"quantizing {src.name} to {qtype.upper()} (once; cached)")
     try:
         rc = lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
         if rc != 0:
             raise BenchError(f"llama_model_quantize({src} -> {qtype}) failed with code {rc}")
         os.replace(tmp, out)
+        bar.done()
     finally:
         tmp.unlink(missing_ok=True)
     return out

@@ -32,7 +32,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                     "as a user turn in its template, as chat front-ends do; --raw sends "
                     "the text as it is.",
         parents=[opt.model_options(), opt.speculation_options(), opt.sampling_options(),
-                 opt.generation_options()],
+                 opt.generation_options(), opt.placement_options()],
     )
     p.add_argument("-p", "--prompt", required=True, metavar="TEXT",
                    help="prompt text ('-' reads it from stdin)")
@@ -48,7 +48,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = opt.subparser(sub, "make-test-model",
-                      help="write a small synthetic GGUF model (for tests and benchmarks)")
+                      help="write a synthetic GGUF model (tiny, or of realistic cost with --size)")
     p.add_argument("kind", choices=["llama", "qwen35", "mimo2"],
                    help="architecture: llama (attention), qwen35 (recurrent + MTP head), "
                         "mimo2 (attention + MTP head)")
@@ -56,6 +56,14 @@ def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--seed", type=opt.integer, default=0, help="weights seed")
     p.add_argument("--acceptance", type=opt.probability, default=1.0,
                    help="how often the MTP head's draft matches the model")
+    from meshd.native.testmodels import DEFAULT_SIZED_TYPE, QUANT_TYPES, SIZES
+
+    p.add_argument("--size", choices=list(SIZES), default=None,
+                   help="a model of realistic cost (default: tiny, F32)")
+    p.add_argument("--type", dest="qtype", choices=list(QUANT_TYPES), default=None,
+                   help=f"weights of a sized model (default {DEFAULT_SIZED_TYPE})")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip running a sized model to report its margins")
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -111,6 +119,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, draft_max=args.draft_max,
         threads=args.threads, calibrate=not args.fixed_k,
+        rpc_workers=args.rpc or (), tensor_split=args.tensor_split or (),
     )
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
@@ -155,7 +164,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except PromptTooLong as exc:  # meshctl exits 3 for it too (the daemon's model_error)
         print(f"meshd generate: {exc}", file=sys.stderr)
         return 3
-    except RequestError as exc:
+    except (RequestError, ValueError) as exc:  # ValueError: --tensor-split vs devices
         print(f"meshd generate: {exc}", file=sys.stderr)
         return 2
     except NativeError as exc:
@@ -169,11 +178,9 @@ def _note(_event: str, message: str) -> None:
 
 
 def cmd_make_test_model(args: argparse.Namespace) -> int:
-    from meshd.native.testmodels import write_test_model
+    from meshd.native.testmodels import run
 
-    path = write_test_model(args.kind, args.out, seed=args.seed, acceptance=args.acceptance)
-    print(path)
-    return 0
+    return run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,10 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_version(parser, "meshd")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
-    from . import demo, serve, soak
+    from . import demo, serve, soak, worker
 
     serve.add_parser(sub)
     demo.add_parser(sub)
+    worker.add_parser(sub)
     _add_generate(sub)
     soak.add_parser(sub)
     _add_bench(sub)
@@ -211,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return demo.run(args)
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "worker":
+        from . import worker
+
+        return worker.run(args)
     if args.command == "soak":
         from . import soak
 

@@ -35,6 +35,7 @@ import cattrs
 from attrs import validators as v
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
+from meshd.native.rpc import parse_endpoints
 
 from . import options as opt
 from .http.config import HttpConfig
@@ -79,6 +80,16 @@ _non_negative = v.ge(0)
 _non_negative_float = v.ge(0.0)
 
 
+def _endpoints(_inst: object, _attr: object, value: tuple[str, ...]) -> None:
+    if value:
+        parse_endpoints(",".join(value))  # ValueError naming the bad address
+
+
+def _split_weights(_inst: object, _attr: object, value: tuple[float, ...]) -> None:
+    if value and (any(w < 0 for w in value) or not any(value)):
+        raise ValueError(f"weights must be >= 0 and not all 0 (got {list(value)})")
+
+
 @attrs.frozen
 class ModelSection:
     path: str | None = key(None, "GGUF model file (default: the embedded SmolLM2-135M)",
@@ -89,6 +100,12 @@ class ModelSection:
                               "process may use)", flag="threads", validator=_positive)
     draft_models: tuple[str, ...] = key((), "GGUF files requests may name as draft:PATH",
                                   flag="draft_model")
+    rpc: tuple[str, ...] = key((), "remote workers (meshd worker, HOST:PORT) the model's "
+                               "layers are split across", flag="rpc", validator=_endpoints)
+    tensor_split: tuple[float, ...] = key((), "weights of the layer split, one per device "
+                                          "(local GPUs, then each worker's; default: by free "
+                                          "memory)", flag="tensor_split",
+                                          validator=_split_weights)
 
 
 @attrs.frozen
@@ -293,7 +310,9 @@ def _env_value(text: str, kind: Any) -> Any:
             return None
         kind = next(a for a in args if a is not type(None))
     if typing.get_origin(kind) is tuple:
-        return [part.strip() for part in text.split(",") if part.strip()]
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        item = typing.get_args(kind)[0]
+        return [_env_value(part, item) for part in parts] if item in (int, float) else parts
     if kind is bool:
         lowered = text.strip().lower()
         if lowered in ("1", "true", "yes", "on"):

@@ -10,7 +10,10 @@ Failure policy: a malformed frame is answered with an ``error`` frame and the
 connection carries on (only a bad *first* frame closes it, as the protocol says); a
 peer that goes away (EOF, reset, a write that does not complete within the send
 timeout) cancels all of the connection's requests, which stop at their next step
-boundary and hand their session slots back.
+boundary and hand their session slots back. EOF counts as going away even if only the
+write side was shut (the protocol: closing the connection cancels its requests), so a
+client keeps its side open until it has its answers. A bug while serving one request is
+reported to that request as ``internal`` and logged; it never takes the daemon down.
 
 Bounded resources: a connection holds a file descriptor, so after the handshake it is
 closed when it is idle (no request in flight and no frame received) for
@@ -18,10 +21,7 @@ closed when it is idle (no request in flight and no frame received) for
 client trickling one byte a second is not idle, but it is not sending a request either);
 that one is answered with a ``bad_request`` error before the close. A reply that would be
 larger than the frame limit the server announces is replaced by a ``too_large`` error,
-because the peer could not read it. EOF counts as going away even if only the
-write side was shut (the protocol: closing the connection cancels its requests), so a
-client keeps its side open until it has its answers. A bug while serving one request is
-reported to that request as ``internal`` and logged; it never takes the daemon down.
+because the peer could not read it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,15 @@ import attrs
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
 
-from .argtypes import integer, non_negative, non_negative_float, positive, probability
+from .argtypes import (
+    integer,
+    non_negative,
+    non_negative_float,
+    positive,
+    probability,
+    weights,
+    workers,
+)
 from .logs import LEVELS
 from .sampling import SamplingParams
 
@@ -38,6 +46,7 @@ __all__ = [
     "model_options",
     "non_negative",
     "non_negative_float",
+    "placement_options",
     "positive",
     "probability",
     "proposer_name",
@@ -181,6 +190,19 @@ def generation_options() -> argparse.ArgumentParser:
                    help="most tokens to generate")
     g.add_argument("--stop", action="append", default=[], metavar="S",
                    help="stop string (repeatable); not included in the output")
+    return p
+
+
+def placement_options() -> argparse.ArgumentParser:
+    """``--rpc`` and ``--tensor-split``: split the model's layers across workers."""
+    p = _parent()
+    g = p.add_argument_group("several machines")
+    g.add_argument("--rpc", type=workers, default=None, metavar="HOST:PORT[,...]",
+                   help="remote workers (meshd worker) to split the model's layers across "
+                        "(default: none, everything runs here)")
+    g.add_argument("--tensor-split", type=weights, default=None, metavar="W[,W...]",
+                   help="weigh the layer split: one weight per device (local GPUs, then "
+                        "each worker's devices; default: by free memory)")
     return p
 
 

@@ -22,6 +22,8 @@ from meshd.native.default_model import default_model_path
 from meshd.native.draft import DraftModel
 from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
+from meshd.native.rpc import parse_endpoint
+from meshd.native.rpc_workers import RemoteWorkers
 from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Proposer, ProposerEnv
 from meshd.plugins.match_stats import SharedMatchStats
@@ -83,12 +85,21 @@ class RuntimeConfig:
     #: use by the local user; the daemon passes its ``--draft-model`` list, so a socket
     #: client cannot make it load an arbitrary file).
     allowed_drafts: tuple[str, ...] | None = None
+    #: Remote workers (``HOST:PORT``, llama.cpp RPC servers) the layers are split across.
+    rpc_workers: tuple[str, ...] = ()
+    #: Weights of the layer split over the devices (local accelerators, then workers).
+    tensor_split: tuple[float, ...] = ()
 
 
-def _cost_model_key(model_path: Path, config: ContextConfig) -> list[object]:
+def _cost_model_key(model_path: Path, config: ContextConfig,
+                    placement: Sequence[object] = ()) -> list[object]:
     """What a cost curve depends on besides the thread count."""
     st = model_path.stat()
-    return [str(model_path), st.st_size, st.st_mtime_ns, config.draft_max, os.cpu_count()]
+    key: list[object] = [str(model_path), st.st_size, st.st_mtime_ns, config.draft_max,
+                         os.cpu_count()]
+    if placement:  # layers on remote workers cost what their network and cores cost
+        key.append(list(placement))
+    return key
 
 
 def _cost_cache_dir() -> Path:
@@ -106,8 +117,9 @@ def _cost_cache_dir() -> Path:
     return base / "meshd" / "costs"
 
 
-def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None) -> Path:
-    key = json.dumps([*_cost_model_key(model_path, config), threads])
+def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None,
+                     placement: Sequence[object] = ()) -> Path:
+    key = json.dumps([*_cost_model_key(model_path, config, placement), threads])
     return _cost_cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
 
 
@@ -139,24 +151,21 @@ class ModelRuntime:
         self._notes = notes
         self._progress = progress
         path = Path(config.model_path) if config.model_path else default_model_path()
-        bar = self._step(f"loading {path.name}")
-        self.model = Model.load(path, on_progress=bar.update)
-        bar.done()
+        self.path = path
+        #: The workers the layers are split across (None: everything is local).
+        self.remote: RemoteWorkers | None = None
+        if config.rpc_workers:
+            self.remote = RemoteWorkers(
+                [parse_endpoint(w) for w in config.rpc_workers],
+                tensor_split=config.tensor_split)
         try:
-            n_ctx_train = self.model.info.n_ctx_train
-            if n_ctx_train and config.n_ctx_seq > n_ctx_train:
-                self._note("ctx_capped", f"--ctx {config.n_ctx_seq} is more than the model "
-                           f"was trained for; using its training context of {n_ctx_train}")
-            ctx_config = ContextConfig(
-                n_ctx_seq=min(config.n_ctx_seq, n_ctx_train or config.n_ctx_seq),
-                n_seq_max=config.n_seq_max, n_batch=config.n_batch,
-                draft_max=config.draft_max, n_threads=config.threads,
-                in_place_rollback=config.in_place_rollback,
-            )
-            self.context = TargetContext(self.model, ctx_config)
-        except Exception:
-            self.model.close()
+            self.model, self.context = self._load()
+            self._loaded = True
+        except BaseException:
+            if self.remote is not None:
+                self.remote.close()
             raise
+        ctx_config = self.context.config
         self.registry = registry if registry is not None else default_registry()
         cache_tokens = config.prefix_cache_tokens
         if cache_tokens is None:
@@ -193,6 +202,50 @@ class ModelRuntime:
     def _step(self, what: str) -> StepProgress:
         return self._progress(what) if self._progress is not None else _Silent()
 
+    def _load(self, *, announce: bool = True) -> tuple[Model, TargetContext]:
+        """Load the model (placing layers on the workers, if any) and its context."""
+        config = self.config
+        placement = self.remote.connect() if self.remote is not None else None
+        bar = self._step(f"loading {self.path.name}") if announce else _Silent()
+        model = Model.load(self.path, on_progress=bar.update, placement=placement)
+        bar.done()
+        try:
+            n_ctx_train = model.info.n_ctx_train
+            if announce and n_ctx_train and config.n_ctx_seq > n_ctx_train:
+                self._note("ctx_capped", f"--ctx {config.n_ctx_seq} is more than the model "
+                           f"was trained for; using its training context of {n_ctx_train}")
+            ctx_config = ContextConfig(
+                n_ctx_seq=min(config.n_ctx_seq, n_ctx_train or config.n_ctx_seq),
+                n_seq_max=config.n_seq_max, n_batch=config.n_batch,
+                draft_max=config.draft_max, n_threads=config.threads,
+                in_place_rollback=config.in_place_rollback,
+            )
+            return model, TargetContext(model, ctx_config)
+        except BaseException:
+            model.close()
+            raise
+
+    @property
+    def degraded(self) -> bool:
+        """A remote worker was lost: forwards fail until :meth:`reload` succeeds."""
+        return self.remote is not None and (self.remote.degraded or not self._loaded)
+
+    def reload(self) -> bool:
+        """Load the model again after a lost worker is back; False (nothing changed)
+        while a session still uses the old context. Call on the model's worker thread."""
+        if self.remote is None:
+            return False
+        self.prefix_cache.clear()
+        if self.context.sessions:
+            return False
+        self._loaded = False
+        self.context.close()
+        self.model.close()
+        self.model, self.context = self._load(announce=False)
+        self.prefix_cache.context = self.context
+        self._loaded = True
+        return True
+
     @property
     def mtp_head_pays(self) -> bool:
         """Whether drafting with the MTP head can pay on this model and machine, even at
@@ -215,14 +268,15 @@ class ModelRuntime:
     def _load_or_measure_costs(self, path: Path, ctx_config: ContextConfig) -> list[float]:
         """The calibrated curve: cached per model/machine, re-measured when implausible."""
         threads = self.config.threads
-        cache = _cost_cache_path(path, ctx_config, threads)
+        placement = [*self.config.rpc_workers, *self.config.tensor_split]
+        cache = _cost_cache_path(path, ctx_config, threads, placement)
         try:
             cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
             if is_plausible(cached) and len(cached) == ctx_config.draft_max + 1:
                 return cached
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        model_key = _cost_model_key(path, ctx_config)
+        model_key = _cost_model_key(path, ctx_config, placement)
         others = [t for t in _cached_thread_counts(model_key) if t != threads]
         if others:
             def name(t: int | None) -> str:
@@ -260,6 +314,8 @@ class ModelRuntime:
         self._drafts.clear()
         self.context.close()
         self.model.close()
+        if self.remote is not None:
+            self.remote.close()
 
     def draft_model(self, path: str) -> DraftModel:
         """The draft model at ``path``, loaded once and shared by every request."""

@@ -56,7 +56,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         sub, "serve", help="run the daemon on a Unix socket until SIGINT/SIGTERM",
         description="Load the model, listen on a Unix socket and serve requests (talk to "
                     "it with meshctl) until SIGINT/SIGTERM.",
-        parents=[opt.model_options(), opt.speculation_options(), opt.daemon_options()],
+        parents=[opt.model_options(), opt.speculation_options(), opt.daemon_options(),
+                 opt.placement_options()],
     )
     p.add_argument("-s", "--socket", default=None, metavar="PATH",
                    help="socket path, unix:PATH or fd://N (default: $MESHD_SOCKET, else "
@@ -163,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         draft_max=c.speculation.draft_max, threads=c.model.threads,
         calibrate=not c.speculation.fixed_k, default_proposer=proposer,
         allowed_drafts=tuple(drafts),
+        rpc_workers=c.model.rpc, tensor_split=c.model.tensor_split,
     )
     try:
         preflight(bind)
@@ -175,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("bad_config", error=str(exc))
         return 2
-    log.info("loading_model", model=c.model.path or "embedded default")
+    log.info("loading_model", model=c.model.path or "embedded default",
+             workers=list(c.model.rpc))
     t0 = time.monotonic()
 
     def note(event: str, message: str) -> None:
@@ -185,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         with pinging_while_starting(notifier):
             runtime = ModelRuntime(config, notes=note,
                                    progress=notifying_progress(notifier, Progress))
-    except (NativeError, RequestError, OSError) as exc:
+    except (NativeError, RequestError, OSError, ValueError) as exc:
         log.error("model_load_failed", error=str(exc))
         return 3
     with runtime:
@@ -262,7 +265,8 @@ async def _serve_until_signalled(server: Server, supervisor: Supervisor, bind: s
     # Raises ListenerError plainly, before any task.
     listener = await open_listener(bind, backlog=server.config.backlog)
     try:
-        http_listener = await open_http_listener(http) if http is not None else None
+        http_listener = await open_http_listener(http, backlog=server.config.backlog) \
+            if http is not None else None
     except BaseException:
         await listener.aclose()
         raise

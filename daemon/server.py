@@ -105,7 +105,7 @@ class Server:
         self.listener = listener
         async with listener:
             http_listener = http if http is None or isinstance(http, Listener) \
-                else await open_http_listener(http)
+                else await open_http_listener(http, backlog=self.config.backlog)
             self.http_listener = http_listener
             async with AsyncExitStack() as stack:
                 if http_listener is not None:
@@ -116,6 +116,8 @@ class Server:
                    task_status: anyio.abc.TaskStatus[str]) -> None:
         async with anyio.create_task_group() as engine:
             await engine.start(self.scheduler.run)
+            if self.runtime.remote is not None:
+                engine.start_soon(self._recover_workers)
             async with anyio.create_task_group() as conns:
                 async with anyio.create_task_group() as accepting:
                     accepting.start_soon(self._accept_loop, listener, conns)
@@ -129,6 +131,32 @@ class Server:
                 conns.cancel_scope.cancel()
             engine.cancel_scope.cancel()
         self.log.info("stopped")
+
+    async def _recover_workers(self) -> None:
+        """While a remote worker is lost, probe it; once every worker answers, load the
+        model again (on the model's worker thread, between forwards) so health goes
+        back from ``degraded`` to ``ok``."""
+        remote = self.runtime.remote
+        assert remote is not None
+        reported = False
+        while True:
+            await anyio.sleep(self.config.worker_probe_s)
+            if not self.runtime.degraded:
+                continue
+            if not reported:
+                self.log.error("worker_lost", workers=[a for a, _ in remote.lost],
+                               reasons=[r for _, r in remote.lost])
+                reported = True
+            if not await anyio.to_thread.run_sync(remote.all_answer):
+                continue
+            try:
+                reloaded = await self.scheduler.run_sync(self.runtime.reload)
+            except Exception as exc:  # still failing: keep probing
+                self.log.warning("worker_reload_failed", error=str(exc))
+                continue
+            if reloaded:
+                self.log.info("workers_back", workers=[str(e) for e in remote.endpoints])
+                reported = False
 
     def _ready(self, address: str) -> None:
         m = self.service.model

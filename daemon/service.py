@@ -104,6 +104,8 @@ class ServerConfig:
     still running then end with ``done`` and ``finish_reason: shutdown``."""
     drain_timeout_s: float = 10.0
     """On shutdown, how long cancelled generations get to end with ``done``."""
+    worker_probe_s: float = 1.0
+    """While a remote worker is lost, how often it is probed to reload the model."""
     peers: PeerPolicy = attrs.field(factory=PeerPolicy)
     """Which peers (by uid/gid from the socket's credentials) are served."""
     http: HttpConfig = attrs.field(factory=HttpConfig)
@@ -204,7 +206,8 @@ class Service:
         """Answered from counters only: never waits for the model."""
         return HealthReply(
             id=request.id,
-            status=HealthStatus.DRAINING if self.draining else HealthStatus.OK,
+            status=(HealthStatus.DRAINING if self.draining
+                    else HealthStatus.DEGRADED if self.runtime.degraded else HealthStatus.OK),
             uptime_s=self.uptime_s,
             active_requests=self.scheduler.active,
             queued_requests=self.scheduler.queued,

@@ -238,6 +238,7 @@ class TargetContext:
                 b.logits[i] = r.output
                 n_out += r.output
             b.n_tokens = n
+            self.model.check_devices()
             rc = lc.llama_decode(self.ctx, b)
             self.forward_id += 1
             if rc != 0:
@@ -260,6 +261,11 @@ class TargetContext:
                 hidden = float_rows(ptr, n, self.n_embd).copy()
                 self.mtp.catch_up(rows, hidden)
                 self.last_mtp_s = time.perf_counter() - t0
+            # A remote worker lost during the forward: its rows are garbage (see rpc_relay).
+            # Checked once the computation is over (llama_decode may return before).
+            if self.model.placement is not None:
+                lc.llama_synchronize(self.ctx)
+            self.model.check_devices()
             return logits, hidden
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:

@@ -48,3 +48,20 @@ class RollbackRefused(RuntimeStateError):
 
 class SessionUnusable(RuntimeStateError):
     """The session's state is no longer trustworthy after an earlier failure."""
+
+
+class RemoteWorkerError(NativeError):
+    """A remote worker (llama.cpp RPC server) failed; ``endpoint`` names it."""
+
+    def __init__(self, message: str, *, endpoint: str) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+
+
+class WorkerUnreachable(RemoteWorkerError):
+    """A worker cannot be reached (refused, timed out, busy, incompatible version)."""
+
+
+class WorkerLost(RemoteWorkerError):
+    """A worker's connection dropped: the layers it held are gone, so every forward of
+    the model fails until the worker is back and the model is loaded again."""

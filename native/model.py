@@ -19,6 +19,7 @@ import attrs
 from .errors import ModelLoadError
 from .gguf_file import check_model_file
 from .llama import ensure_backend, last_error, lc
+from .rpc import Placement
 from .tokenizer import Tokenizer
 
 ProgressCallback = Callable[[float], None]
@@ -58,8 +59,11 @@ class ModelInfo:
 class Model:
     """One GGUF model loaded through llama.cpp; shared read-only by every context."""
 
-    def __init__(self, handle: Any, info: ModelInfo, chat_template: str | None) -> None:
+    def __init__(self, handle: Any, info: ModelInfo, chat_template: str | None,
+                 placement: Placement | None = None) -> None:
         self._handle = handle
+        #: Where the layers are when they are not all local (remote workers).
+        self.placement = placement
         self.info = info
         self.chat_template = chat_template
         vocab = lc.llama_model_get_vocab(handle)
@@ -81,8 +85,11 @@ class Model:
         n_gpu_layers: int = 0,
         load_mtp: bool = True,
         on_progress: ProgressCallback | None = None,
+        placement: Placement | None = None,
     ) -> Model:
-        """Load ``path``. ``load_mtp`` loads the MTP (nextn) blocks when the file has them."""
+        """Load ``path``. ``load_mtp`` loads the MTP (nextn) blocks when the file has them;
+        ``placement`` splits the layers over devices (remote workers) and overrides
+        ``n_gpu_layers``."""
         p = check_model_file(path)
         ensure_backend()
         last_error()  # forget errors of earlier calls
@@ -90,6 +97,8 @@ class Model:
         params.n_gpu_layers = n_gpu_layers
         params.load_mtp = load_mtp
         keep: list[Any] = []
+        if placement is not None:
+            placement.apply(params, keep)
         if on_progress is not None:
             def _progress(progress: float, _user: Any) -> bool:
                 on_progress(float(progress))
@@ -107,7 +116,12 @@ class Model:
         except Exception:
             lc.llama_model_free(handle)
             raise
-        return cls(handle, info, template)
+        return cls(handle, info, template, placement)
+
+    def check_devices(self) -> None:
+        """Raise (WorkerLost) if a device holding some of the layers is gone."""
+        if self.placement is not None and self.placement.check is not None:
+            self.placement.check()
 
     def close(self) -> None:
         with self._lock:

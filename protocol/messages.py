@@ -70,7 +70,9 @@ class FinishReason(enum.StrEnum):
 
 
 class HealthStatus(enum.StrEnum):
-    """Overall daemon state reported by ``health``."""
+    """Overall daemon state reported by ``health``. meshd reports ``ok``, ``degraded``
+    (a remote worker is lost) and ``draining``; ``starting`` is reserved for servers
+    that answer before their model is loaded, so clients must accept it."""
 
     OK = "ok"
     STARTING = "starting"

@@ -123,8 +123,8 @@ def test_cli_and_argument_checks(tmp_path: Path) -> None:
         out.read_bytes()
         == tm.write_test_model("qwen35", tmp_path / "n.gguf", seed=2, acceptance=0.7).read_bytes()
     )
-    with pytest.raises(SystemExit):
-        tm.main(["mimo2", str(out), "--acceptance", "1.5"])
+    assert tm.main(["mimo2", str(out), "--acceptance", "1.5"]) == 2
+    assert tm.main(["mimo2", str(out), "--type", "q8_0"]) == 2  # a type needs a size
     with pytest.raises(ValueError):
         tm.write_test_model("gpt9", out)
     with pytest.raises(ValueError):

@@ -69,7 +69,7 @@ def length_class(length: int) -> int:
 def prior_odds(length: float) -> float:
     """Odds of the prior curve at copy factor 1."""
     n = max(0.0, float(length)) / EVEN_LENGTH
-    return n ** PRIOR_POWER
+    return float(n**PRIOR_POWER)
 
 
 def prior(length: float, factor: float = 1.0) -> float:

@@ -57,6 +57,7 @@ from meshd.protocol import (
     Stats,
     StreamReceiver,
     Tokenize,
+    decode_request,
     encode,
 )
 from meshd.protocol import FinishReason as WireFinishReason
@@ -186,6 +187,37 @@ class Connection:
                 return None
         return self._ready.popleft()
 
+    async def _first_item(self) -> _Item | None:
+        """The first frame, decoded; a proposer plugin's ``plugin_hello`` hands the
+        connection over to the plugin host instead (then ``None``)."""
+        frames = self._decoder.frames
+        while True:
+            try:
+                frame = frames.next_frame()
+            except ProtocolError as exc:
+                return exc
+            if frame is not None:
+                break
+            if self._eof:
+                return None
+            try:
+                data = await self._receiver.receive()
+            except anyio.EndOfStream:
+                frames.feed_eof()
+                self._eof = True
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return None
+            else:
+                frames.feed(data)
+        if self._socket is not None and await self.service.plugin_ingress(frame, self._socket):
+            self.log.debug("plugin_connection")
+            return None
+        self._ready.extend(self._decoder.drain())
+        try:
+            return decode_request(frame)
+        except ProtocolError as exc:
+            return exc
+
     def _note_received(self) -> None:
         now = anyio.current_time()
         if self._ready:
@@ -229,7 +261,7 @@ class Connection:
     async def _handshake(self) -> bool:
         """The first frame must be a ``hello`` we speak; anything else closes."""
         with anyio.move_on_after(self.config.hello_timeout_s):
-            item = await self._next()
+            item = await self._first_item()
             if item is None:
                 return False
             if isinstance(item, ProtocolError):

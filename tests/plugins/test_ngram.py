@@ -208,8 +208,8 @@ def test_a_probe_revives_a_match_length_that_stopped_paying() -> None:
 
 
 def test_match_stats_prior_and_sharing() -> None:
-    assert prior(0) == 0.0 and prior(9) == pytest.approx(0.75)
-    assert prior(9, 4.0) == pytest.approx(36 / 39)
+    assert prior(0) == 0.0 and prior(4) == pytest.approx(0.5)
+    assert prior(8) == pytest.approx(0.8) and prior(8, 4.0) == pytest.approx(16 / 17)
     assert length_class(1) == 0 and length_class(5) == length_class(4)
     assert length_class(1000) == length_class(128)
     fresh = MatchStats()

@@ -579,7 +579,22 @@ def _llama_server_targets(name: str, wl: str, arms: Mapping[str, Mapping[str, An
     out.append(_target("meshd best >= llama-server best n-gram", name, wl, ours[0],
                        ours[1] / theirs[1], 1.0,
                        f"{ours[0]} {ours[1]:.1f} vs {theirs[0]} {theirs[1]:.1f} tok/s"))
+    out.extend(_draft_mtp_target(name, wl, best(f"{ARM_PREFIX}-draft-mtp"),
+                                 rate("meshd-auto"), rate(ARM_PREFIX)))
     return out
+
+
+def _draft_mtp_target(name: str, wl: str, theirs: tuple[str, float] | None,
+                      auto: float | None, plain: float | None) -> list[dict[str, Any]]:
+    """meshd-auto >= 1.1x llama-server's best draft-mtp arm (over its n-max 1..4), judged
+    only where that arm is not slower than llama-server's plain decoding."""
+    if theirs is None:
+        return []
+    label = "meshd-auto >= 1.1x llama-server best draft-mtp"
+    slower = plain is not None and theirs[1] < plain
+    return [_target(label, name, wl, "meshd-auto", _ratio(auto, theirs[1]), 1.1,
+                    f"vs {theirs[0]} {theirs[1]:.1f} tok/s",
+                    na=f"{theirs[0]} is slower than plain" if slower else None)]
 
 
 def _mtp_forwards_target(name: str, wl: str, mtp: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -788,7 +803,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(plain, each n-gram --spec-type, draft-mtp on MTP models)")
     p.add_argument("--llama-server-mode", action="append", default=[], metavar="TYPE",
                    help=f"llama-server --spec-type to run (repeatable; default: "
-                        f"{', '.join(NGRAM_MODES)})")
+                        f"{', '.join(NGRAM_MODES)}); draft-mtp-N runs draft-mtp with "
+                        f"--spec-draft-n-max N (N = 1..4)")
     p.add_argument("--identity", action="store_true",
                    help="the identity gate: meshd-off vs every proposer; exits 1 on a "
                         "divergence on a synthetic model")

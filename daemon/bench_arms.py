@@ -35,6 +35,7 @@ from meshd.native.llama import ensure_backend, lc
 
 from .bench_workloads import BenchError, Workload
 from .runtime import ModelRuntime, RuntimeConfig
+from .terminal import Progress
 
 #: MTP acceptance of a synthetic model named without one (``qwen35``, ``mimo2``): below 1
 #: so drafts get rejected and every repair path runs.
@@ -122,11 +123,13 @@ def requantized(src: Path, qtype: str, *, cache_dir: Path | None = None,
     params.allow_requantize = True
     params.nthread = threads or 0
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    bar = Progress(f"quantizing {src.name} to {qtype.upper()} (once; cached)")
     try:
         rc = lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
         if rc != 0:
             raise BenchError(f"llama_model_quantize({src} -> {qtype}) failed with code {rc}")
         os.replace(tmp, out)
+        bar.done()
     finally:
         tmp.unlink(missing_ok=True)
     return out
@@ -135,7 +138,8 @@ def requantized(src: Path, qtype: str, *, cache_dir: Path | None = None,
 def resolve_model(name: str, *, cache_dir: Path | None = None,
                   threads: int | None = None) -> ModelSpec:
     """Resolve a model name: ``smollm2[-q4_1|-q8_0|-f16|-q4_0]``, a synthetic kind with an
-    optional MTP acceptance (``llama``, ``qwen35-0.74``, ``mimo2-0.9``), or a GGUF path."""
+    optional MTP acceptance (``llama``, ``qwen35-0.74``, ``mimo2-0.9``), the same of
+    realistic cost (``qwen35-1b-0.74``, ``mimo2-0.5b-0.9-q4_k_m``), or a GGUF path."""
     low = name.lower()
     if low in ("smollm2", "smollm2-q4_1"):
         return ModelSpec("smollm2-q4_1", default_model_path(), note="as shipped")
@@ -144,6 +148,8 @@ def resolve_model(name: str, *, cache_dir: Path | None = None,
         path = requantized(default_model_path(), qtype, cache_dir=cache_dir, threads=threads)
         return ModelSpec(low, path, note="requantized from the shipped Q4_1 by llama.cpp")
     kind, _, acc = low.partition("-")
+    if kind in testmodels.KINDS and acc.split("-")[0] in testmodels.SIZES:
+        return _sized_model(name, kind, acc.split("-"))
     if kind in testmodels.KINDS:
         if kind == "llama":
             if acc:
@@ -161,8 +167,30 @@ def resolve_model(name: str, *, cache_dir: Path | None = None,
         return ModelSpec(path.stem, path)
     raise BenchError(
         f"unknown model {name!r}: use smollm2[-q4_1|-{'|-'.join(QUANT_TYPES)}], a synthetic "
-        f"kind ({', '.join(testmodels.KINDS)}, optionally -ACCEPTANCE) or a GGUF path"
+        f"kind ({', '.join(testmodels.KINDS)}, optionally -SIZE and -ACCEPTANCE) or a GGUF path"
     )
+
+
+def _sized_model(name: str, kind: str, parts: list[str]) -> ModelSpec:
+    """``KIND-SIZE[-ACCEPTANCE][-TYPE]``: a synthetic model of realistic cost (Q8_0 unless
+    a type is named), e.g. ``qwen35-1b-0.74``, ``mimo2-0.5b-0.9-q4_k_m``."""
+    size, rest = parts[0], parts[1:]
+    qtype = rest.pop() if rest and rest[-1] in testmodels.QUANT_TYPES else None
+    if kind == "llama" and rest:
+        raise BenchError("the synthetic llama model has no MTP head (no acceptance)")
+    if len(rest) > 1:
+        raise BenchError(f"model {name!r}: expected KIND-SIZE[-ACCEPTANCE][-TYPE]")
+    try:
+        acceptance = float(rest[0]) if rest else DEFAULT_SYNTHETIC_ACCEPTANCE
+        path = testmodels.test_model_path(kind, acceptance=acceptance, size=size, qtype=qtype)
+    except ValueError as exc:
+        raise BenchError(f"model {name!r}: {exc}") from exc
+    q = qtype or testmodels.DEFAULT_SIZED_TYPE
+    label = f"{kind}-{size}" + ("" if kind == "llama" else f"-{acceptance:g}") + \
+        ("" if qtype is None else f"-{q}")
+    return ModelSpec(label, path, synthetic=True,
+                     note=f"synthetic {size} {q.upper()}"
+                          + ("" if kind == "llama" else f", MTP acceptance {acceptance:g}"))
 
 
 def default_draft(spec: ModelSpec) -> Path | None:
@@ -171,7 +199,8 @@ def default_draft(spec: ModelSpec) -> Path | None:
     (same rule, same vocabulary, no recurrent state) for a synthetic MTP model."""
     if spec.name.startswith("smollm2-") and spec.name != "smollm2-q4_1":
         return default_model_path()
-    if spec.synthetic and not spec.name.startswith("llama"):
+    sized = any(f"-{size}" in spec.name for size in testmodels.SIZES)
+    if spec.synthetic and not spec.name.startswith("llama") and not sized:
         return testmodels.test_model_path("llama")
     return None
 

@@ -40,6 +40,9 @@ NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngr
 
 #: Modes whose n-gram table outlives a request (``ngram-mod`` hashes every prompt and
 #: output into one table, ``ngram-cache`` keeps a dynamic cache): restarted per run.
+#: ``--spec-type draft-mtp`` with ``--spec-draft-n-max N`` (N = 1..4): the peer's MTP
+#: drafting at each fixed draft length (it has no adaptive one), the best one reported.
+DRAFT_MTP_MODES = tuple(f"draft-mtp-{n}" for n in range(1, 5))
 STATEFUL_MODES = frozenset({"ngram-mod", "ngram-cache"})
 
 #: Prefix of every llama-server arm's name.
@@ -90,7 +93,9 @@ def server_command(binary: str, bm: BenchModel, spec_type: str | None, port: int
         "--threads-batch", str(bm.threads), "--parallel", "1",
         "--flash-attn", "on" if bm.llama_flash_attn else "off", "--no-webui",
     ]
-    if spec_type is not None:
+    if spec_type is not None and spec_type.startswith("draft-mtp-"):
+        cmd += ["--spec-type", "draft-mtp", "--spec-draft-n-max", spec_type.rpartition("-")[2]]
+    elif spec_type is not None:
         cmd += ["--spec-type", spec_type]
     return cmd
 
@@ -234,16 +239,18 @@ def llama_server_arms(binary: str, modes: Sequence[str] = NGRAM_MODES) -> list[A
     path = Path(binary)
     if not path.is_file() or not os.access(path, os.X_OK):
         raise BenchError(f"--llama-server {binary}: not an executable file")
-    known = (*NGRAM_MODES, "draft-mtp")
+    known = (*NGRAM_MODES, "draft-mtp", *DRAFT_MTP_MODES)
     unknown = [m for m in modes if m not in known]
     if unknown:
         raise BenchError(f"unknown llama-server mode(s) {', '.join(unknown)}; known: "
                          f"{', '.join(known)}")
-    wanted = list(dict.fromkeys([*modes, "draft-mtp"]))  # once each, draft-mtp always
+    # once each; draft-mtp (its default n-max) always unless an n-max is named
+    mtp = [] if any(m.startswith("draft-mtp") for m in modes) else ["draft-mtp"]
+    wanted = list(dict.fromkeys([*modes, *mtp]))
 
     def arm(spec_type: str | None) -> ArmSpec:
         def open_(bm: BenchModel) -> ArmRunner:
-            if spec_type == "draft-mtp" and not bm.rt.model.info.has_mtp:
+            if (spec_type or "").startswith("draft-mtp") and not bm.rt.model.info.has_mtp:
                 raise ArmUnavailable("the model has no MTP head")
             return LlamaServerRunner(str(path), bm, spec_type)
 

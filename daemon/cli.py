@@ -199,11 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_version(parser, "meshd")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
-    from . import demo, serve, soak, worker
+    from . import demo, plugins_cmd, serve, soak, worker
 
     serve.add_parser(sub)
     demo.add_parser(sub)
     worker.add_parser(sub)
+    plugins_cmd.add_parser(sub)
     _add_generate(sub)
     soak.add_parser(sub)
     _add_bench(sub)
@@ -220,6 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version, a usage error: argparse has printed it
         return exc.code if isinstance(exc.code, int) else 2
+    if args.command == "plugins":
+        from . import plugins_cmd
+
+        return plugins_cmd.run(args)
     if args.command == "serve":
         from . import serve
 

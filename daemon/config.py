@@ -15,6 +15,10 @@ silently ignored. Values are strictly typed (``"64"`` is not an integer in TOML,
 is not an integer anywhere); environment values are parsed by the key's type (lists are
 comma-separated, booleans ``1/0/true/false/yes/no``).
 
+Proposer plugins are configured in ``[speculation.plugins.NAME]`` tables of the same file
+(:attr:`Loaded.plugins`); their keys belong to each plugin, so they have no environment
+variables or flags and are checked by :mod:`meshd.plugins.config`.
+
 Adding a key: add an :func:`key` field to its section class (and use it where the daemon
 is built, in :mod:`.serve`). Nothing else.
 """
@@ -36,6 +40,7 @@ from attrs import validators as v
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.rpc import parse_endpoints
+from meshd.plugins.config import PluginConfig, PluginConfigError, parse_plugin_tables
 
 from . import options as opt
 from .http.config import HttpConfig
@@ -277,9 +282,11 @@ class Loaded:
     path: str | None
     """The file read (None: none)."""
     flags: dict[str, Any] = attrs.field(factory=dict)
+    plugins: dict[str, PluginConfig] = attrs.field(factory=dict)
+    """The file's ``[speculation.plugins.NAME]`` tables (see :mod:`meshd.plugins.config`)."""
 
 
-def _read_file(path: str) -> dict[str, Any]:
+def _read_file(path: str) -> tuple[dict[str, Any], dict[str, PluginConfig]]:
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -295,11 +302,25 @@ def _read_file(path: str) -> dict[str, Any]:
                               f"(known: {', '.join(SECTIONS)})")
         if not isinstance(body, dict):
             raise ConfigError(f"{path}: {section} must be a table ([{section}])")
+    plugins = _plugin_tables(path, data)
     try:
         _structure(data)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return data
+    return data, plugins
+
+
+def _plugin_tables(path: str, data: dict[str, Any]) -> dict[str, PluginConfig]:
+    """Take the ``[speculation.plugins.NAME]`` tables out of ``data``, checked: each is
+    a plugin's own table (its keys are the plugin's), not keys of this module."""
+    speculation = data.get("speculation")
+    if not isinstance(speculation, dict) or "plugins" not in speculation:
+        return {}
+    tables = speculation.pop("plugins")
+    try:
+        return parse_plugin_tables({"speculation": {"plugins": tables}})
+    except PluginConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _env_value(text: str, kind: Any) -> Any:
@@ -369,7 +390,7 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None,
     env = os.environ if environ is None else environ
     chosen = path if path is not None else (
         default_path if default_path and os.path.exists(default_path) else None)
-    file_data = _read_file(chosen) if chosen is not None else {}
+    file_data, plugins = _read_file(chosen) if chosen is not None else ({}, {})
     env_data, env_names = _read_env(env)
     flag_values = dict(flags or {})
     merged: dict[str, dict[str, Any]] = {s: dict(file_data.get(s, {})) for s in SECTIONS}
@@ -386,7 +407,7 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None,
             value = flag_values[dest]
             merged[section][f.name] = list(value) if isinstance(value, list | tuple) else value
             sources[dotted] = "--" + dest.replace("_", "-")
-    return Loaded(_structure(merged), sources, chosen, flag_values)
+    return Loaded(_structure(merged), sources, chosen, flag_values, plugins)
 
 
 # ---------------------------------------------------------------------- flags
@@ -493,6 +514,16 @@ def render(loaded: Loaded) -> str:
             text = f"{f.name} = {_toml(value)}" if value is not None else f"# {f.name} = (unset)"
             lines.append(f"{text:<48} # {source}{live}")
         lines.append("")
+    for name, plugin in sorted(loaded.plugins.items()):
+        lines.append(f"[speculation.plugins.{name}]                   # {loaded.path}, "
+                     "restart to change")
+        table = {"enabled": plugin.enabled, "allow_prompt_text": plugin.allow_prompt_text,
+                 "command": plugin.command, "connect": plugin.connect,
+                 "deadline_ms": plugin.deadline_ms, "max_faults": plugin.max_faults,
+                 "restart_backoff_s": plugin.restart_backoff_s,
+                 "restart_backoff_max_s": plugin.restart_backoff_max_s, **plugin.options}
+        lines.extend(f"{k} = {_toml(v)}" for k, v in table.items() if v is not None)
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -503,6 +534,8 @@ def _toml(value: Any) -> str:
         return repr(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml(x) for x in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(x)}" for k, x in value.items()) + "}"
     text = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{text}"'
 

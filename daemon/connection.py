@@ -10,7 +10,10 @@ Failure policy: a malformed frame is answered with an ``error`` frame and the
 connection carries on (only a bad *first* frame closes it, as the protocol says); a
 peer that goes away (EOF, reset, a write that does not complete within the send
 timeout) cancels all of the connection's requests, which stop at their next step
-boundary and hand their session slots back.
+boundary and hand their session slots back. EOF counts as going away even if only the
+write side was shut (the protocol: closing the connection cancels its requests), so a
+client keeps its side open until it has its answers. A bug while serving one request is
+reported to that request as ``internal`` and logged; it never takes the daemon down.
 
 Bounded resources: a connection holds a file descriptor, so after the handshake it is
 closed when it is idle (no request in flight and no frame received) for
@@ -18,10 +21,7 @@ closed when it is idle (no request in flight and no frame received) for
 client trickling one byte a second is not idle, but it is not sending a request either);
 that one is answered with a ``bad_request`` error before the close. A reply that would be
 larger than the frame limit the server announces is replaced by a ``too_large`` error,
-because the peer could not read it. EOF counts as going away even if only the
-write side was shut (the protocol: closing the connection cancels its requests), so a
-client keeps its side open until it has its answers. A bug while serving one request is
-reported to that request as ``internal`` and logged; it never takes the daemon down.
+because the peer could not read it.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from meshd.protocol import (
     Stats,
     StreamReceiver,
     Tokenize,
+    decode_request,
     encode,
 )
 from meshd.protocol import FinishReason as WireFinishReason
@@ -186,6 +187,37 @@ class Connection:
                 return None
         return self._ready.popleft()
 
+    async def _first_item(self) -> _Item | None:
+        """The first frame, decoded; a proposer plugin's ``plugin_hello`` hands the
+        connection over to the plugin host instead (then ``None``)."""
+        frames = self._decoder.frames
+        while True:
+            try:
+                frame = frames.next_frame()
+            except ProtocolError as exc:
+                return exc
+            if frame is not None:
+                break
+            if self._eof:
+                return None
+            try:
+                data = await self._receiver.receive()
+            except anyio.EndOfStream:
+                frames.feed_eof()
+                self._eof = True
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return None
+            else:
+                frames.feed(data)
+        if self._socket is not None and await self.service.plugin_ingress(frame, self._socket):
+            self.log.debug("plugin_connection")
+            return None
+        self._ready.extend(self._decoder.drain())
+        try:
+            return decode_request(frame)
+        except ProtocolError as exc:
+            return exc
+
     def _note_received(self) -> None:
         now = anyio.current_time()
         if self._ready:
@@ -229,7 +261,7 @@ class Connection:
     async def _handshake(self) -> bool:
         """The first frame must be a ``hello`` we speak; anything else closes."""
         with anyio.move_on_after(self.config.hello_timeout_s):
-            item = await self._next()
+            item = await self._first_item()
             if item is None:
                 return False
             if isinstance(item, ProtocolError):

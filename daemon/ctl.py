@@ -83,6 +83,10 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
         if args.system:
             messages.append(ChatMessage(role="system", content=args.system))
         messages.append(ChatMessage(role="user", content=text))
+    elif "chat" in client.welcome.capabilities and not args.json:
+        # An instruct model given raw text often ends at once: say what happened.
+        print("meshctl: note: sent as raw text without the model's chat template "
+              "(`meshctl chat` applies it)", file=sys.stderr)
     stream = client.generate(
         None if chat else text,
         messages=messages,
@@ -270,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
         return subparser(sub, name, help=help_text,
                          parents=[_connection_options(suppress=True), *(parents or [])])
 
-    p = command("generate", "generate from a raw prompt (no chat template), streaming the text",
+    p = command("generate", "generate from raw text (no chat template: use `chat` for "
+                            "instruct models), streaming the text",
                 [sampling_options()])
     p.add_argument("prompt", help="prompt text ('-' reads stdin)")
     _add_generation_options(p)

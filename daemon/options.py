@@ -83,14 +83,18 @@ def version_string(prog: str) -> str:
 
 
 def proposer_name(text: str) -> str:
-    """``off``, ``auto``, an installed proposer, or ``draft:PATH``."""
+    """``off``, ``auto``, an installed proposer, or ``NAME:PATH`` for one that declares a
+    draft model (``draft:PATH``)."""
     from meshd.plugins.registry import default_registry
+    from meshd.plugins.resources import Need
 
     registry = default_registry()
     name, _, arg = text.partition(":")
-    if text in ("off", "auto") or (name in registry and (arg == "" or name == "draft")):
-        if name == "draft" and not arg:
-            raise argparse.ArgumentTypeError("the draft proposer needs a model: draft:PATH")
+    wants_draft = name in registry and Need.DRAFT_MODEL in registry.needs(name)
+    if text in ("off", "auto") or (name in registry and (arg == "" or wants_draft)):
+        if wants_draft and not arg:
+            raise argparse.ArgumentTypeError(
+                f"the {name} proposer needs a model: {name}:PATH")
         return text
     available = ", ".join(["off", "auto", *registry.names()])
     broken = "".join(f"; {n} failed to load ({why})" for n, why in registry.errors.items())

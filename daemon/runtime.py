@@ -25,9 +25,12 @@ from meshd.native.model import Model
 from meshd.native.rpc import parse_endpoint
 from meshd.native.rpc_workers import RemoteWorkers
 from meshd.plugins.adaptive import CostCurve
-from meshd.plugins.base import Proposer, ProposerEnv
+from meshd.plugins.base import ModelDescription, Proposer, ProposerEnv
+from meshd.plugins.config import PluginConfig
+from meshd.plugins.hosts import PluginHosts
 from meshd.plugins.match_stats import SharedMatchStats
 from meshd.plugins.registry import Registry, default_registry
+from meshd.plugins.resources import Need, Resources
 
 from .chat_template import ChatTemplate, ChatTemplateError
 from .costs import CostModel, is_plausible
@@ -85,6 +88,8 @@ class RuntimeConfig:
     #: use by the local user; the daemon passes its ``--draft-model`` list, so a socket
     #: client cannot make it load an arbitrary file).
     allowed_drafts: tuple[str, ...] | None = None
+    #: ``[speculation.plugins.NAME]`` tables: options, enabling, host rules.
+    plugins: Mapping[str, PluginConfig] = attrs.field(factory=dict)
     #: Remote workers (``HOST:PORT``, llama.cpp RPC servers) the layers are split across.
     rpc_workers: tuple[str, ...] = ()
     #: Weights of the layer split over the devices (local accelerators, then workers).
@@ -167,6 +172,13 @@ class ModelRuntime:
             raise
         ctx_config = self.context.config
         self.registry = registry if registry is not None else default_registry()
+        info = self.model.info
+        #: Out-of-process plugins from the config (spawned now, or accepted on connect).
+        self.plugins = PluginHosts(config.plugins.values(), model=self.description,
+                                   eog=sorted(info.eog_tokens), tokenizer=self.model.tokenizer)
+        if self.plugins:
+            self.registry = self.registry.copy()
+            self.plugins.register_into(self.registry)
         cache_tokens = config.prefix_cache_tokens
         if cache_tokens is None:
             cache_tokens = ctx_config.n_ctx_seq * ctx_config.n_seq_max
@@ -194,6 +206,7 @@ class ModelRuntime:
             except BaseException:
                 self.close()
                 raise
+        self.plugins.start()
 
     def _note(self, event: str, message: str) -> None:
         if self._notes is not None:
@@ -308,6 +321,7 @@ class ModelRuntime:
         return self.context.free_slots + len(self.prefix_cache)
 
     def close(self) -> None:
+        self.plugins.close()
         self.prefix_cache.clear()
         for draft in self._drafts.values():
             draft.close()
@@ -434,38 +448,74 @@ class ModelRuntime:
         return name.partition(":")[0]
 
     def make_proposer(self, name: str | None, options: Mapping[str, object] | None = None,
-                      *, adaptive: bool = True) -> tuple[Proposer | None, MtpHead | None]:
+                      prompt: Sequence[int] = (), *, adaptive: bool = True,
+                      ) -> tuple[Proposer | None, MtpHead | None]:
         """The request's proposer and, on a model with an MTP head, the (unbound) head
         it was given; the caller binds the head to the session if the proposer needs it.
 
-        ``adaptive``: proposers that choose their own draft length get the live cost
-        curve (``cost_curve_now``); without it they draft by their fixed rule."""
+        What the factory gets is decided by its declarations and its config table alone
+        (no proposer is special-cased by name): the table's options overlaid with the
+        request's, and each declared resource. ``NAME:ARG`` passes ARG as the draft
+        model's path to a factory that declares one. ``adaptive``: proposers that choose
+        their own draft length get the live cost curve; without it they draft by their
+        fixed rule.
+        """
         resolved = self.resolve_proposer(name)
         if resolved is None:
             return None, None
         problem = self.proposer_problem(name)
         if problem is not None:
             raise RequestError(problem)
+        config = self.config.plugins.get(resolved)
+        if config is not None and not config.enabled:
+            raise RequestError(f"proposer {resolved!r} is disabled in the configuration")
+        opts: dict[str, object] = dict(config.options) if config is not None else {}
+        opts.update(options or {})
         head = MtpHead() if self.context.mtp is not None else None
-        resources: dict[str, object] = {}
-        if self.curve is not None:
-            resources["cost_curve"] = self.curve
-            if adaptive:
-                resources["cost_curve_now"] = lambda: self.curve
-        resources["ngram_stats"] = self.ngram_stats
-        draft_path = (name or "").partition(":")[2]
-        if resolved == "draft":
-            if not draft_path:
-                raise RequestError("the draft proposer needs a model: 'draft:PATH'")
-            resources["draft_model"] = self.draft_model(draft_path)
         env = ProposerEnv(
             vocab_size=self.model.info.n_vocab, eog_tokens=self.model.info.eog_tokens,
-            mtp=head, options=dict(options or {}), resources=resources,
+            mtp=head, options=opts, model=self.description,
+            resources=self._resources(resolved, (name or "").partition(":")[2], opts,
+                                      prompt, config, adaptive=adaptive),
         )
         try:
             return self.registry.create(resolved, env), head
         except Exception as exc:
             raise RequestError(str(exc)) from exc
+
+    def _resources(self, name: str, arg: str, options: Mapping[str, object],
+                   prompt: Sequence[int], config: PluginConfig | None, *,
+                   adaptive: bool = True) -> Resources:
+        """Exactly the resources the factory declared (prompt text only if allowed)."""
+        needs = self.registry.needs(name)
+        draft = None
+        if Need.DRAFT_MODEL in needs:
+            path = arg or options.get("draft_model")
+            if not isinstance(path, str) or not path:
+                raise RequestError(f"the {name} proposer needs a draft model: '{name}:PATH'")
+            draft = self.draft_model(path)
+        text = None
+        if Need.PROMPT_TEXT in needs and config is not None and config.allow_prompt_text:
+            text = self.model.tokenizer.detokenize(prompt, special=True)
+        return Resources(
+            draft_model=draft,
+            tokenizer=self.model.tokenizer if Need.TOKENIZER in needs else None,
+            prompt_text=text,
+            cost_curve=self.curve if Need.COST_CURVE in needs else None,
+            registry=self.registry if Need.REGISTRY in needs else None,
+            cost_curve_now=(lambda: self.curve) if (
+                Need.LIVE_COST_CURVE in needs and adaptive and self.curve is not None) else None,
+            match_stats=self.ngram_stats if Need.MATCH_STATS in needs else None,
+        )
+
+    @property
+    def description(self) -> ModelDescription:
+        """The target model as proposers see it."""
+        info = self.model.info
+        return ModelDescription(
+            name=Path(info.path).name, n_vocab=info.n_vocab, n_ctx_train=info.n_ctx_train,
+            has_mtp=info.has_mtp, bos_token=info.bos_token, eos_token=info.eos_token,
+        )
 
     def generation(
         self,
@@ -486,7 +536,8 @@ class ModelRuntime:
         if need > self.context.config.n_ctx_seq:
             raise PromptTooLong(self.prompt_too_long(len(prompt)))
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
-        prop, head = self.make_proposer(proposer, proposer_options, adaptive=adaptive)
+        prop, head = self.make_proposer(proposer, proposer_options, prompt,
+                                        adaptive=adaptive)
         if k == 0 and prop is not None:
             prop.close()
             prop = None

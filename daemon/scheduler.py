@@ -19,7 +19,7 @@ import collections
 import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -53,6 +53,7 @@ class GenRequest:
     stop: tuple[str, ...] = ()
     proposer: str | None = None
     draft_max: int | None = None
+    proposer_options: Mapping[str, object] | None = None
 
 
 @attrs.frozen
@@ -235,6 +236,7 @@ class Scheduler:
                 gen = self.runtime.generation(
                     req.prompt, max_tokens=req.max_tokens, sampling=req.sampling,
                     stop=req.stop, proposer=req.proposer, draft_max=req.draft_max,
+                    proposer_options=req.proposer_options,
                 )
             except (RequestError, CapacityError, ValueError) as exc:
                 self._finish(handle, Failed("request", str(exc)))

@@ -144,7 +144,9 @@ def run(args: argparse.Namespace) -> int:
     http = c.serve.http or _activated_http(inherited)
     drafts = list(c.model.draft_models)
     try:
-        proposer = opt.proposer_name(c.speculation.proposer)
+        remote = loaded.plugins.get(c.speculation.proposer)
+        proposer = c.speculation.proposer if remote is not None and remote.out_of_process \
+            else opt.proposer_name(c.speculation.proposer)  # out-of-process: from the file
     except argparse.ArgumentTypeError as exc:
         log.error("bad_config", error=f"speculation.proposer: {exc}")
         return 2
@@ -165,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate=not c.speculation.fixed_k, default_proposer=proposer,
         allowed_drafts=tuple(drafts),
         rpc_workers=c.model.rpc, tensor_split=c.model.tensor_split,
+        plugins=loaded.plugins,
     )
     try:
         preflight(bind)
@@ -265,7 +268,8 @@ async def _serve_until_signalled(server: Server, supervisor: Supervisor, bind: s
     # Raises ListenerError plainly, before any task.
     listener = await open_listener(bind, backlog=server.config.backlog)
     try:
-        http_listener = await open_http_listener(http) if http is not None else None
+        http_listener = await open_http_listener(http, backlog=server.config.backlog) \
+            if http is not None else None
     except BaseException:
         await listener.aclose()
         raise

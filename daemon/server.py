@@ -105,7 +105,7 @@ class Server:
         self.listener = listener
         async with listener:
             http_listener = http if http is None or isinstance(http, Listener) \
-                else await open_http_listener(http)
+                else await open_http_listener(http, backlog=self.config.backlog)
             self.http_listener = http_listener
             async with AsyncExitStack() as stack:
                 if http_listener is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import importlib.metadata
+import socket
 import time
 from collections.abc import Iterator
 from typing import Final
@@ -20,6 +21,8 @@ import anyio
 import anyio.to_thread
 import attrs
 
+from meshd.plugins.host import PluginRefused
+from meshd.plugins.hosts import is_plugin_hello
 from meshd.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     PROPOSER_OFF,
@@ -244,6 +247,7 @@ class Service:
             counters[f"{name}_sum"] = snap.sum
         for key, value in sorted(self.counters.items()):
             counters[key] = counters.get(key, 0) + value
+        counters.update(self.runtime.plugins.counters())
         proposers = {
             name: ProposerStats(
                 requests=tot.requests, drafted=tot.drafted, accepted=tot.accepted,
@@ -254,6 +258,21 @@ class Service:
         return StatsReply(
             id=request.id, uptime_s=self.uptime_s, counters=counters, proposers=proposers
         )
+
+    # ------------------------------------------------------------------ plugins
+
+    async def plugin_ingress(self, first_frame: bytes, sock: socket.socket) -> bool:
+        """Whether ``first_frame`` opened a proposer plugin's connection; if so, the
+        plugin host takes over a duplicate of the socket (set-up on a worker thread,
+        the link then lives in the host) and the connection ends here."""
+        plugins = self.runtime.plugins
+        if not is_plugin_hello(first_frame):
+            return False
+        try:
+            await anyio.to_thread.run_sync(plugins.adopt, sock.dup(), first_frame)
+        except PluginRefused:
+            self.counters["plugins_refused"] += 1
+        return True
 
     # ------------------------------------------------------------------ tokenizer
 
@@ -320,6 +339,7 @@ class Service:
             prompt=tuple(prompt), max_tokens=max_tokens, sampling=sampling,
             stop=tuple(request.stop), proposer=proposer,
             draft_max=request.speculative.draft_max,
+            proposer_options=request.speculative.options,
         )
 
     def _prompt_tokens(self, request: Generate) -> list[int]:

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["ProcessSample", "SoakReport", "linear_slope", "sample_process"]
+__all__ = ["ProcessSample", "SoakReport", "floor_series", "linear_fit", "linear_slope",
+           "sample_process"]
 
 
 @attrs.frozen
@@ -43,6 +44,13 @@ def sample_process(pid: int, t_s: float) -> ProcessSample:
 
 def linear_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """Least-squares slope of ``ys`` over ``xs`` (None with fewer than 3 points)."""
+    fit = linear_fit(xs, ys)
+    return None if fit is None else fit[0]
+
+
+def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | None:
+    """Least-squares slope of ``ys`` over ``xs`` and its standard error (the noise: a
+    slope within about two standard errors of 0 is no evidence of growth)."""
     n = len(xs)
     if n < 3 or n != len(ys):
         return None
@@ -51,7 +59,22 @@ def linear_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx == 0:
         return None
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return slope, (residual / (n - 2) / sxx) ** 0.5
+
+
+def floor_series(samples: Sequence[ProcessSample], windows: int = 8) -> list[ProcessSample]:
+    """The smallest-RSS sample of each of ``windows`` equal slices of ``samples``.
+
+    Why: a request that allocates a lot (a multi-megabyte tokenize) lifts RSS for a
+    while; the floor between such spikes is what grows when memory leaks.
+    """
+    if len(samples) < windows:
+        return list(samples)
+    size = len(samples) / windows
+    return [min(samples[int(i * size):int((i + 1) * size)], key=lambda s: s.rss_mb)
+            for i in range(windows)]
 
 
 @attrs.define
@@ -92,9 +115,22 @@ class SoakReport:
 
     @property
     def rss_slope_mb_per_h(self) -> float | None:
+        fit = self.rss_fit_mb_per_h
+        return None if fit is None else fit[0]
+
+    @property
+    def rss_fit_mb_per_h(self) -> tuple[float, float] | None:
+        """RSS slope over the second half and its standard error, in MB/hour."""
         half = self._second_half()
-        slope = linear_slope([s.t_s for s in half], [s.rss_mb for s in half])
-        return None if slope is None else slope * 3600
+        fit = linear_fit([s.t_s for s in half], [s.rss_mb for s in half])
+        return None if fit is None else (fit[0] * 3600, fit[1] * 3600)
+
+    @property
+    def rss_floor_fit_mb_per_h(self) -> tuple[float, float] | None:
+        """The same fit over the RSS floor (:func:`floor_series`) of the second half."""
+        floor = floor_series(self._second_half())
+        fit = linear_fit([s.t_s for s in floor], [s.rss_mb for s in floor])
+        return None if fit is None else (fit[0] * 3600, fit[1] * 3600)
 
     @property
     def fd_slope_per_h(self) -> float | None:
@@ -129,6 +165,8 @@ class SoakReport:
             "fds": [s.fds for s in self.samples],
             "sample_t_s": [round(s.t_s, 1) for s in self.samples],
             "rss_slope_mb_per_h": self.rss_slope_mb_per_h,
+            "rss_fit_mb_per_h": self.rss_fit_mb_per_h,
+            "rss_floor_fit_mb_per_h": self.rss_floor_fit_mb_per_h,
             "fd_slope_per_h": self.fd_slope_per_h,
             "checkpoints": self.checkpoints,
             "restores": self.restores,
@@ -160,9 +198,13 @@ class SoakReport:
         if rss:
             lines.append(
                 f"rss:         {rss[0]:.1f} -> {rss[-1]:.1f} MB (max {max(rss):.1f}) over "
-                f"{len(rss)} samples; slope {fmt(self.rss_slope_mb_per_h, 'MB/h')} "
-                "(second half)")
+                f"{len(rss)} samples; second half: slope {_fit(self.rss_fit_mb_per_h)}, "
+                f"floor slope {_fit(self.rss_floor_fit_mb_per_h)}")
         return "\n".join(lines)
+
+
+def _fit(fit: tuple[float, float] | None) -> str:
+    return "n/a" if fit is None else f"{fit[0]:+.1f} ± {fit[1]:.1f} MB/h"
 
 
 def _counts(counter: collections.Counter[str] | dict[str, float]) -> str:

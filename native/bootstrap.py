@@ -9,7 +9,8 @@ CLI) we do not want, so it is installed with ``--no-deps``.
 Idempotent: every step checks whether it is already done. Standard library only.
 
     python3 native/bootstrap.py          # runtime only
-    python3 native/bootstrap.py --dev    # plus pytest, hypothesis, ruff, mypy
+    python3 native/bootstrap.py --dev    # plus pytest, hypothesis, ruff, mypy and the
+                                         # example plugin (plugins/examples/snippets)
 """
 
 from __future__ import annotations
@@ -50,10 +51,15 @@ def ensure_venv(path: Path) -> Path:
     return py
 
 
+#: Example plugin packages installed into development environments.
+EXAMPLES = [ROOT / "plugins" / "examples" / "snippets" / "pyproject.toml"]
+
+
 def ensure_meshd(py: Path, dev: bool) -> None:
     """Editable install of meshd (and dev tools); skipped when pyproject is unchanged."""
     stamp = py.parent.parent / "share" / "meshd" / ("install-dev" if dev else "install")
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    sources = [ROOT / "pyproject.toml", *(EXAMPLES if dev else [])]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
     probe = [str(py), "-c", "import meshd.daemon, meshd.native, meshd.plugins, meshd.protocol"]
     if stamp.exists() and stamp.read_text() == digest and succeeds(probe):
         say("meshd already installed")
@@ -61,6 +67,10 @@ def ensure_meshd(py: Path, dev: bool) -> None:
     target = f"{ROOT}[dev]" if dev else str(ROOT)
     say(f"installing meshd from {ROOT}{' with dev tools' if dev else ''}")
     run([str(py), "-m", "pip", "install", "-q", "-e", target])
+    if dev:  # the tests install-and-discover the example plugin through its entry point
+        for example in EXAMPLES:
+            run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                 "-e", str(example.parent)])
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(digest)
 

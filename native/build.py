@@ -19,6 +19,7 @@ itself is installed (``python native/build.py``), and it is importable as
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import json
 import os
@@ -27,9 +28,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 LLAMA_CPP_PYTHON = "llama-cpp-python"
 LLAMA_CPP_VERSION = "0.3.36"
@@ -294,11 +297,11 @@ def install(
         env = dict(os.environ)
         env["CMAKE_ARGS"] = " ".join(profile.cmake_args)
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
-        subprocess.run(
-            [python, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps",
-             f"{LLAMA_CPP_PYTHON}=={LLAMA_CPP_VERSION}", "-w", str(cache)],
-            env=env, check=True,
-        )
+        command = [python, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps",
+                   f"{LLAMA_CPP_PYTHON}=={LLAMA_CPP_VERSION}", "-w", str(cache)]
+        if sys.stderr.isatty():
+            command.append("-v")  # the build's step counters, for the progress line
+        run_with_progress(command, what=f"building llama.cpp ({profile.name})", env=env)
         wheels = sorted(cache.glob("llama_cpp_python-*.whl"))
         if not wheels:
             raise BuildProfileError(f"pip wheel produced no wheel in {cache}")
@@ -316,6 +319,52 @@ def install(
     mark.write_text(json.dumps(profile.as_json(), indent=2) + "\n")
     log(f"installed llama-cpp-python {LLAMA_CPP_VERSION} built with profile {profile.name}")
     return True
+
+
+
+_STEP = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]|\[\s*(\d+)%\]")
+
+
+def run_with_progress(cmd: Sequence[str], *, what: str, env: Mapping[str, str] | None = None,
+                      stream: TextIO | None = None, force: bool | None = None) -> None:
+    """Run a build command; on a terminal show its progress on one line.
+
+    Why: the first build of llama.cpp takes minutes and pip prints nothing meanwhile.
+    On a terminal the build's own step counters (ninja's ``[12/345]``, make's ``[ 42%]``)
+    become ``building llama.cpp... 42%``; elsewhere (CI logs) the output passes through
+    as before. A failure prints the last lines of the output and raises
+    ``CalledProcessError``.
+    """
+    out = stream or sys.stderr
+    tty = force if force is not None else out.isatty()
+    if not tty:
+        subprocess.run(list(cmd), env=None if env is None else dict(env), check=True)
+        return
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    t0 = time.monotonic()
+    out.write(f"{what}...")
+    out.flush()
+    with subprocess.Popen(list(cmd), env=None if env is None else dict(env),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace") as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            match = _STEP.search(line)
+            if match is None:
+                continue
+            if match.group(3) is not None:
+                percent = int(match.group(3))
+            else:
+                percent = int(100 * int(match.group(1)) / max(1, int(match.group(2))))
+            out.write(f"\r\x1b[K{what}... {percent}% ({time.monotonic() - t0:.0f}s)")
+            out.flush()
+        rc = proc.wait()
+    out.write("\n")
+    if rc != 0:
+        out.write("\n".join(tail) + "\n")
+        out.flush()
+        raise subprocess.CalledProcessError(rc, list(cmd))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

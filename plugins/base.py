@@ -19,13 +19,14 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
+from .resources import Resources
+
 
 @attrs.frozen
 class Capabilities:
     """What a proposer needs and offers; the engine checks these before using it."""
 
     needs_mtp_head: bool = False
-    provides_probs: bool = False
     max_len: int = 16
     #: The proposer chooses its own draft length from the cost curve (e.g. composite):
     #: the engine then asks for up to ``draft_max`` and does not gate it a second time.
@@ -49,14 +50,13 @@ class ProposalRequest:
 
 @attrs.frozen
 class Proposal:
-    """Draft tokens, in order, optionally with the proposer's probability of each."""
+    """Draft tokens, in order.
+
+    Only the tokens matter: verification decides what is committed (exact match
+    against the target's own choice), so a proposer's confidence would change nothing.
+    """
 
     tokens: tuple[int, ...]
-    probs: tuple[float, ...] | None = None
-
-    def __attrs_post_init__(self) -> None:
-        if self.probs is not None and len(self.probs) != len(self.tokens):
-            raise ValueError("probs must have one entry per token")
 
 
 @attrs.frozen
@@ -83,19 +83,34 @@ class DraftHead(Protocol):
 
 
 @attrs.frozen
+class ModelDescription:
+    """The target model, as a proposer may know it (no native objects)."""
+
+    name: str = ""
+    n_vocab: int = 0
+    n_ctx_train: int = 0
+    has_mtp: bool = False
+    bos_token: int | None = None
+    eos_token: int | None = None
+
+
+@attrs.frozen
 class ProposerEnv:
     """What the engine hands a proposer factory for one request.
 
-    ``mtp`` is the session's native MTP head when the model has one; ``resources`` holds
-    named shared objects the daemon set up (for instance a loaded draft model).
-    ``options`` are the proposer's own settings from config or the request.
+    ``mtp`` is the session's native MTP head when the model has one; ``resources``
+    holds what the factory declared it needs (:mod:`meshd.plugins.resources`), filled
+    the same way for built-ins and third-party plugins. ``options`` are the proposer's
+    own settings: its ``[speculation.plugins.NAME]`` config table overlaid with the
+    request's options. ``model`` describes the target.
     """
 
     vocab_size: int
     eog_tokens: frozenset[int]
     mtp: DraftHead | None = None
-    resources: Mapping[str, object] = attrs.field(factory=dict)
+    resources: Resources = attrs.field(factory=lambda: Resources())
     options: Mapping[str, object] = attrs.field(factory=dict)
+    model: ModelDescription = attrs.field(factory=ModelDescription)
 
 
 class Proposer(Protocol):

@@ -52,7 +52,8 @@ from .base import (
     ProposerEnv,
     ProposerUnavailable,
 )
-from .registry import Registry, default_registry, float_option, int_option
+from .registry import default_registry, float_option, int_option
+from .resources import Need, requires
 
 DEFAULT_CHILDREN = ("mtp", "ngram")
 
@@ -100,7 +101,6 @@ class CompositeProposer:
         self.capabilities = Capabilities(
             decides_length=True,
             needs_mtp_head=any(c.needs_mtp_head for c in caps),
-            provides_probs=all(c.provides_probs for c in caps),
             max_len=min(curve.max_k, max(c.max_len for c in caps)),
         )
         #: The last step's decision (None: nothing proposed).
@@ -168,8 +168,7 @@ class CompositeProposer:
         child = self.children[i]
         self.last_choice = Choice(i, child.name, k, ratio, probe)
         self.used[child.name] += 1
-        probs = prop.probs[:k] if prop.probs is not None else None
-        return Proposal(prop.tokens[:k], probs)
+        return Proposal(prop.tokens[:k])
 
     def observe(self, outcome: Outcome) -> None:
         choice = self.last_choice
@@ -194,14 +193,14 @@ class CompositeProposer:
 
 
 def _curve_from(env: ProposerEnv) -> CostCurve:
-    curve = env.resources.get("cost_curve")
+    curve = env.resources.cost_curve
     if isinstance(curve, CostCurve):
         return curve
     raw = env.options.get("cost_curve")
     if isinstance(raw, Sequence) and not isinstance(raw, str | bytes):
         return CostCurve.sanitized([float(x) for x in raw])
     raise ProposerUnavailable(
-        "composite: no cost curve (env.resources['cost_curve'] as a CostCurve, or "
+        "composite: no cost curve (env.resources.cost_curve, or "
         "options['cost_curve'] = [c(0), c(1), ...]); speculating blind on a machine where "
         "a verify batch may cost as much as decoding each row is worse than not at all"
     )
@@ -214,6 +213,7 @@ def _per_child(options: Mapping[str, object], key: str) -> Mapping[str, object]:
     return value
 
 
+@requires(Need.COST_CURVE, Need.REGISTRY, Need.MATCH_STATS)
 def composite_factory(env: ProposerEnv) -> CompositeProposer:
     """Entry point ``composite``.
 
@@ -221,9 +221,10 @@ def composite_factory(env: ProposerEnv) -> CompositeProposer:
     are unavailable for this request, e.g. ``mtp`` without a head, are skipped), one
     mapping per child name with that child's own options, ``priors`` / ``draft_costs``
     (mappings child name -> number), ``prior_weight``, ``decay``, ``margin``,
-    ``probe_every``, ``probe_max_every``, ``cost_curve``. Resources: ``cost_curve`` (a
-    :class:`CostCurve`, preferred over the option), ``proposer_registry`` (a
-    :class:`Registry`, default: the entry-point registry).
+    ``probe_every``, ``probe_max_every``, ``cost_curve``. Declared resources: the cost
+    curve (preferred over the option), the registry (default: the entry-point one) and
+    the pooled match statistics, which its children share; children get no live curve
+    (the composite chooses the lengths).
     """
     opts = env.options
     curve = _curve_from(env)
@@ -233,8 +234,7 @@ def composite_factory(env: ProposerEnv) -> CompositeProposer:
     names = [str(n) for n in names_opt]
     if "composite" in names:
         raise ValueError("a composite cannot contain a composite")
-    reg = env.resources.get("proposer_registry")
-    registry = reg if isinstance(reg, Registry) else default_registry()
+    registry = env.resources.registry or default_registry()
     priors, costs = _per_child(opts, "priors"), _per_child(opts, "draft_costs")
     prior_weight = float_option(opts, "prior_weight", 2.0, minimum=1e-9)
     decay = float_option(opts, "decay", 0.98, minimum=1e-9, maximum=1.0)

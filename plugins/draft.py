@@ -1,15 +1,13 @@
 """Draft-model proposer: a second, smaller model with the same vocabulary drafts tokens.
 
 The model itself is loaded once by the daemon (``meshd.native.draft.DraftModel``) and
-handed over as ``ProposerEnv.resources["draft_model"]``; this proposer only owns one
-request's sequence in it. Plugins never import the native layer: the two narrow
-protocols below are all this module knows about it.
+handed over as ``ProposerEnv.resources.draft_model`` because the factory declares
+``Need.DRAFT_MODEL``, exactly as a third-party plugin would; this proposer only owns one
+request's sequence in it. Plugins never import the native layer: the narrow protocols
+in :mod:`meshd.plugins.resources` are all this module knows about it.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 from .base import (
     Capabilities,
@@ -20,19 +18,9 @@ from .base import (
     ProposerUnavailable,
 )
 from .registry import int_option
+from .resources import DraftModelLike, DraftSequenceLike, Need, requires
 
 DEFAULT_MAX_LEN = 16
-
-
-class DraftSequenceLike(Protocol):
-    def draft(self, tokens: Sequence[int], k: int) -> tuple[list[int], list[float]]: ...
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class DraftModelLike(Protocol):
-    def open_sequence(self) -> DraftSequenceLike: ...
 
 
 class DraftProposer:
@@ -42,14 +30,14 @@ class DraftProposer:
 
     def __init__(self, sequence: DraftSequenceLike, *, max_len: int = DEFAULT_MAX_LEN) -> None:
         self.sequence = sequence
-        self.capabilities = Capabilities(provides_probs=True, max_len=max_len)
+        self.capabilities = Capabilities(max_len=max_len)
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
         k = min(request.max_len, self.capabilities.max_len)
-        tokens, probs = self.sequence.draft(request.tokens, k)
+        tokens, _probs = self.sequence.draft(request.tokens, k)
         if not tokens:
             return None
-        return Proposal(tuple(tokens[:k]), tuple(probs[:k]))
+        return Proposal(tuple(tokens[:k]))
 
     def observe(self, outcome: Outcome) -> None:
         """Nothing to learn: the next ``draft`` call re-syncs with the committed tokens."""
@@ -58,9 +46,10 @@ class DraftProposer:
         self.sequence.close()
 
 
+@requires(Need.DRAFT_MODEL)
 def draft_factory(env: ProposerEnv) -> DraftProposer:
-    """Entry point ``draft``. Needs ``resources["draft_model"]``; option ``max_len``."""
-    model = env.resources.get("draft_model")
+    """Entry point ``draft``. Needs a draft model; option ``max_len``."""
+    model = env.resources.draft_model
     if not isinstance(model, DraftModelLike):
         raise ProposerUnavailable(
             "draft: no draft model is loaded; ask for 'draft:PATH' with a GGUF that "

@@ -9,16 +9,18 @@ continues a match of length ``L + i``. So one table, ``P(next token continues | 
 length L)``, gives the per-position acceptance of any draft: ``acc[i] = p(L + i)``.
 
 Estimates: counts per length class (lengths grouped on a roughly logarithmic scale,
-:data:`CLASS_STARTS`), with exponential decay, shrunk toward a prior curve. The prior is
-the rule of succession for a run of ``L`` agreements counted against ``3 / f`` failures::
+:data:`CLASS_STARTS`), with exponential decay, shrunk toward a prior curve whose odds
+grow with the square of the match length::
 
-    p0(L) = f L / (f L + 3)
+    odds0(L) = f (L / 4) ** 2          p0(L) = odds0 / (odds0 + 1)
 
-``f`` is the text's *copy factor*, measured across all classes at once (a weighted
-mean of each class's observed odds over the curve's, in log space, shrunk toward
-``f = 1``). At ``f = 1`` short matches start out as the coincidences they mostly are in
-ordinary text (on a CPU where each verified row costs nearly a decode, drafting on them
-would lose); once long matches are seen to hold (copying: ``f`` grows), shorter ones are
+Why that shape: short matches occur in all text and mostly by chance (on a CPU where each
+verified row costs nearly a decode, drafting on them would lose), so they start at even
+odds or worse; a long match is far rarer by chance than a short one, and where it occurs
+the text is usually being copied, so trusting it costs little elsewhere and pays at once
+where copying begins. ``f`` is the text's *copy factor*, measured across all classes at
+once (the trial-weighted mean, in log space, of each class's observed odds over the
+curve's, shrunk toward ``f = 1``): once long matches are seen to hold, shorter ones are
 trusted too, and where long matches fail (text that repeats phrases, not passages) every
 length is trusted less. Each class's own counts then refine its estimate. Nothing about
 any particular text is built in; what a workload does is measured.
@@ -42,8 +44,10 @@ CLASS_STARTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 _MIDS = tuple(math.sqrt(a * max(a, b - 1)) for a, b in
               zip(CLASS_STARTS, (*CLASS_STARTS[1:], CLASS_STARTS[-1] * 2), strict=True))
 
-#: Failures a run of agreements is counted against in the prior (at copy factor 1).
-PRIOR_FAILURES = 3.0
+#: Match length at which the prior curve gives even odds (at copy factor 1).
+EVEN_LENGTH = 4.0
+#: How steeply the prior odds grow with the match length.
+PRIOR_POWER = 2.0
 #: Weight of the prior curve against a class's own counts, in observations.
 PRIOR_WEIGHT = 4.0
 #: Weight of ``f = 1`` in the copy-factor fit, in observations.
@@ -62,16 +66,22 @@ def length_class(length: int) -> int:
     return max(0, bisect.bisect_right(CLASS_STARTS, length) - 1)
 
 
+def prior_odds(length: float) -> float:
+    """Odds of the prior curve at copy factor 1."""
+    n = max(0.0, float(length)) / EVEN_LENGTH
+    return float(n**PRIOR_POWER)
+
+
 def prior(length: float, factor: float = 1.0) -> float:
     """The prior curve: probability that a run of ``length`` agreements goes on."""
-    n = max(0.0, float(length)) * factor
-    return n / (n + PRIOR_FAILURES)
+    odds = factor * prior_odds(length)
+    return odds / (odds + 1.0)
 
 
 def copy_factor(hits: list[float], trials: list[float]) -> float:
     """The ``f`` that fits observed acceptance by class best (see the module docstring).
 
-    Per class, ``f_c = 2 * odds_c / L_c`` (odds with half a count of smoothing);
+    Per class, ``f_c`` = observed odds (half a count of smoothing) over the curve's;
     the result is their trial-weighted mean in log space, with ``f = 1`` weighing
     :data:`FACTOR_WEIGHT` observations.
     """
@@ -82,7 +92,7 @@ def copy_factor(hits: list[float], trials: list[float]) -> float:
             continue
         h = hits[c]
         odds = (h + 0.5) / (t - h + 0.5)
-        acc += t * math.log(PRIOR_FAILURES * odds / _MIDS[c])
+        acc += t * math.log(odds / prior_odds(_MIDS[c]))
         total += t
     f = math.exp(acc / total)
     return min(FACTOR_LIMIT, max(1.0 / FACTOR_LIMIT, f))

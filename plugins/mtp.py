@@ -35,7 +35,7 @@ class MtpProposer:
             raise ValueError("max_len must be >= 1")
         self.head = head
         self.min_prob = min_prob
-        self.capabilities = Capabilities(needs_mtp_head=True, provides_probs=True, max_len=max_len)
+        self.capabilities = Capabilities(needs_mtp_head=True, max_len=max_len)
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
         k = min(request.max_len, self.capabilities.max_len)
@@ -47,7 +47,7 @@ class MtpProposer:
             n = next((i for i in range(n) if probs[i] < self.min_prob), n)
         if n == 0:
             return None
-        return Proposal(tuple(int(t) for t in tokens[:n]), tuple(float(p) for p in probs[:n]))
+        return Proposal(tuple(int(t) for t in tokens[:n]))
 
     def observe(self, outcome: Outcome) -> None:
         """Nothing to learn here: the engine keeps the head in step with the commits."""

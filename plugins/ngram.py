@@ -42,6 +42,7 @@ from .adaptive import DEFAULT_MARGIN, PROBE_BUDGET, CostCurve, Explorer, ratios
 from .base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
 from .match_stats import MatchStats, SharedMatchStats
 from .registry import bool_option, int_option
+from .resources import Need, requires
 from .suffix_index import SuffixIndex
 
 DEFAULT_MIN_N = 2
@@ -201,21 +202,21 @@ class NgramProposer:
         self._confirmed = 0
 
 
+@requires(Need.LIVE_COST_CURVE, Need.MATCH_STATS)
 def ngram_factory(env: ProposerEnv) -> NgramProposer:
     """Entry point ``ngram``. Options: ``min_n``, ``max_len``, ``cycle``, ``per_match``,
     ``adaptive`` (default true: choose the draft length from the cost curve when the
-    daemon hands one over). Resources: ``cost_curve_now`` (a callable returning the
-    current :class:`CostCurve`; without it, e.g. inside a composite that chooses
-    lengths itself, drafts follow the fixed rule), ``ngram_stats`` (a
-    :class:`SharedMatchStats` pooled across requests)."""
+    daemon hands one over). Declared resources: the live cost curve (without it, e.g.
+    inside a composite that chooses lengths itself, drafts follow the fixed rule) and
+    the match statistics pooled across requests."""
     opts = env.options
     curve: CurveSource | None = None
-    live = env.resources.get("cost_curve_now")
+    live = env.resources.cost_curve_now
     if bool_option(opts, "adaptive", True) and callable(live):
         def curve() -> CostCurve | None:
             value = live()
             return value if isinstance(value, CostCurve) else None
-    shared = env.resources.get("ngram_stats")
+    shared = env.resources.match_stats
     return NgramProposer(
         min_n=int_option(opts, "min_n", DEFAULT_MIN_N, minimum=1),
         max_len=int_option(opts, "max_len", DEFAULT_MAX_LEN, minimum=1),

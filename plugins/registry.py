@@ -11,8 +11,10 @@ records the failure in :attr:`Registry.errors` (and logs it) and carries on.
 Factories may also be registered programmatically (:meth:`Registry.register`), e.g. by
 tests or by the daemon for proposers that need objects only it can build.
 
-``draft`` (a separate draft model) is one more entry point; the daemon loads the model
-and hands it in through ``ProposerEnv.resources["draft_model"]``.
+``draft`` (a separate draft model) is one more entry point; it declares that it needs a
+draft model (:mod:`meshd.plugins.resources`) and the runtime hands one in, as it would to
+any plugin that declares the same. :meth:`Registry.entries` describes every discovered
+proposer (``meshd plugins list``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import importlib.metadata
 import logging
 from collections.abc import Mapping
 
-from .base import Proposer, ProposerEnv, ProposerFactory, ProposerUnavailable
+import attrs
+
+from .base import Capabilities, Proposer, ProposerEnv, ProposerFactory, ProposerUnavailable
+from .resources import Need, needs_of
 
 #: The entry-point group every proposer factory is published under.
 GROUP = "meshd.proposers"
@@ -43,6 +48,20 @@ class UnknownProposer(LookupError):
 
 class ProposerFailed(RuntimeError):
     """A factory raised something other than :class:`ProposerUnavailable`."""
+
+
+@attrs.frozen
+class Entry:
+    """One discovered proposer, as ``meshd plugins list`` shows it."""
+
+    name: str
+    origin: str
+    loaded: bool
+    error: str | None = None
+    needs: frozenset[Need] = frozenset()
+    #: Declared on the factory (``factory.capabilities``); None when only the proposer
+    #: made for a request knows them.
+    capabilities: Capabilities | None = None
 
 
 _REQUIRED = ("name", "capabilities", "propose", "observe", "close")
@@ -67,7 +86,9 @@ class Registry:
         """
         registry = cls()
         for ep in importlib.metadata.entry_points(group=group):
-            origin = f"{ep.value}"
+            dist = ep.dist
+            origin = f"{ep.value} ({dist.name} {dist.version})" if dist is not None else ep.value
+            registry._origins.setdefault(ep.name, origin)
             if ep.name in registry._factories:
                 registry._error(
                     ep.name, f"{origin}: duplicate name, keeping {registry._origins[ep.name]}"
@@ -89,6 +110,23 @@ class Registry:
         log.warning("proposer plugin %r not loaded: %s", name, message)
         self.errors[name] = message
 
+    def needs(self, name: str) -> frozenset[Need]:
+        """The resources the factory for ``name`` declared."""
+        return needs_of(self._factories.get(name))
+
+    def entries(self) -> list[Entry]:
+        """Every discovered proposer, loaded or not, sorted by name."""
+        out: list[Entry] = []
+        for name in sorted({*self._factories, *self.errors}):
+            factory = self._factories.get(name)
+            caps = getattr(factory, "capabilities", None)
+            out.append(Entry(
+                name=name, origin=self._origins.get(name, "?"), loaded=factory is not None,
+                error=self.errors.get(name), needs=needs_of(factory),
+                capabilities=caps if isinstance(caps, Capabilities) else None,
+            ))
+        return out
+
     def register(self, name: str, factory: ProposerFactory, *, replace: bool = False) -> None:
         """Add a factory under ``name`` (``replace=True`` to override an existing one)."""
         if not name:
@@ -100,6 +138,19 @@ class Registry:
         self._factories[name] = factory
         self._origins[name] = getattr(factory, "__qualname__", repr(factory))
         self.errors.pop(name, None)
+
+    def copy(self) -> Registry:
+        """An independent registry with the same factories (to add a daemon's own)."""
+        other = Registry()
+        other._factories = dict(self._factories)
+        other._origins = dict(self._origins)
+        other.errors = dict(self.errors)
+        return other
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a plugin that went away); unknown names are ignored."""
+        self._factories.pop(name, None)
+        self._origins.pop(name, None)
 
     def names(self) -> list[str]:
         """Names that can be created, sorted."""

@@ -70,7 +70,9 @@ class FinishReason(enum.StrEnum):
 
 
 class HealthStatus(enum.StrEnum):
-    """Overall daemon state reported by ``health``."""
+    """Overall daemon state reported by ``health``. meshd reports ``ok``, ``degraded``
+    (a remote worker is lost) and ``draining``; ``starting`` is reserved for servers
+    that answer before their model is loaded, so clients must accept it."""
 
     OK = "ok"
     STARTING = "starting"
@@ -244,6 +246,16 @@ class SpeculativeOverrides:
     """Name of the proposer to draft with, or ``"off"`` to disable speculation."""
     draft_max: int | None = attrs.field(default=None, validator=_int_at_least(1, 1024, True))
     """Upper bound on drafted tokens per verify step."""
+    options: dict[str, Any] | None = attrs.field(default=None)
+    """The proposer's options for this request, over its ``[speculation.plugins.NAME]``
+    config table."""
+
+    @options.validator
+    def _check_options(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is not None and not (
+            isinstance(value, dict) and all(isinstance(k, str) for k in value)
+        ):
+            raise _fail(attribute, "an object", value)
 
 
 @attrs.frozen

@@ -15,7 +15,7 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..listener import BindSpec, Listener, ListenerError, _inherited_socket
+from ..listener import BindSpec, Listener, ListenerError, _inherited_socket, system_backlog
 
 __all__ = ["TcpListener", "open_http_listener", "parse_tcp"]
 
@@ -116,15 +116,17 @@ def _bind_tcp(host: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
-async def open_http_listener(text: str, *, backlog: int = 128) -> Listener:
-    """Listen for HTTP on ``tcp:HOST:PORT`` or an inherited ``fd://N``."""
+async def open_http_listener(text: str, *, backlog: int | None = None) -> Listener:
+    """Listen for HTTP on ``tcp:HOST:PORT`` or an inherited ``fd://N``; ``backlog``
+    defaults to the system maximum, as for the daemon's socket."""
     if text.startswith("fd://"):
         check_http_address(text)
         spec = BindSpec.parse(text)
         assert spec.fd is not None
         return TcpListener(_inherited_socket(spec.fd), spec, None)
     host, port = parse_tcp(text)
-    sock = await anyio.to_thread.run_sync(_bind_tcp, host, port, backlog)
+    sock = await anyio.to_thread.run_sync(
+        _bind_tcp, host, port, system_backlog() if backlog is None else backlog)
     return TcpListener(sock, BindSpec(fd=sock.fileno()), None)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
+from meshd.daemon.cli import build_parser
 from meshd.daemon.listener import open_listener, system_backlog
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.service import ServerConfig
@@ -185,3 +186,20 @@ async def test_the_listen_backlog_takes_a_burst_of_connects() -> None:
             assert await anyio.to_thread.run_sync(_connect_all, small_path, burst) < 20
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_serve_takes_the_limits_as_options() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--max-connections", "8", "--idle-timeout", "2.5",
+                              "--frame-timeout", "0.5", "--backlog", "64"])
+    assert (args.max_connections, args.idle_timeout, args.frame_timeout, args.backlog) \
+        == (8, 2.5, 0.5, 64)
+    defaults = parser.parse_args(["serve"])
+    config = ServerConfig()
+    assert (defaults.max_connections, defaults.idle_timeout, defaults.frame_timeout,
+            defaults.backlog) == (config.max_connections, config.idle_timeout_s,
+                                  config.frame_timeout_s, None)
+    for bad in (["--idle-timeout", "0"], ["--frame-timeout", "-1"], ["--backlog", "0"],
+                ["--max-connections", "0"], ["--idle-timeout", "inf"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", *bad])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import attrs
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from meshd.plugins.base import Outcome, Proposer, ProposerEnv, ProposerUnavailab
 from meshd.plugins.composite import CompositeProposer, composite_factory
 from meshd.plugins.ngram import ngram_factory
 from meshd.plugins.registry import Registry
+from meshd.plugins.resources import Resources
 
 from .fakes import Q4_1, Q8_0, FakeProposer, FixedTracker, request
 
@@ -149,7 +151,7 @@ def test_capabilities_combine_children() -> None:
     a, b = FakeProposer("a", [1], max_len=3), FakeProposer("b", [2], max_len=12)
     comp = CompositeProposer([a, b], Q8_0)
     assert comp.capabilities.max_len == Q8_0.max_k
-    assert not comp.capabilities.needs_mtp_head and not comp.capabilities.provides_probs
+    assert not comp.capabilities.needs_mtp_head
     with pytest.raises(ValueError):
         CompositeProposer([], Q8_0)
     with pytest.raises(ValueError):
@@ -197,7 +199,7 @@ def test_factory_builds_children_from_the_registry() -> None:
     env = ProposerEnv(
         vocab_size=100,
         eog_tokens=frozenset(),
-        resources={"cost_curve": Q8_0, "proposer_registry": make_registry()},
+        resources=Resources(cost_curve=Q8_0, registry=make_registry()),
         options={"ngram": {"max_len": 3}, "priors": {"ngram": 0.8}, "probe_every": 5},
     )
     comp = composite_factory(env)
@@ -209,7 +211,7 @@ def test_factory_builds_children_from_the_registry() -> None:
         ProposerEnv(
             100,
             frozenset(),
-            resources={"proposer_registry": make_registry()},
+            resources=Resources(registry=make_registry()),
             options={"cost_curve": [1.0, 1.3, 1.2]},
         )
     )
@@ -217,10 +219,10 @@ def test_factory_builds_children_from_the_registry() -> None:
 
 
 def test_factory_errors() -> None:
-    reg = {"proposer_registry": make_registry()}
+    reg = Resources(registry=make_registry())
     with pytest.raises(ProposerUnavailable, match="cost curve"):
         composite_factory(ProposerEnv(100, frozenset(), resources=reg))
-    res = {**reg, "cost_curve": Q8_0}
+    res = attrs.evolve(reg, cost_curve=Q8_0)
     with pytest.raises(ProposerUnavailable, match="no child"):
         composite_factory(
             ProposerEnv(100, frozenset(), resources=res, options={"proposers": ["mtp"]})

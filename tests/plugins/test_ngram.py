@@ -15,6 +15,7 @@ from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Outcome, ProposerEnv
 from meshd.plugins.match_stats import MatchStats, SharedMatchStats, length_class, prior
 from meshd.plugins.ngram import NgramProposer, ngram_factory
+from meshd.plugins.resources import Resources
 from meshd.plugins.suffix_index import SuffixIndex
 
 from .fakes import Q4_1, request
@@ -207,8 +208,8 @@ def test_a_probe_revives_a_match_length_that_stopped_paying() -> None:
 
 
 def test_match_stats_prior_and_sharing() -> None:
-    assert prior(0) == 0.0 and prior(9) == pytest.approx(0.75)
-    assert prior(9, 4.0) == pytest.approx(36 / 39)
+    assert prior(0) == 0.0 and prior(4) == pytest.approx(0.5)
+    assert prior(8) == pytest.approx(0.8) and prior(8, 4.0) == pytest.approx(16 / 17)
     assert length_class(1) == 0 and length_class(5) == length_class(4)
     assert length_class(1000) == length_class(128)
     fresh = MatchStats()
@@ -283,14 +284,15 @@ def test_factory_reads_options_and_resources() -> None:
     assert prop.eog_tokens == {9} and prop.capabilities.max_len == 3
     assert not prop.capabilities.decides_length  # no cost curve: the engine decides
     shared = SharedMatchStats()
-    live = ngram_factory(ProposerEnv(10, frozenset(), resources={
-        "cost_curve_now": lambda: Q4_1, "ngram_stats": shared}))
+    live = ngram_factory(ProposerEnv(10, frozenset(), resources=Resources(
+        cost_curve_now=lambda: Q4_1, match_stats=shared)))
     assert live.capabilities.decides_length and live.curve is not None
     assert live.curve() is Q4_1 and live.stats.shared is shared
     # A fixed curve is the composite's (it chooses lengths): the child drafts by rule.
-    assert ngram_factory(ProposerEnv(10, frozenset(), resources={"cost_curve": Q4_1})
+    assert ngram_factory(ProposerEnv(10, frozenset(), resources=Resources(cost_curve=Q4_1))
                          ).curve is None
-    off = ngram_factory(ProposerEnv(10, frozenset(), resources={"cost_curve_now": lambda: Q4_1},
+    off = ngram_factory(ProposerEnv(10, frozenset(),
+                                    resources=Resources(cost_curve_now=lambda: Q4_1),
                                     options={"adaptive": False}))
     assert off.curve is None
     for bad in ({"min_n": 0}, {"max_len": "8"}, {"cycle": 1}, {"adaptive": "yes"}):

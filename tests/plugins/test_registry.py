@@ -21,6 +21,7 @@ from meshd.plugins.registry import (
     float_option,
     int_option,
 )
+from meshd.plugins.resources import Resources
 
 from .fakes import Q8_0, FakeProposer
 
@@ -42,7 +43,7 @@ def test_builtins_come_from_entry_points() -> None:
         def draft(self, k: int) -> tuple[list[int], list[float]]:
             return [1] * k, [0.9] * k
 
-    with_head = ProposerEnv(100, frozenset(), mtp=Head(), resources={"cost_curve": Q8_0})
+    with_head = ProposerEnv(100, frozenset(), mtp=Head(), resources=Resources(cost_curve=Q8_0))
     assert isinstance(reg.create("mtp", with_head), MtpProposer)
     comp = reg.create("composite", with_head)
     assert isinstance(comp, CompositeProposer)

@@ -1,0 +1,50 @@
+"""Instruct models get their chat template the way users of chat front-ends expect, and
+raw text is never sent to one silently."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import anyio.to_thread
+import pytest
+from structlog.testing import capture_logs
+
+from meshd.daemon import ctl
+from meshd.daemon.cli import main
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+
+from .daemon_helpers import running_daemon
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def test_generate_reads_the_prompt_from_stdin(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    question = "Write a haiku about rivers."
+    argv = ["generate", "--max-tokens", "6", "--fixed-k", "-t", "1", "--json"]
+    assert main([*argv, "-p", question]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    monkeypatch.setattr("sys.stdin", io.StringIO(question))
+    assert main([*argv, "-p", "-"]) == 0
+    piped = json.loads(capsys.readouterr().out)
+    assert piped["tokens"] == direct["tokens"] and piped["chat"] is True
+    # The default instruct model answers through its template instead of ending at once.
+    assert len(direct["tokens"]) == 6 and direct["text"].strip()
+
+
+@pytest.mark.anyio
+async def test_meshctl_generate_says_it_skips_the_chat_template(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with capture_logs(), ModelRuntime(RuntimeConfig(n_ctx_seq=256, calibrate=False,
+                                                    threads=1)) as rt:
+        async with running_daemon(rt) as (_, path):
+            for command, noted in (("generate", True), ("chat", False)):
+                status = await anyio.to_thread.run_sync(ctl.main, [
+                    "--socket", path, command, "hi", "--max-tokens", "2"])
+                assert status == 0
+                err = capsys.readouterr().err
+                assert ("sent as raw text without the model's chat template" in err) is noted

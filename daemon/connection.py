@@ -59,12 +59,12 @@ from meshd.protocol import (
     Tokenize,
     decode_request,
     encode,
+    write_all,
 )
 from meshd.protocol import FinishReason as WireFinishReason
 
 from .engine import GenerationStats, TokenEvent
 from .mapping import done_message, token_message
-from .peercred import peer_credentials
 from .scheduler import Failed, Finished, GenRequest, RequestHandle
 from .service import InFlight, Service
 from .speculation import FinishReason
@@ -135,15 +135,8 @@ class Connection:
     async def _admit_peer(self) -> bool:
         """Check the peer's credentials against the allow-list; a refused peer gets one
         ``forbidden`` error frame (id null) and the connection closes."""
-        policy = self.config.peers
-        if not policy.restricted or self._socket is None:
+        if self.service.admits_peer(self._socket, self.log):
             return True
-        peer = peer_credentials(self._socket)
-        if policy.allows(peer):
-            return True
-        self.service.counters["connections_denied"] += 1
-        self.log.warning("peer_denied", pid=peer.pid if peer else None,
-                         uid=peer.uid if peer else None, gid=peer.gid if peer else None)
         await self._send(PermissionDenied(
             "this daemon does not serve your user or groups (ask its administrator to add "
             "them to the allowed users or groups)").to_message())
@@ -519,25 +512,7 @@ class Connection:
         return True
 
     async def _write_all(self, data: bytes) -> None:
-        """``stream.send``, but on a socket it writes the non-blocking socket directly and
-        waits with ``anyio.wait_writable``: anyio's asyncio stream waits with a future
-        that, cancelled in the same loop iteration the socket turns writable, logs an
-        InvalidStateError (the read-side twin of this is ``StreamReceiver``)."""
-        sock = self._socket
-        if sock is None:
-            await self.stream.send(data)
-            return
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        view = memoryview(data)
-        while view:
-            try:
-                sent = sock.send(view)
-            except BlockingIOError:
-                await anyio.wait_writable(sock)
-                continue
-            except OSError as exc:
-                raise anyio.BrokenResourceError(str(exc)) from exc
-            view = view[sent:]
+        await write_all(self.stream, self._socket, data)
 
 
 def _finish_reason(finish: FinishReason, entry: InFlight) -> WireFinishReason:

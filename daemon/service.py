@@ -20,6 +20,7 @@ from typing import Final
 import anyio
 import anyio.to_thread
 import attrs
+from structlog.typing import FilteringBoundLogger
 
 from meshd.plugins.host import PluginRefused
 from meshd.plugins.hosts import is_plugin_hello
@@ -52,7 +53,7 @@ from meshd.protocol import (
 from .http.config import HttpConfig
 from .mapping import model_info, sampling_params
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS, DEFAULT_STREAM_INTERVAL_MS
-from .peercred import PeerPolicy
+from .peercred import PeerPolicy, peer_credentials
 from .runtime import ModelRuntime, RequestError
 from .sampling import with_chosen_seed
 from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
@@ -204,6 +205,20 @@ class Service:
     @property
     def model(self) -> ModelInfo:
         return self._model_info
+
+    def admits_peer(self, sock: socket.socket | None, log: FilteringBoundLogger) -> bool:
+        """Whether the allow-list serves this connection's peer (SO_PEERCRED); a refused
+        peer is counted and logged here, for the native protocol and HTTP alike."""
+        policy = self.config.peers
+        if not policy.restricted or sock is None:
+            return True
+        peer = peer_credentials(sock)
+        if policy.allows(peer):
+            return True
+        self.counters["connections_denied"] += 1
+        log.warning("peer_denied", pid=peer.pid if peer else None,
+                    uid=peer.uid if peer else None, gid=peer.gid if peer else None)
+        return False
 
     def health(self, request: Health) -> HealthReply:
         """Answered from counters only: never waits for the model."""

@@ -77,7 +77,7 @@ from .messages import (
     Usage,
     Welcome,
 )
-from .transport import StreamReceiver
+from .transport import StreamReceiver, write_all
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
@@ -150,4 +150,5 @@ __all__ = [
     "error_from_message",
     "exception_class",
     "unstructure",
+    "write_all",
 ]

@@ -22,7 +22,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-__all__ = ["READ_SIZE", "StreamReceiver"]
+__all__ = ["READ_SIZE", "StreamReceiver", "write_all"]
 
 READ_SIZE: Final = 65536
 """Most bytes taken from the socket per read."""
@@ -74,3 +74,26 @@ class StreamReceiver:
             anyio.notify_closing(self._socket)
         with anyio.CancelScope(shield=True):
             await self.stream.aclose()
+
+
+async def write_all(
+    stream: anyio.abc.ByteStream, sock: socket.socket | None, data: bytes
+) -> None:
+    """``stream.send``, but on a socket it writes the non-blocking socket directly and
+    waits with ``anyio.wait_writable``: anyio's asyncio stream waits with a future that,
+    cancelled in the same loop iteration the socket turns writable, logs an
+    InvalidStateError (the write-side twin of :class:`StreamReceiver`)."""
+    if sock is None:
+        await stream.send(data)
+        return
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    view = memoryview(data)
+    while view:
+        try:
+            sent = sock.send(view)
+        except BlockingIOError:
+            await anyio.wait_writable(sock)
+            continue
+        except OSError as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+        view = view[sent:]

@@ -25,9 +25,8 @@ import anyio.lowlevel
 import h11
 from structlog.typing import FilteringBoundLogger
 
-from meshd.protocol import StreamReceiver
+from meshd.protocol import StreamReceiver, write_all
 
-from ..peercred import peer_credentials
 from ..service import Service
 from .routes import Routes
 
@@ -93,16 +92,7 @@ class HttpConnection:
     def _peer_allowed(self) -> bool:
         """The allow-list of the daemon's socket applies to HTTP as to the native
         protocol (TCP peers have no credentials; the loopback listener decides)."""
-        policy = self.service.config.peers
-        if not policy.restricted or self._socket is None:
-            return True
-        peer = peer_credentials(self._socket)
-        if policy.allows(peer):
-            return True
-        self.service.counters["connections_denied"] += 1
-        self.log.warning("peer_denied", pid=peer.pid if peer else None,
-                         uid=peer.uid if peer else None, gid=peer.gid if peer else None)
-        return False
+        return self.service.admits_peer(self._socket, self.log)
 
     def close(self) -> None:
         """Stop serving (from any task of the event loop); a running generation is
@@ -315,23 +305,7 @@ class HttpConnection:
         return True
 
     async def _write_all(self, data: bytes) -> None:
-        """Write on the non-blocking socket directly, waiting with ``wait_writable``
-        (cancellation-safe, as the NDJSON connection's writes)."""
-        sock = self._socket
-        if sock is None:
-            await self.stream.send(data)
-            return
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        view = memoryview(data)
-        while view:
-            try:
-                sent = sock.send(view)
-            except BlockingIOError:
-                await anyio.wait_writable(sock)
-                continue
-            except OSError as exc:
-                raise anyio.BrokenResourceError(str(exc)) from exc
-            view = view[sent:]
+        await write_all(self.stream, self._socket, data)
 
 
 def _reason(status: int) -> bytes:

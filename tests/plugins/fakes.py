@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from meshd.plugins.adaptive import AcceptanceTracker, CostCurve
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest
 
-# Measured on the project machine (shared/notes/machine.md), keyed by batch rows.
+# Measured on the project's 2-core benchmark machine (SmolLM2 Q4_1), keyed by batch rows.
 Q4_1 = CostCurve.from_row_costs({2: 1.75, 3: 2.32, 4: 3.40, 8: 5.40})
 Q8_0 = CostCurve.from_row_costs({2: 1.38, 3: 1.60, 4: 1.91, 5: 2.36})
 

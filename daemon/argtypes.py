@@ -83,6 +83,20 @@ def workers(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def gpu_layers(text: str) -> int:
+    """``N|all``: layers to offload to accelerators; ``all`` is llama.cpp's -1."""
+    if text.strip().lower() == "all":
+        return -1
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of layers or 'all', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more layers, or 'all', got {text}")
+    return value
+
+
 def weights(text: str) -> tuple[float, ...]:
     """``W[,W...]``: non-negative weights, not all zero (``--tensor-split 3,1``)."""
     try:

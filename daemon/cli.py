@@ -130,6 +130,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model_path=args.model, n_ctx_seq=args.ctx, draft_max=args.draft_max,
         threads=args.threads, calibrate=not args.fixed_k,
         rpc_workers=args.rpc or (), tensor_split=args.tensor_split or (),
+        gpu_layers=args.gpu_layers,
     )
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:

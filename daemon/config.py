@@ -105,6 +105,9 @@ class ModelSection:
                               "process may use)", flag="threads", validator=_positive)
     draft_models: tuple[str, ...] = key((), "GGUF files requests may name as draft:PATH",
                                   flag="draft_model")
+    gpu_layers: int | None = key(None, "layers offloaded to the GPU and workers, -1 for all "
+                                 "(default: all; a CPU-only build runs everything here)",
+                                 flag="gpu_layers", validator=v.optional(v.ge(-1)))
     rpc: tuple[str, ...] = key((), "remote workers (meshd worker, HOST:PORT) the model's "
                                "layers are split across", flag="rpc", validator=_endpoints)
     tensor_split: tuple[float, ...] = key((), "weights of the layer split, one per device "

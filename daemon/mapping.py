@@ -40,6 +40,7 @@ def model_info(runtime: ModelRuntime) -> wire.ModelInfo:
         size_bytes=info.size_bytes if info.size_bytes >= 0 else None,
         has_mtp=info.has_mtp,
         has_chat_template=runtime.model.chat_template is not None,
+        gpu_layers=runtime.model.gpu_layers,
     )
 
 

@@ -23,6 +23,7 @@ import attrs
 from meshd.native.context import DEFAULT_DRAFT_MAX
 
 from .argtypes import (
+    gpu_layers,
     integer,
     non_negative,
     non_negative_float,
@@ -198,12 +199,16 @@ def generation_options() -> argparse.ArgumentParser:
 
 
 def placement_options() -> argparse.ArgumentParser:
-    """``--rpc`` and ``--tensor-split``: split the model's layers across workers."""
+    """``--gpu-layers``, ``--rpc`` and ``--tensor-split``: where the model's layers run."""
     p = _parent()
     g = p.add_argument_group("several machines")
     g.add_argument("--rpc", type=workers, default=None, metavar="HOST:PORT[,...]",
                    help="remote workers (meshd worker) to split the model's layers across "
                         "(default: none, everything runs here)")
+    g.add_argument("--gpu-layers", type=gpu_layers, default=None, metavar="N|all",
+                   help="layers to offload to the GPU (and workers); 0 keeps every layer on "
+                        "this CPU (default: all, where the build has a GPU backend or --rpc "
+                        "is given; a CPU-only build runs everything here)")
     g.add_argument("--tensor-split", type=weights, default=None, metavar="W[,W...]",
                    help="weigh the layer split: one weight per device (local GPUs, then "
                         "each worker's devices; default: by free memory)")

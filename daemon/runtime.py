@@ -90,6 +90,9 @@ class RuntimeConfig:
     allowed_drafts: tuple[str, ...] | None = None
     #: ``[speculation.plugins.NAME]`` tables: options, enabling, host rules.
     plugins: Mapping[str, PluginConfig] = attrs.field(factory=dict)
+    #: Layers offloaded to accelerators (and workers); None or -1: all there are. A
+    #: CPU-only build without workers has no device to offload to and runs them here.
+    gpu_layers: int | None = None
     #: Remote workers (``HOST:PORT``, llama.cpp RPC servers) the layers are split across.
     rpc_workers: tuple[str, ...] = ()
     #: Weights of the layer split over the devices (local accelerators, then workers).
@@ -220,7 +223,8 @@ class ModelRuntime:
         config = self.config
         placement = self.remote.connect() if self.remote is not None else None
         bar = self._step(f"loading {self.path.name}") if announce else _Silent()
-        model = Model.load(self.path, on_progress=bar.update, placement=placement)
+        model = Model.load(self.path, on_progress=bar.update, placement=placement,
+                           n_gpu_layers=-1 if config.gpu_layers is None else config.gpu_layers)
         bar.done()
         try:
             n_ctx_train = model.info.n_ctx_train

@@ -167,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate=not c.speculation.fixed_k, default_proposer=proposer,
         allowed_drafts=tuple(drafts),
         rpc_workers=c.model.rpc, tensor_split=c.model.tensor_split,
+        gpu_layers=c.model.gpu_layers,
         plugins=loaded.plugins,
     )
     try:

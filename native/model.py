@@ -19,7 +19,7 @@ import attrs
 from .errors import ModelLoadError
 from .gguf_file import check_model_file
 from .llama import ensure_backend, last_error, lc
-from .rpc import Placement
+from .rpc import Placement, local_gpus
 from .tokenizer import Tokenizer
 
 ProgressCallback = Callable[[float], None]
@@ -60,8 +60,10 @@ class Model:
     """One GGUF model loaded through llama.cpp; shared read-only by every context."""
 
     def __init__(self, handle: Any, info: ModelInfo, chat_template: str | None,
-                 placement: Placement | None = None) -> None:
+                 placement: Placement | None = None, gpu_layers: int = 0) -> None:
         self._handle = handle
+        #: Layers llama.cpp offloads to accelerators or workers (0: all on this CPU).
+        self.gpu_layers = gpu_layers
         #: Where the layers are when they are not all local (remote workers).
         self.placement = placement
         self.info = info
@@ -82,14 +84,15 @@ class Model:
         cls,
         path: str | os.PathLike[str],
         *,
-        n_gpu_layers: int = 0,
+        n_gpu_layers: int = -1,
         load_mtp: bool = True,
         on_progress: ProgressCallback | None = None,
         placement: Placement | None = None,
     ) -> Model:
         """Load ``path``. ``load_mtp`` loads the MTP (nextn) blocks when the file has them;
-        ``placement`` splits the layers over devices (remote workers) and overrides
-        ``n_gpu_layers``."""
+        ``n_gpu_layers``: how many of the last layers go to accelerators (-1: all; a
+        build without one keeps them here); ``placement`` splits those layers over
+        devices (remote workers)."""
         p = check_model_file(path)
         ensure_backend()
         last_error()  # forget errors of earlier calls
@@ -116,7 +119,10 @@ class Model:
         except Exception:
             lc.llama_model_free(handle)
             raise
-        return cls(handle, info, template, placement)
+        offloadable = placement is not None or bool(local_gpus())
+        n_all = info.n_layer + 1  # llama.cpp counts the output layer as one more
+        offloaded = (n_all if n_gpu_layers < 0 else min(n_gpu_layers, n_all)) if offloadable else 0
+        return cls(handle, info, template, placement, offloaded)
 
     def check_devices(self) -> None:
         """Raise (WorkerLost) if a device holding some of the layers is gone."""

@@ -240,14 +240,13 @@ def remote_devices(endpoint: str) -> list[int]:
 class Placement:
     """Where a model's layers go: llama.cpp's layer split over ``devices``.
 
-    ``n_gpu_layers`` layers (the last ones) are offloaded to the devices, weighed by
-    ``tensor_split`` (one weight per device; empty: by free memory); the rest stay on the
-    local CPU.
+    The offloaded layers (the last ones, ``Model.load``'s ``n_gpu_layers``) go to the
+    devices, weighed by ``tensor_split`` (one weight per device; empty: by free memory);
+    the rest stay on the local CPU.
     """
 
     devices: tuple[int, ...]
     tensor_split: tuple[float, ...] = ()
-    n_gpu_layers: int = -1
     #: Raises when a device of this placement is gone (checked around every forward).
     check: Callable[[], None] | None = attrs.field(default=None, eq=False)
 
@@ -264,4 +263,3 @@ class Placement:
             split = (ctypes.c_float * n)(*self.tensor_split)
             params.tensor_split = split
             keep.append(split)
-        params.n_gpu_layers = self.n_gpu_layers

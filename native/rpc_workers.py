@@ -21,18 +21,17 @@ __all__ = ["RemoteWorkers"]
 
 class RemoteWorkers:
     """Workers at ``endpoints``; ``tensor_split`` weighs the devices (local accelerators
-    first, then each worker's devices, in order); ``gpu_layers`` layers are offloaded
-    (-1: all of them; fewer keeps the first layers on the local CPU)."""
+    first, then each worker's devices, in order); how many layers are offloaded is
+    ``Model.load``'s ``n_gpu_layers`` (the daemon's ``--gpu-layers``)."""
 
     def __init__(self, endpoints: Sequence[Endpoint], *, tensor_split: Sequence[float] = (),
-                 gpu_layers: int = -1, probe_timeout: float = 5.0) -> None:
+                 probe_timeout: float = 5.0) -> None:
         if not endpoints:
             raise ValueError("no worker given")
         if any(w < 0 for w in tensor_split) or (tensor_split and not any(tensor_split)):
             raise ValueError("tensor split weights must be >= 0 and not all 0")
         self.endpoints = tuple(endpoints)
         self.tensor_split = tuple(float(w) for w in tensor_split)
-        self.gpu_layers = gpu_layers
         self.probe_timeout = probe_timeout
         self._links: list[WorkerLink] = []
         #: Device names in placement order, as llama.cpp logs them.
@@ -56,7 +55,7 @@ class RemoteWorkers:
                 f"--tensor-split has {len(self.tensor_split)} weights but there are "
                 f"{len(devices)} devices ({', '.join(device_names(devices))})")
         self.device_names = device_names(devices)
-        return Placement(tuple(devices), self.tensor_split, self.gpu_layers, check=self.check)
+        return Placement(tuple(devices), self.tensor_split, check=self.check)
 
     def close(self) -> None:
         """Close the relays (the model placed through them must be freed first)."""

@@ -329,6 +329,8 @@ class ModelInfo:
     """Whether the model carries a multi-token-prediction head usable for drafting."""
     has_chat_template: bool = attrs.field(default=False, validator=_boolean)
     """Whether ``generate`` accepts ``messages`` for this model."""
+    gpu_layers: int = attrs.field(default=0, validator=_int_at_least(0))
+    """Layers offloaded to accelerators or remote workers (0: all run on this CPU)."""
 
 
 @attrs.frozen

@@ -71,6 +71,7 @@ model_info = st.builds(
     size_bytes=st.none() | counts,
     has_mtp=st.booleans(),
     has_chat_template=st.booleans(),
+    gpu_layers=st.integers(min_value=0, max_value=200),
 )
 speculation_stats = st.builds(
     SpeculationStats,

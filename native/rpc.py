@@ -104,7 +104,8 @@ def is_loopback(host: str) -> bool:
 # --------------------------------------------------------------------------- probe
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from a blocking socket (ConnectionError if the worker closes)."""
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -127,11 +128,11 @@ def hello(endpoint: Endpoint, *, timeout: float = 5.0) -> tuple[int, int, int]:
     with sock:
         try:
             sock.sendall(struct.pack("<BQ", CMD_HELLO, CONN_CAPS_SIZE) + bytes(CONN_CAPS_SIZE))
-            size = struct.unpack("<Q", _recv_exact(sock, 8))[0]
+            size = struct.unpack("<Q", recv_exact(sock, 8))[0]
             if size != _HELLO_RSP:
                 raise WorkerUnreachable(f"worker {where} is not a ggml-rpc server",
                                         endpoint=where)
-            major, minor, patch = _recv_exact(sock, _HELLO_RSP)[:3]
+            major, minor, patch = recv_exact(sock, _HELLO_RSP)[:3]
         except TimeoutError:
             raise WorkerUnreachable(
                 f"worker {where} accepted the connection but did not answer within "

@@ -30,7 +30,7 @@ from typing import Final
 
 import attrs
 
-from .rpc import Endpoint
+from .rpc import Endpoint, recv_exact
 
 __all__ = ["LinkStats", "WorkerLink"]
 
@@ -250,7 +250,7 @@ class WorkerLink:
             sent = 0
             total: int | None = None
             try:
-                raw = self._recv_up(up, 8)
+                raw = recv_exact(up, 8)
                 total = struct.unpack("<Q", raw)[0]
                 self._to_client(client, raw)
                 view = memoryview(buf)
@@ -280,13 +280,3 @@ class WorkerLink:
             k = min(n, len(zero))
             self._to_client(client, zero[:k])
             n -= k
-
-    @staticmethod
-    def _recv_up(up: socket.socket, n: int) -> bytes:
-        data = bytearray()
-        while len(data) < n:
-            chunk = up.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the worker closed the connection")
-            data += chunk
-        return bytes(data)

@@ -65,7 +65,7 @@ import attrs
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
-from meshd.plugins.adaptive import CostCurve, speedup_limit
+from meshd.policy.costs import CostCurve, speedup_limit
 
 from .argtypes import positive
 from .bench_arms import (
@@ -145,7 +145,7 @@ def conditional_acceptance(accepted: Sequence[int], drafted: Sequence[int]) -> l
     The engine counts, per position ``i``, the windows that drafted it and the windows
     that accepted it (so ``0..i`` were all accepted). Their ratio ``u_i`` is the chance
     that a window of length > i got that far; ``u_i / u_{i-1}`` is the conditional rate
-    :func:`meshd.plugins.adaptive.speedup_limit` expects. Positions never drafted end the
+    :func:`meshd.policy.costs.speedup_limit` expects. Positions never drafted end the
     list (the limit repeats the last value for them).
     """
     out: list[float] = []

@@ -195,7 +195,6 @@ class Generation:
         self.last = -1
         self.committed: list[int] = []
         self._started = False
-        self._serial_decodes = 0
         #: (forward ms, MTP catch-up ms, forwards) when decoding began (see _head_load).
         self._decode_base = (0.0, 0.0, 0)
         self._released = False
@@ -241,9 +240,7 @@ class Generation:
         self._decode_base = (c.decode_ms + c.verify_ms, c.mtp_ms, c.target_forwards)
         window = Window(self.prompt[-1], len(self.prompt) - 1, ())
         decision = self.decide_window(window, logits[None, :])
-        events = self.apply(window, decision)
-        self._serial_decodes = 0  # the prefill is no serial decode (recurrent warm-up gate)
-        return events
+        return self.apply(window, decision)
 
     def step(self) -> list[TokenEvent]:
         """One decode step (plan, verify, decide, repair, commit)."""
@@ -304,7 +301,6 @@ class Generation:
         room = self.session.context.config.n_ctx_seq - self.session.n_past - 1
         verdict = self.gate.decide(StepFacts(
             exact_verifiable=self.sampler.params.exact_verifiable,
-            warming_up=self.session.recurrent and self._serial_decodes == 0,
             k_max=min(self.settings.draft_max, remaining - 1, room),
             head=self._head_load() if self.mtp_head is not None else None,
         ))
@@ -435,9 +431,7 @@ class Generation:
         else:
             s.discard()
         k = len(window.draft)
-        if k == 0:
-            self._serial_decodes += 1
-        else:
+        if k > 0:
             st = self.stats
             st.verify_calls += 1
             st.drafted += k

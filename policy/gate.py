@@ -1,19 +1,18 @@
 """The step gate: may this decode step speculate, and with how many drafts?
 
 One call per step (:meth:`StepGate.decide`) answers from facts the engine hands over
-(:class:`StepFacts`: the request's sampling, budget and context room, whether a
-recurrent state is still warming up, what following the MTP head has cost so far) and
-from what the gate has learned (acceptance, the cost of drafting). The answer is a
-:class:`Verdict`: a draft length, why speculation was refused (if it was) and whether
-to stop following the MTP head. The engine applies it; nothing here touches the model.
+(:class:`StepFacts`: the request's sampling, budget and context room, what following
+the MTP head has cost so far) and from what the gate has learned (acceptance, the cost
+of drafting). The answer is a :class:`Verdict`: a draft length, why speculation was
+refused (if it was) and whether to stop following the MTP head. The engine applies it;
+nothing here touches the model.
 
 The checks, in order (the first refusal wins, and is what the request's statistics
-count): exact verification needs greedy or seeded sampling; a recurrent state takes
-one plain decode before its first window; the budget (tokens left, context room, the
-request's ``draft_max``) must allow a draft; an MTP head that cannot pay for its
-catch-up is dropped; finally the cost model (:class:`~meshd.policy.draft_length.AdaptiveK`)
-chooses the length, 0 when no length beats plain decoding.
-"""
+count): exact verification needs greedy or seeded sampling; the budget (tokens left,
+context room, the request's ``draft_max``) must allow a draft; an MTP head that cannot
+pay for its catch-up is dropped; finally the cost model
+(:class:`~meshd.policy.draft_length.AdaptiveK`) chooses the length, 0 when no length
+beats plain decoding."""
 
 from __future__ import annotations
 
@@ -40,7 +39,6 @@ class Refusal(enum.StrEnum):
     the request statistics' ``refusals``)."""
 
     UNSEEDED_SAMPLING = "unseeded_sampling"
-    RECURRENT_WARMUP = "recurrent_warmup"
     BUDGET = "budget"
     MTP_HEAD_DROPPED = "mtp_head_dropped"
     COST_MODEL = "cost_model"
@@ -66,8 +64,6 @@ class StepFacts:
 
     exact_verifiable: bool
     """Greedy or seeded sampling (otherwise a draft cannot be verified exactly)."""
-    warming_up: bool
-    """A recurrent state that has had no plain decode since the prefill."""
     k_max: int
     """The most drafts the request allows now: ``draft_max``, the tokens left after the
     target's own one, and the context's room."""
@@ -127,8 +123,6 @@ class StepGate:
         schedule, so call it once per step."""
         if not facts.exact_verifiable:
             return Verdict(0, Refusal.UNSEEDED_SAMPLING)
-        if facts.warming_up:
-            return Verdict(0, Refusal.RECURRENT_WARMUP)
         if facts.k_max <= 0:
             return Verdict(0, Refusal.BUDGET)
         adaptive = self.adaptive

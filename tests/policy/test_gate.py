@@ -25,22 +25,19 @@ DEAR = [1.0 + k for k in range(9)]
 CHEAP = [1.0 + 0.05 * k for k in range(9)]
 
 
-def facts(k_max: int = 8, *, exact: bool = True, warming_up: bool = False,
-          head: HeadLoad | None = None) -> StepFacts:
-    return StepFacts(exact_verifiable=exact, warming_up=warming_up, k_max=k_max, head=head)
+def facts(k_max: int = 8, *, exact: bool = True, head: HeadLoad | None = None) -> StepFacts:
+    return StepFacts(exact_verifiable=exact, k_max=k_max, head=head)
 
 
-@given(exact=st.booleans(), warming_up=st.booleans(), k_max=st.integers(-3, 12),
+@given(exact=st.booleans(), k_max=st.integers(-3, 12),
        adaptive=st.booleans(), cheap=st.booleans())
 def test_refusals_come_in_order_and_k_stays_in_budget(
-    exact: bool, warming_up: bool, k_max: int, adaptive: bool, cheap: bool
+    exact: bool, k_max: int, adaptive: bool, cheap: bool
 ) -> None:
     gate = StepGate(CostModel(CHEAP if cheap else DEAR), draft_max=8, adaptive=adaptive)
-    verdict = gate.decide(facts(k_max, exact=exact, warming_up=warming_up))
+    verdict = gate.decide(facts(k_max, exact=exact))
     if not exact:
         assert verdict == Verdict(0, Refusal.UNSEEDED_SAMPLING)
-    elif warming_up:
-        assert verdict == Verdict(0, Refusal.RECURRENT_WARMUP)
     elif k_max <= 0:
         assert verdict == Verdict(0, Refusal.BUDGET)
     elif not adaptive:

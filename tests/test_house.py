@@ -85,6 +85,6 @@ def test_cycle_finder_finds_a_cycle_through_three_modules() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.parametrize("package", ["native", "protocol"])
+@pytest.mark.parametrize("package", ["native", "policy", "protocol"])
 def test_no_import_cycle_inside_package(package: str) -> None:
     assert cycles(package_imports(package)) == []

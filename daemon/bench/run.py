@@ -60,7 +60,7 @@ import attrs
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
-from meshd.plugins.adaptive import CostCurve, speedup_limit
+from meshd.policy.costs import CostCurve, speedup_limit
 
 from .arms import (
     ARMS,

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from meshd.plugins.adaptive import CostCurve, speedup_limit
+from meshd.policy.costs import CostCurve, speedup_limit
 
 from .arms import RunResult, first_divergence
 
@@ -26,7 +26,7 @@ def conditional_acceptance(accepted: Sequence[int], drafted: Sequence[int]) -> l
     The engine counts, per position ``i``, the windows that drafted it and the windows
     that accepted it (so ``0..i`` were all accepted). Their ratio ``u_i`` is the chance
     that a window of length > i got that far; ``u_i / u_{i-1}`` is the conditional rate
-    :func:`meshd.plugins.adaptive.speedup_limit` expects. Positions never drafted end the
+    :func:`meshd.policy.costs.speedup_limit` expects. Positions never drafted end the
     list (the limit repeats the last value for them).
     """
     out: list[float] = []

@@ -62,12 +62,12 @@ from typing import Any
 
 import attrs
 
+from meshd.clients.argtypes import positive
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
 from meshd.plugins.adaptive import CostCurve, speedup_limit
 
-from .argtypes import positive
 from .bench_arms import (
     ARMS,
     REFERENCE_ARM,

@@ -29,13 +29,13 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
+from meshd.clients.terminal import Progress
 from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.native.llama import ensure_backend, lc
 
 from .bench_workloads import BenchError, Workload
 from .runtime import ModelRuntime, RuntimeConfig
-from .terminal import Progress
 
 #: MTP acceptance of a synthetic model named without one (``qwen35``, ``mimo2``): below 1
 #: so drafts get rejected and every repair path runs.

@@ -49,7 +49,7 @@ class PromptTooLong(RequestError):
 
 
 class StepProgress(Protocol):
-    """A slow step's progress display (``meshd.daemon.terminal.Progress`` on a terminal)."""
+    """A slow step's progress display (``meshd.clients.terminal.Progress`` on a terminal)."""
 
     def update(self, fraction: float) -> None: ...
 

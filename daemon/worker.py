@@ -21,9 +21,8 @@ import sys
 import threading
 from pathlib import Path
 
+from meshd.clients.argtypes import positive
 from meshd.native.rpc import DEFAULT_PORT, Endpoint, is_loopback, parse_endpoint, serve_forever
-
-from .argtypes import positive
 
 __all__ = ["add_parser", "run"]
 

@@ -1,4 +1,4 @@
-"""The distribution: one wheel named meshd holding the four meshd.* packages."""
+"""The distribution: one wheel named meshd holding the five meshd.* packages."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_import_names_live_under_one_namespace() -> None:
-    code = "import meshd.daemon, meshd.native, meshd.plugins, meshd.protocol"
+    code = "import meshd.clients, meshd.daemon, meshd.native, meshd.plugins, meshd.protocol"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
@@ -26,7 +26,7 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("meshd-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for pkg in ("daemon", "native", "plugins", "protocol"):
+    for pkg in ("clients", "daemon", "native", "plugins", "protocol"):
         assert f"meshd/{pkg}/__init__.py" in names
         assert f"meshd/{pkg}/py.typed" in names
     assert "meshd/__main__.py" in names  # python -m meshd
@@ -38,3 +38,4 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
     for name in ("mtp", "ngram", "composite", "draft"):
         assert f"{name} = meshd.plugins." in text
     assert "meshd = meshd.daemon.cli:main" in text
+    assert "meshctl = meshd.clients.ctl:main" in text

@@ -602,10 +602,10 @@ def _mtp_forwards_target(name: str, wl: str, mtp: Mapping[str, Any] | None) -> d
     that accepted drafts turn into saved forwards (no replays, no wasted steps); with the
     cost model on, declined steps would make the comparison meaningless. Forwards are
     counted per token after the first (which the prefill yields) and over the speculative
-    steps: the steps that verify no draft by design (the recurrent warm-up decode, the
-    last token of the budget) are plain decodes the formula does not describe; the
-    overall figure is shown next to it. Replay forwards after a restore stay in, they are
-    exactly the waste this target would catch."""
+    steps: the steps that verify no draft by design (the last token of the budget) are
+    plain decodes the formula does not describe; the overall figure is shown next to it.
+    Replay forwards after a restore stay in, they are exactly the waste this target would
+    catch."""
     label = "MTP @0.74: forwards/token within 2% of 1/(1+mean accepted)"
     arm = "meshd-mtp-fixed"
     na = _arm_na(mtp)

@@ -212,7 +212,6 @@ class Generation:
         self.last = -1
         self.committed: list[int] = []
         self._started = False
-        self._serial_decodes = 0
         self._draft_s_per_token: float | None = None
         #: (forward ms, MTP catch-up ms, forwards) when decoding began (see _gate).
         self._decode_base = (0.0, 0.0, 0)
@@ -260,9 +259,7 @@ class Generation:
         self._decode_base = (c.decode_ms + c.verify_ms, c.mtp_ms, c.target_forwards)
         window = Window(self.prompt[-1], len(self.prompt) - 1, ())
         decision = self.decide_window(window, logits[None, :])
-        events = self.apply(window, decision)
-        self._serial_decodes = 0  # the prefill is no serial decode (recurrent warm-up gate)
-        return events
+        return self.apply(window, decision)
 
     def step(self) -> list[TokenEvent]:
         """One decode step (plan, verify, decide, repair, commit)."""
@@ -324,9 +321,6 @@ class Generation:
         k_max = min(self.settings.draft_max, remaining - 1, room)
         if not self.sampler.params.exact_verifiable:
             self.stats.refuse("unseeded_sampling")
-            return 0
-        if self.session.recurrent and self._serial_decodes == 0:
-            self.stats.refuse("recurrent_warmup")
             return 0
         if k_max <= 0:
             self.stats.refuse("budget")
@@ -489,9 +483,7 @@ class Generation:
         else:
             s.discard()
         k = len(window.draft)
-        if k == 0:
-            self._serial_decodes += 1
-        else:
+        if k > 0:
             st = self.stats
             st.verify_calls += 1
             st.drafted += k

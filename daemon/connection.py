@@ -3,8 +3,11 @@
 Why this shape: exactly one task reads the socket and dispatches each frame; every
 ``generate`` (and every tokenizer request, which runs on a worker thread) gets its own
 task in the connection's task group, so one long generation never delays a ``health``
-or a ``cancel`` on the same connection. Outgoing frames go through one lock, because
-frames of different requests may interleave but never mix bytes.
+or a ``cancel`` on the same connection. The protocol's rules (``hello`` first, ids in
+flight, one final frame per request) are kept by a sans-I/O ``ServerConnection``; this
+class moves its bytes, runs the requests and applies the daemon's limits. Outgoing
+frames go through one ``FrameWriter``, because frames of different requests may
+interleave but never mix bytes.
 
 Failure policy: a malformed frame is answered with an ``error`` frame and the
 connection carries on (only a bad *first* frame closes it, as the protocol says); a

@@ -39,9 +39,9 @@ import anyio.abc
 import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .builders import build, generate_request
+from .builders import build, chat_messages, sampling_params
 from .connection import ClientConnection, ClientEvent, Failed, Reply, State, Stray
-from .errors import ConnectionClosed, InternalError, ProtocolError
+from .errors import BadRequest, ConnectionClosed, InternalError, ProtocolError
 from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
@@ -62,6 +62,7 @@ from .messages import (
     Request,
     Response,
     SamplingParams,
+    SpeculativeOverrides,
     Stats,
     StatsReply,
     Token,
@@ -356,11 +357,27 @@ class Client:
         ``"off"``) and ``draft_max`` override speculative decoding.
         Invalid values raise BadRequest here, before anything is sent.
         """
-        request = generate_request(
-            request_id or self.new_id(), prompt, messages=messages, max_tokens=max_tokens,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, sampling=sampling,
-            stop=stop, proposer=proposer, draft_max=draft_max,
-        )
+        # Errors name the field's path as the server's do: generate.sampling.top_p: ...
+        try:
+            params = sampling_params(sampling, temperature, top_k, top_p, seed)
+        except BadRequest as exc:
+            raise exc.under("generate.sampling") from None
+        try:
+            speculative = SpeculativeOverrides(proposer=proposer, draft_max=draft_max)
+        except BadRequest as exc:
+            raise exc.under("generate.speculative") from None
+        try:
+            request = Generate(
+                id=request_id or self.new_id(),
+                prompt=prompt,
+                messages=chat_messages(messages),
+                max_tokens=max_tokens,
+                sampling=params,
+                stop=(stop,) if isinstance(stop, str) else tuple(stop),
+                speculative=speculative,
+            )
+        except BadRequest as exc:
+            raise exc.under("generate") from None
         return GenerationStream(self, request)
 
     async def cancel(self, request_id: str) -> None:

@@ -1,10 +1,9 @@
 """Request messages built from a client's keyword arguments.
 
-Why apart from the clients: the async and the blocking client take the same keywords
-(``max_tokens=``, ``top_p=``, ``messages=[{"role": ..., "content": ...}]``), and a bad
-value must fail before anything is sent, with the error naming the field's full path
-the way the server would write it (``generate.sampling.top_p: ...``). Pure functions,
-no I/O.
+Why apart from the client: a bad value must fail before anything is sent, with the
+error naming the field's full path the way the server would write it
+(``generate.sampling.top_p: ...``, ``detokenize.tokens[0]: ...``); these pure helpers
+do that, and keep the client's module about moving frames.
 """
 
 from __future__ import annotations
@@ -15,9 +14,9 @@ from typing import Any, TypeVar
 import attrs
 
 from .errors import BadRequest
-from .messages import ChatMessage, Generate, SamplingParams, SpeculativeOverrides
+from .messages import ChatMessage, SamplingParams
 
-__all__ = ["build", "generate_request"]
+__all__ = ["build", "chat_messages", "sampling_params"]
 
 M = TypeVar("M")
 
@@ -31,14 +30,14 @@ def build(cls: Callable[..., M], **fields: Any) -> M:
         raise exc.under(getattr(cls, "OP", "request")) from None
 
 
-def _sampling(
+def sampling_params(
     base: SamplingParams | None,
     temperature: float | None,
     top_k: int | None,
     top_p: float | None,
     seed: int | None,
 ) -> SamplingParams:
-    """Merge individual keyword overrides into a SamplingParams."""
+    """``base`` (default: SamplingParams()) with the keywords that are not ``None``."""
     params = base or SamplingParams()
     changes: dict[str, Any] = {}
     if temperature is not None:
@@ -52,9 +51,11 @@ def _sampling(
     return attrs.evolve(params, **changes) if changes else params
 
 
-def _chat(
+def chat_messages(
     messages: Sequence[ChatMessage | Mapping[str, str]] | None,
 ) -> tuple[ChatMessage, ...] | None:
+    """Chat turns from ChatMessages or ``{"role": ..., "content": ...}`` dicts; a bad one
+    raises BadRequest naming its index (``messages[1].role: ...``)."""
     if messages is None:
         return None
     out = []
@@ -65,42 +66,3 @@ def _chat(
         except BadRequest as exc:
             raise exc.under(f"messages[{i}]") from None
     return tuple(out)
-
-
-def generate_request(
-    request_id: str,
-    prompt: str | None = None,
-    *,
-    messages: Sequence[ChatMessage | Mapping[str, str]] | None = None,
-    max_tokens: int | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    sampling: SamplingParams | None = None,
-    stop: Sequence[str] = (),
-    proposer: str | None = None,
-    draft_max: int | None = None,
-) -> Generate:
-    """The ``generate`` for a client's keywords (see ``Client.generate``)."""
-    # Errors name the field's path as the server's do: generate.sampling.top_p: ...
-    try:
-        params = _sampling(sampling, temperature, top_k, top_p, seed)
-    except BadRequest as exc:
-        raise exc.under("generate.sampling") from None
-    try:
-        speculative = SpeculativeOverrides(proposer=proposer, draft_max=draft_max)
-    except BadRequest as exc:
-        raise exc.under("generate.speculative") from None
-    try:
-        return Generate(
-            id=request_id,
-            prompt=prompt,
-            messages=_chat(messages),
-            max_tokens=max_tokens,
-            sampling=params,
-            stop=(stop,) if isinstance(stop, str) else tuple(stop),
-            speculative=speculative,
-        )
-    except BadRequest as exc:
-        raise exc.under("generate") from None

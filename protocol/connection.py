@@ -22,7 +22,7 @@ from typing import Final, TypeAlias
 
 import attrs
 
-from .codec import FrameDecoder, ResponseDecoder, decode_request, encode
+from .codec import FrameDecoder, decode_request, decode_response, encode
 from .errors import BadRequest, ConnectionClosed, InternalError, ProtocolError, UnsupportedVersion
 from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -140,10 +140,27 @@ ClientEvent: TypeAlias = Reply | Stray | Failed
 """What :meth:`ClientConnection.next_event` yields."""
 
 
+class _Side:
+    """What both sides share: the state and the bytes received so far."""
+
+    def __init__(self, max_frame_size: int) -> None:
+        self.state = State.HANDSHAKE
+        self._frames = FrameDecoder(max_frame_size)
+        self._eof = False
+
+    def receive_data(self, data: bytes) -> None:
+        """Bytes read from the peer; ``b""`` means the peer closed its side."""
+        if data:
+            self._frames.feed(data)
+        elif not self._eof:
+            self._eof = True
+            self._frames.feed_eof()
+
+
 # ------------------------------------------------------------------------ server
 
 
-class ServerConnection:
+class ServerConnection(_Side):
     """The server's side of one connection (sans-I/O).
 
     Requests come out of :meth:`next_event` already admitted: a ``generate`` is in
@@ -154,10 +171,8 @@ class ServerConnection:
     """
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
-        self.state = State.HANDSHAKE
+        super().__init__(max_frame_size)
         self.max_frame_size = max_frame_size
-        self._frames = FrameDecoder(max_frame_size)
-        self._eof = False
         self._hello: Hello | None = None
         self._generating: set[str] = set()
         self._awaiting: collections.Counter[str] = collections.Counter()
@@ -175,14 +190,6 @@ class ServerConnection:
     def generating(self, request_id: str) -> bool:
         """Whether a ``generate`` with this id is in flight."""
         return request_id in self._generating
-
-    def receive_data(self, data: bytes) -> None:
-        """Bytes read from the peer; ``b""`` means the peer closed its side."""
-        if data:
-            self._frames.feed(data)
-        elif not self._eof:
-            self._eof = True
-            self._frames.feed_eof()
 
     def next_event(self) -> ServerEvent | None:
         """The next event, or ``None`` until more bytes arrive."""
@@ -297,7 +304,7 @@ class ServerConnection:
 # ------------------------------------------------------------------------ client
 
 
-class ClientConnection:
+class ClientConnection(_Side):
     """The client's side of one connection (sans-I/O).
 
     ``send`` a ``hello`` first; once its :class:`Reply` (the ``welcome``) has come out
@@ -308,15 +315,13 @@ class ClientConnection:
     """
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
-        self.state = State.HANDSHAKE
+        super().__init__(max_frame_size)
         self.welcome: Welcome | None = None
         self.error: ProtocolError | None = None
         """Why the connection closed (set with the :class:`Failed` event or :meth:`fail`)."""
-        self._decoder = ResponseDecoder(max_frame_size)
         self._hello: Hello | None = None
         self._generating: set[str] = set()
         self._awaiting: set[str] = set()
-        self._eof = False
 
     def in_flight(self, request_id: str) -> bool:
         """Whether ``request_id`` still expects frames from the server."""
@@ -359,20 +364,13 @@ class ClientConnection:
             self._generating.clear()
             self._awaiting.clear()
 
-    def receive_data(self, data: bytes) -> None:
-        """Bytes read from the server; ``b""`` means it closed its side."""
-        if data:
-            self._decoder.feed(data)
-        elif not self._eof:
-            self._eof = True
-            self._decoder.feed_eof()
-
     def next_event(self) -> ClientEvent | None:
         """The next event, or ``None`` until more bytes arrive."""
         if self.state is State.CLOSED:
             return None
         try:
-            message = self._decoder.next_message()
+            frame = self._frames.next_frame()
+            message = None if frame is None else decode_response(frame)
         except ProtocolError as exc:
             return self._malformed(exc)
         if message is None:

@@ -1,5 +1,6 @@
-"""The rooms keep their doors: protocol <- plugins <- daemon -> native, and the clients
-(protocol <- clients <- daemon) talk to the daemon through its socket only."""
+"""The rooms keep their doors: protocol <- plugins <- daemon -> native, policy (pure
+computation) below plugins and daemon, and the clients (protocol <- clients <- daemon)
+talk to the daemon through its socket only."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = {
     "protocol": ("meshd.native", "meshd.plugins", "meshd.daemon", "meshd.clients", "llama_cpp"),
-    "clients": ("meshd.native", "meshd.plugins", "meshd.daemon", "llama_cpp"),
+    "clients": ("meshd.native", "meshd.plugins", "meshd.daemon", "meshd.policy", "llama_cpp"),
     "native": ("meshd.daemon", "meshd.plugins", "meshd.protocol", "meshd.clients"),
     "plugins": ("meshd.native", "meshd.daemon", "meshd.clients", "llama_cpp"),
+    # Speculation's decisions and economics: a leaf of plain computation, so it can be
+    # tested exhaustively; times are handed in, never read.
+    "policy": ("meshd.", "llama_cpp", "numpy", "threading", "time", "anyio", "trio",
+               "asyncio", "concurrent", "socket", "os", "subprocess"),
 }
 
 
@@ -43,10 +48,10 @@ def test_package_imports_respect_the_layering(package: str) -> None:
 def test_no_bare_top_level_imports() -> None:
     bare = [
         f"{path.relative_to(ROOT)}: {name}"
-        for pkg in ("clients", "daemon", "native", "plugins", "protocol", "tests")
+        for pkg in ("clients", "daemon", "native", "plugins", "policy", "protocol", "tests")
         for path in (ROOT / pkg).rglob("*.py")
         for name in imported_modules(path)
-        if name.split(".")[0] in {"clients", "daemon", "native", "plugins", "protocol"}
+        if name.split(".")[0] in {"clients", "daemon", "native", "plugins", "policy", "protocol"}
     ]
     assert bare == []
 

@@ -387,3 +387,58 @@ def test_hostile_server_never_breaks_the_client_rules(
             if event.final:
                 finished.add(event.request_id)
     assert failed, "the end of the stream always fails the connection"
+
+
+client_frames = st.lists(
+    st.one_of(
+        st.sampled_from(IDS).map(lambda rid: encode(Generate(id=rid, prompt="p"))),
+        st.sampled_from(IDS).map(lambda rid: encode(Stats(id=rid))),
+        st.sampled_from(IDS).map(lambda rid: encode(Cancel(id=rid, ack="k"))),
+        st.just(encode(hello("h2"))),
+        st.sampled_from([b"garbage\n", b'{"op":"generate","id":"a"}\n', b"\n",
+                         b'{"op":"done","id":"a","finish_reason":"stop"}\n']),
+    ),
+    max_size=30,
+)
+
+
+@SETTINGS
+@given(st.booleans(), client_frames, st.integers(1, 50))
+def test_hostile_client_never_breaks_the_server_rules(
+    hello_first: bool, frames: list[bytes], split: int
+) -> None:
+    """Whatever a client sends, the server admits hello first, never two generates with
+    one id in flight, and turns everything else into a Rejected frame to answer."""
+    server = ServerConnection()
+    data = (encode(hello()) if hello_first else b"") + b"".join(frames)
+    generating: set[str] = set()
+    first = True
+    for start in range(0, len(data), split):
+        server.receive_data(data[start:start + split])
+        # One event at a time: the hello is answered before the next frame is taken.
+        while (event := server.next_event()) is not None:
+            if isinstance(event, ConnectionEnded):
+                break
+            if first:
+                first = False
+                if hello_first:
+                    assert isinstance(event, Hello)
+                if isinstance(event, Hello):
+                    server.send(welcome(event.id))
+                    continue
+                assert isinstance(event, Rejected) and event.fatal
+            if isinstance(event, Rejected):
+                assert event.fatal == (server.state is State.HANDSHAKE)
+                server.reject(event)
+                if event.fatal:
+                    assert server.state is State.CLOSED
+                continue
+            assert server.state is State.OPEN and not isinstance(event, Hello)
+            if isinstance(event, Generate):
+                assert event.id not in generating
+                generating.add(event.id)
+                if len(generating) == 2:  # end one now and then
+                    rid = sorted(generating)[0]
+                    server.send(Done(id=rid, finish_reason=FinishReason.STOP))
+                    generating.discard(rid)
+    assert server.in_flight >= len(generating)

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .bench_workloads import load_workloads
-from .runtime import ModelRuntime, RuntimeConfig
-from .worker import LoopbackWorkers
+from ..runtime import ModelRuntime, RuntimeConfig
+from ..worker import LoopbackWorkers
+from .workloads import load_workloads
 
 __all__ = ["add_arguments", "cmd_bench_rpc"]
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..runtime import ModelRuntime, RuntimeConfig
 from ..worker import LoopbackWorkers
+from .arms import render_prompt
 from .workloads import load_workloads
 
 __all__ = ["add_arguments", "cmd_bench_rpc"]
@@ -77,6 +78,7 @@ def _run(rt: ModelRuntime, prompt: list[int], arm: str, tokens: int) -> dict[str
 def _draft_trips(rt: ModelRuntime, prompt: list[int], k: int) -> float:
     """Round trips of one MTP draft of ``k`` tokens after ``prompt`` (mean of a few;
     a draft drops its own MTP cache entries, so each starts from the same state)."""
+    rt.prefix_cache.clear()  # hands back the slot a finished generation kept
     session = rt.context.open_session(reserve=len(prompt) + k + 1)
     try:
         last = int(np.argmax(session.prefill(prompt)))
@@ -118,8 +120,9 @@ def cmd_bench_rpc(args: argparse.Namespace) -> int:
                 calibrate=False, draft_max=args.draft_k,
                 rpc_workers=tuple(workers.first(n)))
             with ModelRuntime(config) as rt:
-                prompt = rt.tokenize_prompt(rt.render_chat(
-                    [{"role": r, "content": c} for r, c in workload.messages]), chat=True)
+                # (the chat template when the model has one; a synthetic model's small
+                # context gets the prompt's tail)
+                prompt, _ = render_prompt(rt, workload, room=args.tokens + args.draft_k + 1)
                 for arm in _arms(rt):  # warm-up: llama.cpp caches allocation sizes per
                     _run(rt, prompt, arm, args.tokens)  # shape (asked of a worker once)
                 results["local" if n == 0 else f"{n} workers"] = _measure(rt, prompt, args)

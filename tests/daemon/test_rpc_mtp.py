@@ -10,6 +10,7 @@ context's cache went, and the relays in front of the workers count every round t
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -31,10 +32,13 @@ def workers() -> Iterator[LoopbackWorkers]:
         yield w
 
 
-def _config(**kw: object) -> RuntimeConfig:
+def _model() -> str:
     # acceptance 0.8: rejected drafts, so repairs of the recurrent state run too.
-    path = str(testmodels.test_model_path("qwen35", acceptance=0.8))
-    return RuntimeConfig(model_path=path, n_ctx_seq=512, threads=1, calibrate=False,
+    return str(testmodels.test_model_path("qwen35", acceptance=0.8))
+
+
+def _config(**kw: object) -> RuntimeConfig:
+    return RuntimeConfig(model_path=_model(), n_ctx_seq=512, threads=1, calibrate=False,
                          draft_max=4, **kw)  # type: ignore[arg-type]
 
 
@@ -136,3 +140,23 @@ def test_draft_model_stays_local(workers: LoopbackWorkers) -> None:
             assert _trips(split.remote) == before, "the draft model used a worker"
         finally:
             sequence.close()
+
+
+@pytest.mark.slow
+def test_bench_rpc_counts_no_round_trip_per_mtp_draft(
+        tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    from meshd.daemon.cli import main
+
+    out = f"{tmp_path}/rpc.json"
+    assert main(["bench-rpc", "--model", _model(), "--workers", "2",
+                 "--reps", "1", "--tokens", "16", "--draft-k", "4", "--threads", "1",
+                 "--json", out]) == 0
+    with open(out) as f:
+        results = json.load(f)
+    split = results["2 workers"]
+    assert set(split) == {"off", "ngram", "mtp"}
+    assert split["mtp"]["round_trips_per_draft"] == 0
+    assert split["mtp"]["rows_per_forward"] > 1  # verify windows of several rows ...
+    assert split["mtp"]["round_trips_per_forward"] == pytest.approx(2)  # ... cost 2
+    assert results["local"]["mtp"]["round_trips_per_draft"] == 0
+    assert "trips/draft" in capsys.readouterr().out

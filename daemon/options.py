@@ -177,8 +177,8 @@ def placement_options() -> argparse.ArgumentParser:
                         "this CPU (default: all, where the build has a GPU backend or --rpc "
                         "is given; a CPU-only build runs everything here)")
     g.add_argument("--tensor-split", type=weights, default=None, metavar="W[,W...]",
-                   help="weigh the layer split: one weight per device (local GPUs, then "
-                        "each worker's devices; default: by free memory)")
+                   help="weigh the layer split: one weight per device (each worker's "
+                        "devices, then local GPUs; default: by free memory)")
     return p
 
 

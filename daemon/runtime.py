@@ -95,7 +95,7 @@ class RuntimeConfig:
     gpu_layers: int | None = None
     #: Remote workers (``HOST:PORT``, llama.cpp RPC servers) the layers are split across.
     rpc_workers: tuple[str, ...] = ()
-    #: Weights of the layer split over the devices (local accelerators, then workers).
+    #: Weights of the layer split over the devices (workers, then local accelerators).
     tensor_split: tuple[float, ...] = ()
 
 

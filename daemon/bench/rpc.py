@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from meshd.native.session import SequenceSession
+
 from ..runtime import ModelRuntime, RuntimeConfig
 from ..worker import LoopbackWorkers
 from .arms import render_prompt

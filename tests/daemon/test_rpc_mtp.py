@@ -22,6 +22,7 @@ from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.worker import LoopbackWorkers
 from meshd.native import testmodels
 from meshd.native.rpc_workers import RemoteWorkers
+from meshd.native.session import SequenceSession
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 

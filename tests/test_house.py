@@ -1,8 +1,9 @@
 """The house's rules that a reader relies on: modules that do not import each other in
-circles.
+circles, and modules small enough to read in one sitting.
 
-The check reads the real source files with ``ast``, so an import hidden inside a function
-(the usual way to break a cycle at run time without removing it) still counts.
+Both read the real source files; the cycle check parses them with ``ast``, so an import
+hidden inside a function (the usual way to break a cycle at run time without removing
+it) still counts.
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The folders that are the product (tests and tooling outside them are not).
+PRODUCT = ("meshd", "clients", "daemon", "native", "plugins", "policy", "protocol")
+MAX_LINES = 600
 
 
 def package_imports(package: str) -> dict[str, set[str]]:
-    """Each module of ``package`` (a folder, not recursing) and the modules of the same
-    package it imports anywhere in its body: at the top, in functions, under
-    ``TYPE_CHECKING``."""
+    """Each module of ``package`` (a folder such as ``daemon/bench``, not recursing) and
+    the modules of the same package it imports anywhere in its body: at the top, in
+    functions, under ``TYPE_CHECKING``."""
     folder = ROOT / package
     modules = {path.stem for path in folder.glob("*.py")}
-    prefix = f"meshd.{package}."
+    prefix = "meshd." + package.replace("/", ".") + "."
     graph: dict[str, set[str]] = {}
     for path in sorted(folder.glob("*.py")):
         edges: set[str] = set()
@@ -85,6 +89,19 @@ def test_cycle_finder_finds_a_cycle_through_three_modules() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.parametrize("package", ["native", "policy", "protocol"])
+@pytest.mark.parametrize("package", [
+    "clients", "daemon", "daemon/bench", "daemon/http", "native", "plugins", "policy",
+    "protocol",
+])
 def test_no_import_cycle_inside_package(package: str) -> None:
     assert cycles(package_imports(package)) == []
+
+
+def test_no_product_module_over_600_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for folder in PRODUCT
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}

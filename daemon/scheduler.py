@@ -375,28 +375,15 @@ def _step_all(
 
     Runs on a worker thread. Repairs that decode (restore-and-replay) go after the
     in-place ones, because an in-place rollback is only exact before any other forward.
+
+    Recurrent (hybrid) sessions and sessions that follow the MTP head batch like the
+    others: llama.cpp splits a forward of several sequences into micro-batches that keep
+    each sequence's last ``n_rs_seq + 1`` rows together (its rollback snapshots stay
+    valid), keeps rollback snapshots and pending rollbacks per sequence, and returns the
+    hidden rows the MTP head is caught up from in batch order; each session's window is
+    contiguous in the batch, so its rows pair with its own hidden rows.
     """
     out: list[list[TokenEvent] | BaseException] = [[] for _ in gens]
-    live = [g for g in gens if g is not None]
-    if len(live) > 1 and (live[0].session.recurrent or live[0].session.mtp is not None):
-        # Recurrent state and the MTP companion are kept per sequence by llama.cpp in ways
-        # a mixed batch can break: a recurrent batch of several sequences is split into
-        # equal per-sequence micro-batches, so a sequence's in-place rollback may reach
-        # past its last micro-batch (the stale-snapshot trap), and a divergence was seen
-        # with several MTP sessions in one forward. Until that is pinned down, such
-        # sessions take their steps one after another (each window repaired right after
-        # its own forward), which is exact.
-        for i, gen in enumerate(gens):
-            assert gen is not None
-            c = gen.session.counters
-            forward_ms = c.decode_ms + c.verify_ms
-            try:
-                out[i] = gen.step()  # records its own forward in the cost model
-            except Exception as exc:
-                out[i] = exc
-            if verify_seconds is not None and c.decode_ms + c.verify_ms > forward_ms:
-                verify_seconds.observe((c.decode_ms + c.verify_ms - forward_ms) / 1e3)
-        return out
     planned: list[tuple[int, Generation, Window]] = []
     for i, gen in enumerate(gens):
         assert gen is not None

@@ -36,6 +36,7 @@ import anyio.abc
 import anyio.lowlevel
 from structlog.typing import FilteringBoundLogger
 
+from meshd.policy.decision import FinishReason
 from meshd.protocol import (
     BadRequest,
     Cancel,
@@ -68,7 +69,6 @@ from .engine import GenerationStats, TokenEvent
 from .mapping import done_message, token_message
 from .scheduler import Failed, Finished, GenRequest, RequestHandle
 from .service import InFlight, Service
-from .speculation import FinishReason
 
 __all__ = ["Connection"]
 

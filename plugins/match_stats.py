@@ -164,14 +164,24 @@ class MatchStats:
         """
         if proposed <= 0:
             return
-        self.updates += 1
-        for c in range(len(CLASS_STARTS)):
-            self._hits[c] *= DECAY
-            self._trials[c] *= DECAY
+        self.decay()
         for i in range(accepted):
             self._count(length + i, 1.0)
         if accepted < proposed and not censored:
             self._count(length + accepted, 0.0)
+        self.factor = copy_factor(self._hits, self._trials)
+
+    def decay(self) -> None:
+        """Age every count by one outcome (recent outcomes matter most)."""
+        self.updates += 1
+        for c in range(len(CLASS_STARTS)):
+            self._hits[c] *= DECAY
+            self._trials[c] *= DECAY
+
+    def record(self, length: int, hit: bool) -> None:
+        """One position judged without a draft: did the token after a match of
+        ``length`` continue it? (See the proposer's shadow drafts.)"""
+        self._count(length, 1.0 if hit else 0.0)
         self.factor = copy_factor(self._hits, self._trials)
 
     def _count(self, length: int, hit: float) -> None:

@@ -67,7 +67,7 @@ def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .bench import add_arguments
+    from .bench.cli import add_arguments
 
     add_arguments(opt.subparser(
         sub, "bench",
@@ -77,7 +77,7 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _add_bench_rpc(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .bench_rpc import add_arguments
+    from .bench.rpc import add_arguments
 
     add_arguments(opt.subparser(
         sub, "bench-rpc",
@@ -87,7 +87,7 @@ def _add_bench_rpc(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _add_bench_threads(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .bench_threads import add_arguments
+    from .bench.threads import add_arguments
 
     add_arguments(opt.subparser(
         sub, "bench-threads",
@@ -245,17 +245,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return soak.run(args)
     if args.command == "bench-rpc":
-        from .bench_rpc import cmd_bench_rpc
+        from .bench.rpc import cmd_bench_rpc
 
         return cmd_bench_rpc(args)
     if args.command == "bench":
-        from .bench import cmd_bench
+        from .bench.cli import cmd_bench
 
         return cmd_bench(args)
     if args.command == "config":
         return cmd_config(args)
     if args.command == "bench-threads":
-        from .bench_threads import cmd_bench_threads
+        from .bench.threads import cmd_bench_threads
 
         return cmd_bench_threads(args)
     return cmd_make_test_model(args)

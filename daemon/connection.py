@@ -36,6 +36,7 @@ import anyio.abc
 import anyio.lowlevel
 from structlog.typing import FilteringBoundLogger
 
+from meshd.policy.decision import FinishReason
 from meshd.protocol import (
     BadRequest,
     Cancel,
@@ -59,6 +60,7 @@ from meshd.protocol import (
     Tokenize,
     decode_request,
     encode,
+    error_message,
     write_all,
 )
 from meshd.protocol import FinishReason as WireFinishReason
@@ -67,7 +69,6 @@ from .engine import GenerationStats, TokenEvent
 from .mapping import done_message, token_message
 from .scheduler import Failed, Finished, GenRequest, RequestHandle
 from .service import InFlight, Service
-from .speculation import FinishReason
 
 __all__ = ["Connection"]
 
@@ -137,9 +138,9 @@ class Connection:
         ``forbidden`` error frame (id null) and the connection closes."""
         if self.service.admits_peer(self._socket, self.log):
             return True
-        await self._send(PermissionDenied(
+        await self._send(error_message(PermissionDenied(
             "this daemon does not serve your user or groups (ask its administrator to add "
-            "them to the allowed users or groups)").to_message())
+            "them to the allowed users or groups)")))
         return False
 
     def close(self) -> None:
@@ -437,7 +438,7 @@ class Connection:
         if not streamed:
             self.log.info("request_rejected", id=request_id, code=error.code.value)
             self.log.debug("request_rejected_message", id=request_id, message=error.message)
-            return error.to_message()
+            return error_message(error)
         generation = handle.generation
         stats = generation.stats if generation is not None else GenerationStats()
         ran = stats.proposer_that_ran(handle.proposer)
@@ -474,7 +475,7 @@ class Connection:
                       field=field)
         # The message may quote a value from the request, so it stays below info.
         self.log.debug("request_rejected_message", id=error.request_id, message=error.message)
-        await self._send(error.to_message())
+        await self._send(error_message(error))
 
     def _count_error(self, error: ProtocolError) -> None:
         self.service.counters[f"errors_{error.code.value}"] += 1
@@ -491,7 +492,7 @@ class Connection:
             )
             self._count_error(error)
             self.log.info("reply_too_large", id=message.id, op=message.OP, size=len(data) - 1)
-            data = encode(error.to_message())
+            data = encode(error_message(error))
         return await self._send_bytes(data)
 
     async def _send_bytes(self, data: bytes) -> bool:

@@ -1,8 +1,9 @@
 """The generation engine: applies speculation's decisions to one runtime session.
 
 One token's walk: gate -> proposer.propose -> (checkpoint) -> session.verify ->
-speculation.decide -> repair -> proposer.observe -> commit (events out). There is exactly
-one place that decides (``speculation.decide``) and this is the one place that applies;
+decision.decide -> repair -> proposer.observe -> commit (events out). The gate and the
+decision live in :mod:`meshd.policy` (``StepGate.decide``, ``decision.decide``); this is
+the one place that applies them;
 every proposer goes through the same path, and ``--proposer off`` is the same path with
 empty drafts (zero-length windows), so "identical to plain decoding" is structural.
 
@@ -23,23 +24,23 @@ from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
 from meshd.native.session import RuntimeSession
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
-from meshd.plugins.adaptive import AdaptiveK, CostCurve, speedup_limit
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
+from meshd.policy.costs import CostModel
+from meshd.policy.decision import (
+    Decision,
+    FinishReason,
+    RepairCaps,
+    RepairKind,
+    decide,
+    needs_checkpoint,
+)
+from meshd.policy.gate import HeadLoad, StepFacts, StepGate
 
-from .costs import CostModel
 from .sampling import GREEDY, FloatArray, Sampler, SamplingParams
-from .speculation import Decision, FinishReason, RepairCaps, RepairKind, decide, needs_checkpoint
 from .stopping import StopMatcher
 
 #: How long a proposer may take to answer before its draft counts as late.
 PROPOSER_DEADLINE_S = 0.050
-
-#: Decode-phase forwards before the MTP head's cost is judged (timings settle).
-HEAD_CHECK_FORWARDS = 16
-#: Drafted tokens verified before the head is judged by its measured acceptance.
-HEAD_CHECK_DRAFTS = 64
-#: Forwards between two such judgements.
-HEAD_CHECK_EVERY = 8
 
 
 @attrs.define
@@ -122,24 +123,6 @@ class SpeculationSettings:
     adaptive: bool = True
 
 
-def mtp_head_pays(curve: CostCurve, *, overhead: float, draft_cost: float, k_max: int,
-                  acceptances: Sequence[Sequence[float]] = ()) -> bool:
-    """Whether following an MTP head can beat plain decoding without it.
-
-    ``overhead``: the head's catch-up time per target forward, as a fraction of it (paid
-    on plain steps too); ``draft_cost``: one drafted token, in decodes. Speculation must
-    beat ``1 + overhead``. With no ``acceptances`` only the bound at acceptance 1 is
-    judged; with them (one estimate per state), the best of them must beat it too.
-    """
-    target = 1.0 + overhead
-    if speedup_limit(curve, 1.0, k_max=k_max, draft_cost=draft_cost)[1] < target:
-        return False
-    if not acceptances:
-        return True
-    return max(speedup_limit(curve, acc, k_max=k_max, draft_cost=draft_cost)[1]
-               for acc in acceptances) >= target
-
-
 class MtpHead:
     """The session's MTP context bound to the engine's current ``last`` token.
 
@@ -205,18 +188,15 @@ class Generation:
         self.on_release = on_release
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.costs = costs
-        self.adaptive: AdaptiveK | None = None
-        if proposer is not None and settings.adaptive and costs is not None:
-            self.adaptive = AdaptiveK(costs.curve(), k_max=settings.draft_max)
+        #: Speculation's policy for this request: one call per step (see _gate).
+        self.gate = StepGate(costs, draft_max=settings.draft_max,
+                             adaptive=proposer is not None and settings.adaptive)
         self.finish: FinishReason | None = None
         self.last = -1
         self.committed: list[int] = []
         self._started = False
-        self._serial_decodes = 0
-        self._draft_s_per_token: float | None = None
-        #: (forward ms, MTP catch-up ms, forwards) when decoding began (see _gate).
+        #: (forward ms, MTP catch-up ms, forwards) when decoding began (see _head_load).
         self._decode_base = (0.0, 0.0, 0)
-        self._next_head_check = 0
         self._released = False
         self._cancel_at: int | None = None
         self._cancel_lock = threading.Lock()
@@ -260,9 +240,7 @@ class Generation:
         self._decode_base = (c.decode_ms + c.verify_ms, c.mtp_ms, c.target_forwards)
         window = Window(self.prompt[-1], len(self.prompt) - 1, ())
         decision = self.decide_window(window, logits[None, :])
-        events = self.apply(window, decision)
-        self._serial_decodes = 0  # the prefill is no serial decode (recurrent warm-up gate)
-        return events
+        return self.apply(window, decision)
 
     def step(self) -> list[TokenEvent]:
         """One decode step (plan, verify, decide, repair, commit)."""
@@ -321,70 +299,32 @@ class Generation:
             return 0
         remaining = self.max_tokens - len(self.committed)
         room = self.session.context.config.n_ctx_seq - self.session.n_past - 1
-        k_max = min(self.settings.draft_max, remaining - 1, room)
-        if not self.sampler.params.exact_verifiable:
-            self.stats.refuse("unseeded_sampling")
-            return 0
-        if self.session.recurrent and self._serial_decodes == 0:
-            self.stats.refuse("recurrent_warmup")
-            return 0
-        if k_max <= 0:
-            self.stats.refuse("budget")
-            return 0
-        if self.adaptive is not None:
-            if self.costs is not None:
-                self.adaptive.curve = self.costs.curve()
-                decode_s = self.costs.decode_seconds()
-                if decode_s and self._draft_s_per_token is not None:
-                    # Drafting is not free (an MTP head or draft model runs forwards):
-                    # the cost model charges each drafted token what it measurably costs.
-                    self.adaptive.draft_cost = self._draft_s_per_token / decode_s
-            if self.mtp_head is not None and self._mtp_head_cannot_pay():
-                self._drop_mtp_head()
-                self.stats.refuse("mtp_head_dropped")
-                return 0
-            k = min(self.adaptive.next_k(), k_max)
-            if k == 0:
-                self.stats.refuse("cost_model")
-            return k
-        return k_max
+        verdict = self.gate.decide(StepFacts(
+            exact_verifiable=self.sampler.params.exact_verifiable,
+            k_max=min(self.settings.draft_max, remaining - 1, room),
+            head=self._head_load() if self.mtp_head is not None else None,
+        ))
+        if verdict.drop_head:
+            self._drop_mtp_head()
+        if verdict.refusal is not None:
+            self.stats.refuse(verdict.refusal.value)
+        return verdict.k
 
-    def _mtp_head_cannot_pay(self) -> bool:
-        """Whether following the MTP head costs more than its drafts can save.
-
-        Following the head is not free: every target forward is followed by an MTP
-        forward to catch it up (``o``, measured as a fraction of the target's forward
-        time), plain steps included. Speculation must therefore beat ``1 + o`` (plain
-        decoding without the head), not 1. The head is dropped when even drafts that are
-        always right could not (on a model whose head costs as much as its body), or,
-        once enough drafts were verified, when the measured acceptance cannot.
-        """
-        adaptive = self.adaptive
-        if adaptive is None or self._draft_s_per_token is None:
-            return False
+    def _head_load(self) -> HeadLoad:
+        """What following the MTP head has cost since the prefill."""
         c = self.session.counters
-        forwards = c.target_forwards - self._decode_base[2]
-        if forwards < max(HEAD_CHECK_FORWARDS, self._next_head_check):
-            return False
-        self._next_head_check = forwards + HEAD_CHECK_EVERY  # not on every step
-        fwd_ms = c.decode_ms + c.verify_ms - self._decode_base[0]
-        mtp_ms = c.mtp_ms - self._decode_base[1]
-        if fwd_ms <= mtp_ms:
-            return False
-        overhead = mtp_ms / (fwd_ms - mtp_ms)
-        measured: list[Sequence[float]] = []
-        if self.stats.drafted >= HEAD_CHECK_DRAFTS:
-            trackers = [adaptive.tracker, *(t for t in adaptive.streak_trackers if t.updates)]
-            measured = [t.acceptances(adaptive.k_max) for t in trackers]
-        return not mtp_head_pays(adaptive.curve, overhead=overhead,
-                                 draft_cost=adaptive.draft_cost, k_max=adaptive.k_max,
-                                 acceptances=measured)
+        base_ms, base_mtp_ms, base_forwards = self._decode_base
+        return HeadLoad(
+            forwards=c.target_forwards - base_forwards,
+            forward_ms=c.decode_ms + c.verify_ms - base_ms,
+            head_ms=c.mtp_ms - base_mtp_ms,
+            drafted=self.stats.drafted,
+        )
 
     def _drop_mtp_head(self) -> None:
         """Decode the rest of the request plainly, without catching the head up."""
         proposer, self.proposer = self.proposer, None
         self.mtp_head = None
-        self.adaptive = None
         self.session.detach_mtp()
         if proposer is not None:
             try:
@@ -400,8 +340,8 @@ class Generation:
         draft: tuple[int, ...] = ()
         if k > 0 and self.proposer is not None:
             draft = self._propose(self.proposer, k)
-        if self.adaptive is not None and k > 0 and not draft:
-            self.adaptive.observe(0, 0)
+        if k > 0 and not draft:
+            self.gate.verified(0, 0)
         caps = RepairCaps(self.session.recurrent, self.session.rollback_window, False)
         if needs_checkpoint(len(draft), caps):
             self.session.checkpoint()
@@ -424,10 +364,7 @@ class Generation:
         finally:
             elapsed = time.perf_counter() - t0
             self.stats.propose_ms += elapsed * 1e3
-        n = len(proposal.tokens) if proposal is not None else 0
-        per_token = elapsed / max(1, n)
-        prev = self._draft_s_per_token
-        self._draft_s_per_token = per_token if prev is None else 0.8 * prev + 0.2 * per_token
+        self.gate.drafted(elapsed, len(proposal.tokens) if proposal is not None else 0)
         if time.monotonic() > request.deadline:
             self.stats.fault("late")
         if proposal is None or not proposal.tokens:
@@ -446,7 +383,12 @@ class Generation:
     # ------------------------------------------------------------------ decide/apply
 
     def decide_window(self, window: Window, logits: FloatArray) -> Decision:
-        """Pure decision for a verified window (text assembly runs in ``stop_after``)."""
+        """Decide a verified window with :func:`~meshd.policy.decision.decide`.
+
+        Not pure: matching the rows draws from the sampler's RNG (one draw per row
+        reached), and every committed token goes through the UTF-8 assembler and the
+        stop matcher (``stop_after``), whose text waits in ``_pending_text`` for
+        :meth:`apply`. Call it exactly once per verified window, in order."""
         predictions = self.sampler.match_rows(logits, window.draft)
         caps = RepairCaps(
             self.session.recurrent, self.session.rollback_window, self.session.has_checkpoint
@@ -489,9 +431,7 @@ class Generation:
         else:
             s.discard()
         k = len(window.draft)
-        if k == 0:
-            self._serial_decodes += 1
-        else:
+        if k > 0:
             st = self.stats
             st.verify_calls += 1
             st.drafted += k
@@ -503,8 +443,7 @@ class Generation:
                 st.drafted_per_position[i] += 1
             for i in range(decision.accepted):
                 st.accepted_per_position[i] += 1
-            if self.adaptive is not None:
-                self.adaptive.observe(k, decision.matched)
+            self.gate.verified(k, decision.matched)
         if self.proposer is not None and k > 0:
             try:
                 self.proposer.observe(Outcome(k, decision.accepted, decision.committed))

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from meshd.policy.decision import FinishReason
 from meshd.protocol import messages as wire
 
 from .engine import GenerationStats, TokenEvent
 from .runtime import ModelRuntime
 from .sampling import SamplingParams
-from .speculation import FinishReason
 
 __all__ = ["done_message", "model_info", "sampling_params", "speculation_stats", "token_message"]
 

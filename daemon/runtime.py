@@ -24,17 +24,17 @@ from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
 from meshd.native.rpc import parse_endpoint
 from meshd.native.rpc_workers import RemoteWorkers
-from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import ModelDescription, Proposer, ProposerEnv
 from meshd.plugins.config import PluginConfig
 from meshd.plugins.hosts import PluginHosts
 from meshd.plugins.match_stats import SharedMatchStats
 from meshd.plugins.registry import Registry, default_registry
 from meshd.plugins.resources import Need, Resources
+from meshd.policy.costs import CostCurve, CostModel, is_plausible
+from meshd.policy.gate import mtp_head_pays
 
 from .chat_template import ChatTemplate, ChatTemplateError
-from .costs import CostModel, is_plausible
-from .engine import Generation, MtpHead, SpeculationSettings, mtp_head_pays
+from .engine import Generation, MtpHead, SpeculationSettings
 from .prefix_cache import PrefixCache
 from .sampling import GREEDY, SamplingParams
 

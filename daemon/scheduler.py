@@ -29,14 +29,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from meshd.native.errors import CapacityError, NativeError
 from meshd.native.session import verify_many
+from meshd.policy.costs import CostModel
+from meshd.policy.decision import Decision, FinishReason, RepairKind
 
-from .costs import CostModel
 from .engine import Generation, GenerationStats, TokenEvent, Window
 from .histogram import Histogram
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
 from .runtime import ModelRuntime, RequestError
 from .sampling import GREEDY, SamplingParams
-from .speculation import Decision, FinishReason, RepairKind
 
 
 class Busy(Exception):

@@ -24,7 +24,7 @@ from functools import partial
 import anyio
 import anyio.abc
 
-from meshd.protocol import ServerBusy, encode
+from meshd.protocol import ServerBusy, encode, error_message
 
 from .connection import Connection
 from .http.connection import HttpConnection
@@ -207,8 +207,8 @@ class Server:
         self.log.warning("connection_refused", reason="max_connections", limit=limit)
         if not http_only:
             self.service.counters["errors_busy"] += 1
-            frame = encode(ServerBusy(f"too many connections (limit {limit}); retry later")
-                           .to_message())
+            frame = encode(error_message(
+                ServerBusy(f"too many connections (limit {limit}); retry later")))
             sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
             with contextlib.suppress(OSError):
                 sock.send(frame)  # a fresh socket's buffer takes one small frame

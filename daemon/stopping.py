@@ -10,7 +10,7 @@ Matching rule: the first stop string to *complete* wins. Among stop strings comp
 at the same point, the one starting earliest (the longest) wins, so that none of its
 text leaks. This is the streaming rule servers use: a stop is reported on the very
 piece that completes it, which lets the engine map it to a token index (the
-``stop_after`` predicate of :mod:`meshd.daemon.speculation`) without committing a token
+``stop_after`` predicate of :mod:`meshd.policy.decision`) without committing a token
 it should not have. Its one consequence worth knowing: with stops ``["ab", "abc"]``,
 ``"abc"`` can never fire (``"ab"`` completes first), and with ``["bc", "abcd"]`` on text
 ``"abcd"`` the output is ``"a"``, not ``""``, because ``"bc"`` completed first. Waiting to

@@ -1,7 +1,7 @@
 """The one proposer interface: every source of draft tokens speaks it.
 
 Why one interface: the engine has exactly one path from "draft" to "committed" (the
-verify-commit-repair state machine in ``meshd.daemon.speculation``). Whether the draft
+verify-commit-repair state machine in ``meshd.policy.decision``). Whether the draft
 came from the model's own MTP head, prompt lookup, a draft model or a third-party plugin
 must not matter to it, so all of them answer the same question in the same shape.
 

@@ -4,14 +4,10 @@ Why not "first non-empty": proposers differ in how often they are right and the 
 cost grows with the draft length, so a long n-gram match from a proposer that is usually
 wrong can be worth less than a short MTP draft, or than no draft at all. Each step, for
 every child that has something, and every prefix length ``k`` of its draft, this computes
-the expected speedup (see :mod:`meshd.plugins.adaptive` for the formula)::
-
-    r(child, k) = E_child(k) / (c(k) + k * draft_cost_child)
-    E_child(k)  = 1 + sum_{j=1..k} prod_{i=0..j-1} acc_child[i]
-
-where ``acc_child`` are that child's running per-position acceptance estimates (its own
-:class:`AcceptanceTracker`, fed only by verifications of its own drafts) and ``c`` is the
-machine's measured :class:`CostCurve`. It proposes the ``(child, k)`` with the largest
+the expected speedup ``r(child, k)`` of :mod:`meshd.policy.costs` (the objective is
+stated there once), with that child's running per-position acceptance estimates (its own
+:class:`AcceptanceTracker`, fed only by verifications of its own drafts), its drafting
+cost and the machine's measured :class:`CostCurve`. It proposes the ``(child, k)`` with the largest
 ``r`` (within a child ties go to the smaller ``k``; across children to the child with
 the higher best-possible ratio, then the earlier one), truncated to ``k`` tokens, and
 nothing at all when the best ``r`` is not above ``margin`` (plain decode is ``r = 1``).
@@ -22,7 +18,7 @@ Since ``r`` depends on a child's draft only through its length, a child whose be
 possible ratio (at its longest allowed draft) cannot beat the current best, or the
 margin, is not even asked, which saves e.g. an MTP head forward when its acceptance is
 low. When nothing is proposed for ``probe_every`` steps, one child (round robin) is asked
-and its first token verified as a probe (:class:`meshd.plugins.adaptive.Explorer`), so
+and its first token verified as a probe (:class:`meshd.policy.acceptance.Explorer`), so
 estimates can recover.
 
 ``observe`` updates the tracker of the child whose draft was used and forwards the
@@ -36,13 +32,9 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from .adaptive import (
-    DEFAULT_MARGIN,
-    AcceptanceTracker,
-    CostCurve,
-    Explorer,
-    ratios,
-)
+from meshd.policy.acceptance import AcceptanceTracker, Explorer
+from meshd.policy.costs import DEFAULT_MARGIN, CostCurve, ratios
+
 from .base import (
     Capabilities,
     Outcome,

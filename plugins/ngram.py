@@ -18,7 +18,7 @@ Draft length (``decides_length``): from the match length ``L`` and the acceptanc
 measured at that length (:class:`~meshd.plugins.match_stats.MatchStats`: position
 ``i`` of the draft is accepted about as often as the next token continues a match of
 ``L + i``), against the machine's verify-cost curve: the ``k`` that maximises expected
-committed tokens per unit of cost (:func:`meshd.plugins.adaptive.choose_k`), 0 when no
+committed tokens per unit of cost (:func:`meshd.policy.costs.choose_k`), 0 when no
 ``k`` beats plain decoding. So a short coincidental match drafts nothing on a CPU where
 a second row costs most of a decode, and a long copied stretch drafts the longest window
 the curve allows. When the longest match offers little (its occurrence ends just before
@@ -34,7 +34,7 @@ table's repeated cells), drafting starts on evidence instead of waiting for long
 matches. A real draft replaces the pending shadow (its outcome is measured instead).
 
 When no match pays for a while, a one-token probe keeps the estimates alive
-(:class:`~meshd.plugins.adaptive.Explorer`, its interval floored so probes cost at most
+(:class:`~meshd.policy.acceptance.Explorer`, its interval floored so probes cost at most
 about 3% of a decode per step).
 
 Cost: one automaton extension per new token (amortised O(1)); the engine passes the
@@ -43,10 +43,11 @@ whole sequence each step, and only the tokens added since the previous call are 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
-from .adaptive import DEFAULT_MARGIN, PROBE_BUDGET, CostCurve, Explorer, ratios
+from meshd.policy.acceptance import Explorer, probe_interval_floor
+from meshd.policy.costs import DEFAULT_MARGIN, CostCurve, ratios
+
 from .base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
 from .match_stats import MatchStats, SharedMatchStats
 from .registry import bool_option, int_option
@@ -214,7 +215,7 @@ class NgramProposer:
         if top >= 1:
             hit = self.stats.p(n)
             probe_cost = curve.cost(1) - 1.0 - hit
-            self.explorer.min_interval = max(0, math.ceil(probe_cost / PROBE_BUDGET))
+            self.explorer.min_interval = probe_interval_floor(probe_cost)
             if self.explorer.idle_step():
                 self.explorer.probed()
                 self._probing = True

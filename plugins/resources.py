@@ -22,7 +22,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from .adaptive import CostCurve
+from meshd.policy.costs import CostCurve
+
 from .match_stats import SharedMatchStats
 
 

@@ -33,7 +33,6 @@ from .errors import (
     ServerBusy,
     UnsupportedVersion,
     error_from_code,
-    error_from_message,
     exception_class,
 )
 from .messages import (
@@ -76,6 +75,8 @@ from .messages import (
     TokenizeReply,
     Usage,
     Welcome,
+    error_from_message,
+    error_message,
 )
 from .transport import StreamReceiver, write_all
 
@@ -148,6 +149,7 @@ __all__ = [
     "encode",
     "error_from_code",
     "error_from_message",
+    "error_message",
     "exception_class",
     "unstructure",
     "write_all",

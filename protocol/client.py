@@ -48,7 +48,6 @@ from .errors import (
     InternalError,
     ProtocolError,
     UnsupportedVersion,
-    error_from_message,
 )
 from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -77,6 +76,7 @@ from .messages import (
     Tokenize,
     TokenizeReply,
     Welcome,
+    error_from_message,
 )
 from .transport import StreamReceiver
 

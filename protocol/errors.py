@@ -3,18 +3,19 @@
 Why one hierarchy for both directions: the same failure ("this frame is malformed") is
 detected by the server's decoder, sent to the client as an ``error`` frame, and raised
 again on the client. Giving each wire code one exception class means the server can turn
-any :class:`ProtocolError` into a frame with :meth:`ProtocolError.to_message` and the
-client can turn any frame back into the same class with :func:`error_from_code`, so both
-sides catch and branch on one set of types.
+any :class:`ProtocolError` into a frame (``ErrorMessage.from_error``) and the client can
+turn any frame back into the same class (:func:`error_from_code`), so both sides catch
+and branch on one set of types.
+
+This module is a leaf: it imports nothing of meshd, so every other module (the
+messages' validators included) can raise these errors. The conversions to and from the
+``error`` frame live with the frame, in ``messages.py``.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, ClassVar
-
-if TYPE_CHECKING:
-    from .messages import ErrorMessage
+from typing import Any, ClassVar
 
 
 class ErrorCode(enum.StrEnum):
@@ -73,12 +74,6 @@ class ProtocolError(Exception):
         clone = _rebuild(type(self), self.message, {**self.__dict__, "request_id": request_id})
         clone.__cause__ = self.__cause__
         return clone
-
-    def to_message(self) -> ErrorMessage:
-        """The ``error`` frame that reports this exception to the peer."""
-        from .messages import ErrorMessage
-
-        return ErrorMessage(id=self.request_id, code=self.code, message=self.message)
 
 
 def _rebuild(cls: type[ProtocolError], message: str, state: dict[str, Any]) -> ProtocolError:
@@ -205,8 +200,3 @@ def error_from_code(
     except ValueError:
         return InternalError(f"[{code}] {message}", request_id=request_id)
     return cls(message, request_id=request_id)
-
-
-def error_from_message(msg: ErrorMessage) -> ProtocolError:
-    """Turn a received ``error`` frame into the exception to raise."""
-    return error_from_code(msg.code, msg.message, msg.id)

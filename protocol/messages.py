@@ -18,12 +18,15 @@ it in step by step while a generation runs and sends it in the final ``done``.
 from __future__ import annotations
 
 import enum
-import math
 from typing import Any, ClassVar, Final, TypeAlias
 
 import attrs
+import attrs.validators as V
 
-from .errors import BadRequest, ErrorCode
+from . import validators as check
+from .errors import BadRequest, ErrorCode, ProtocolError, error_from_code
+from .validators import MAX_ID_LENGTH as MAX_ID_LENGTH
+from .validators import MAX_SEED as MAX_SEED
 
 PROTOCOL_VERSION: Final = 2
 """The protocol version this package speaks; bumped on any incompatible change."""
@@ -31,13 +34,8 @@ PROTOCOL_VERSION: Final = 2
 DEFAULT_MAX_FRAME_SIZE: Final = 4 * 1024 * 1024
 """Default maximum frame size in bytes (the JSON line, newline excluded)."""
 
-MAX_ID_LENGTH: Final = 256
-"""Longest accepted request id, in characters; ids are labels, not payloads."""
-
 PROPOSER_OFF: Final = "off"
 """The proposer name that disables speculative decoding for one request."""
-
-MAX_SEED: Final = 2**64 - 1
 
 # The sampling defaults: the one definition used by the wire's SamplingParams, the
 # daemon's engine and both command lines (``meshd generate``, ``meshctl``), so the same
@@ -80,133 +78,6 @@ class HealthStatus(enum.StrEnum):
     DRAINING = "draining"
 
 
-# --------------------------------------------------------------------------- validators
-# Each validator raises BadRequest naming the field, so the error message a client sees
-# says exactly which value was wrong. They also check the Python type, because messages
-# built locally bypass the codec's strict structuring.
-
-
-def _fail(attribute: attrs.Attribute[Any], requirement: str, value: object) -> BadRequest:
-    shown = repr(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return BadRequest.invalid_field(attribute.name, f"must be {requirement} (got {shown})")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _request_id(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LENGTH:
-        raise _fail(attribute, f"a non-empty string of at most {MAX_ID_LENGTH} chars", value)
-
-
-def _optional_request_id(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        _request_id(inst, attribute, value)
-
-
-def _string(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, str):
-        raise _fail(attribute, "a string", value)
-
-
-def _non_empty_string(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise _fail(attribute, "a non-empty string", value)
-
-
-def _optional_non_empty_string(
-    inst: object, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    if value is not None:
-        _non_empty_string(inst, attribute, value)
-
-
-def _boolean(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, bool):
-        raise _fail(attribute, "a boolean", value)
-
-
-def _int_at_least(minimum: int, maximum: int | None = None, optional: bool = False) -> Any:
-    """Validator: an int within ``[minimum, maximum]`` (``None`` allowed if optional)."""
-    requirement = f"an integer >= {minimum}"
-    if maximum is not None:
-        requirement = f"an integer in [{minimum}, {maximum}]"
-    if optional:
-        requirement += " or null"
-
-    def check(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is None and optional:
-            return
-        if (
-            not _is_int(value)
-            or value < minimum  # type: ignore[operator]
-            or (maximum is not None and value > maximum)  # type: ignore[operator]
-        ):
-            raise _fail(attribute, requirement, value)
-
-    return check
-
-
-def _non_negative_number(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not _is_number(value) or value < 0:  # type: ignore[operator]
-        raise _fail(attribute, "a finite number >= 0", value)
-
-
-def _int_items(minimum: int) -> Any:
-    """Validator: a tuple/list of ints, each >= ``minimum``."""
-
-    def check(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if not isinstance(value, tuple | list):
-            raise _fail(attribute, "an array of integers", value)
-        for i, item in enumerate(value):
-            if not _is_int(item) or item < minimum:
-                raise BadRequest.invalid_field(
-                    f"{attribute.name}[{i}]", f"must be an integer >= {minimum} (got {item!r})"
-                )
-
-    return check
-
-
-def _non_empty_string_items(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, tuple | list):
-        raise _fail(attribute, "an array of strings", value)
-    for i, item in enumerate(value):
-        if not isinstance(item, str) or not item:
-            raise BadRequest.invalid_field(
-                f"{attribute.name}[{i}]", f"must be a non-empty string (got {item!r})"
-            )
-
-
-def _string_items(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, tuple | list) or not all(isinstance(s, str) for s in value):
-        raise _fail(attribute, "an array of strings", value)
-
-
-def _counter_mapping(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, dict):
-        raise _fail(attribute, "an object of counters", value)
-    for key, item in value.items():
-        if not isinstance(key, str) or not _is_number(item) or item < 0:
-            raise BadRequest.invalid_field(
-                f"{attribute.name}[{key!r}]", f"must be a finite number >= 0 (got {item!r})"
-            )
-
-
-def _instance(cls: type) -> Any:
-    def check(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if not isinstance(value, cls):
-            raise _fail(attribute, f"a {cls.__name__}", value)
-
-    return check
-
-
 # ----------------------------------------------------------------------- shared parts
 
 
@@ -214,9 +85,9 @@ def _instance(cls: type) -> Any:
 class ChatMessage:
     """One chat turn; the server renders the list with the model's chat template."""
 
-    role: str = attrs.field(validator=_non_empty_string)
+    role: str = attrs.field(validator=check.non_empty_string)
     """``system``, ``user``, ``assistant`` or whatever else the chat template knows."""
-    content: str = attrs.field(validator=_string)
+    content: str = attrs.field(validator=check.string)
 
 
 @attrs.frozen
@@ -224,46 +95,43 @@ class SamplingParams:
     """How the next token is chosen. ``temperature == 0`` means greedy."""
 
     temperature: float = attrs.field(default=DEFAULT_TEMPERATURE,
-                                     validator=_non_negative_number)
-    top_k: int = attrs.field(default=DEFAULT_TOP_K, validator=_int_at_least(0))
+                                     validator=check.non_negative_number)
+    top_k: int = attrs.field(default=DEFAULT_TOP_K, validator=check.integer(0))
     """Keep the ``top_k`` most likely tokens; 0 disables the filter."""
-    top_p: float = attrs.field(default=DEFAULT_TOP_P)
+    top_p: float = attrs.field(
+        default=DEFAULT_TOP_P,
+        validator=check.rule("a number in (0, 1]", check.NUMBER, V.gt(0), V.le(1)),
+    )
     """Nucleus sampling mass, in (0, 1]; 1 disables the filter."""
-    seed: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_SEED, True))
+    seed: int | None = attrs.field(default=None, validator=check.seed)
     """RNG seed for reproducible sampling; ``None`` lets the server choose."""
-
-    @top_p.validator
-    def _check_top_p(self, attribute: attrs.Attribute[Any], value: object) -> None:
-        if not _is_number(value) or not 0 < value <= 1:  # type: ignore[operator]
-            raise _fail(attribute, "a number in (0, 1]", value)
 
 
 @attrs.frozen
 class SpeculativeOverrides:
     """Per-request speculative-decoding settings; ``None`` keeps the server's default."""
 
-    proposer: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
+    proposer: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
     """Name of the proposer to draft with, or ``"off"`` to disable speculation."""
-    draft_max: int | None = attrs.field(default=None, validator=_int_at_least(1, 1024, True))
+    draft_max: int | None = attrs.field(
+        default=None, validator=check.integer(1, 1024, optional=True)
+    )
     """Upper bound on drafted tokens per verify step."""
-    options: dict[str, Any] | None = attrs.field(default=None)
+    options: dict[str, Any] | None = attrs.field(default=None, validator=check.rule(
+        "an object",
+        V.deep_mapping(key_validator=check.STR, mapping_validator=check.OBJECT),
+        optional=True,
+    ))
     """The proposer's options for this request, over its ``[speculation.plugins.NAME]``
     config table."""
-
-    @options.validator
-    def _check_options(self, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is not None and not (
-            isinstance(value, dict) and all(isinstance(k, str) for k in value)
-        ):
-            raise _fail(attribute, "an object", value)
 
 
 @attrs.frozen
 class Usage:
     """Token accounting for one generation."""
 
-    prompt_tokens: int = attrs.field(default=0, validator=_int_at_least(0))
-    completion_tokens: int = attrs.field(default=0, validator=_int_at_least(0))
+    prompt_tokens: int = attrs.field(default=0, validator=check.integer(0))
+    completion_tokens: int = attrs.field(default=0, validator=check.integer(0))
 
     @property
     def total_tokens(self) -> int:
@@ -279,28 +147,28 @@ class SpeculationStats:
     than requiring a protocol bump.
     """
 
-    proposer: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
+    proposer: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
     """The proposer actually used (``None`` if speculation was off)."""
-    emitted: int = attrs.field(default=0, validator=_int_at_least(0))
+    emitted: int = attrs.field(default=0, validator=check.integer(0))
     """Tokens committed to the output."""
-    target_forwards: int = attrs.field(default=0, validator=_int_at_least(0))
+    target_forwards: int = attrs.field(default=0, validator=check.integer(0))
     """Forward passes of the target model (prefill excluded)."""
-    verify_calls: int = attrs.field(default=0, validator=_int_at_least(0))
-    drafted: int = attrs.field(default=0, validator=_int_at_least(0))
-    accepted: int = attrs.field(default=0, validator=_int_at_least(0))
-    accepted_per_position: list[int] = attrs.field(factory=list, validator=_int_items(0))
+    verify_calls: int = attrs.field(default=0, validator=check.integer(0))
+    drafted: int = attrs.field(default=0, validator=check.integer(0))
+    accepted: int = attrs.field(default=0, validator=check.integer(0))
+    accepted_per_position: list[int] = attrs.field(factory=list, validator=check.int_items(0))
     """``accepted_per_position[i]``: how often draft position ``i`` was accepted."""
-    rollbacks_in_place: int = attrs.field(default=0, validator=_int_at_least(0))
-    checkpoints: int = attrs.field(default=0, validator=_int_at_least(0))
-    checkpoint_bytes: int = attrs.field(default=0, validator=_int_at_least(0))
-    restores: int = attrs.field(default=0, validator=_int_at_least(0))
-    wall_ms: float = attrs.field(default=0.0, validator=_non_negative_number)
-    prefill_ms: float = attrs.field(default=0.0, validator=_non_negative_number)
-    decode_ms: float = attrs.field(default=0.0, validator=_non_negative_number)
-    verify_ms: float = attrs.field(default=0.0, validator=_non_negative_number)
-    refusals: dict[str, int] = attrs.field(factory=dict, validator=_counter_mapping)
+    rollbacks_in_place: int = attrs.field(default=0, validator=check.integer(0))
+    checkpoints: int = attrs.field(default=0, validator=check.integer(0))
+    checkpoint_bytes: int = attrs.field(default=0, validator=check.integer(0))
+    restores: int = attrs.field(default=0, validator=check.integer(0))
+    wall_ms: float = attrs.field(default=0.0, validator=check.non_negative_number)
+    prefill_ms: float = attrs.field(default=0.0, validator=check.non_negative_number)
+    decode_ms: float = attrs.field(default=0.0, validator=check.non_negative_number)
+    verify_ms: float = attrs.field(default=0.0, validator=check.non_negative_number)
+    refusals: dict[str, int] = attrs.field(factory=dict, validator=check.counters)
     """Why drafting was skipped, by reason, e.g. ``{"deadline": 2}``."""
-    extra: dict[str, float] = attrs.field(factory=dict, validator=_counter_mapping)
+    extra: dict[str, float] = attrs.field(factory=dict, validator=check.counters)
     """Further counters not (yet) named above."""
 
     @property
@@ -318,18 +186,18 @@ class SpeculationStats:
 class ModelInfo:
     """Describes a loaded model."""
 
-    name: str = attrs.field(validator=_non_empty_string)
-    architecture: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
-    n_ctx: int = attrs.field(default=0, validator=_int_at_least(0))
+    name: str = attrs.field(validator=check.non_empty_string)
+    architecture: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
+    n_ctx: int = attrs.field(default=0, validator=check.integer(0))
     """Context window the server runs with (tokens)."""
-    n_vocab: int = attrs.field(default=0, validator=_int_at_least(0))
-    n_params: int | None = attrs.field(default=None, validator=_int_at_least(0, optional=True))
-    size_bytes: int | None = attrs.field(default=None, validator=_int_at_least(0, optional=True))
-    has_mtp: bool = attrs.field(default=False, validator=_boolean)
+    n_vocab: int = attrs.field(default=0, validator=check.integer(0))
+    n_params: int | None = attrs.field(default=None, validator=check.integer(0, optional=True))
+    size_bytes: int | None = attrs.field(default=None, validator=check.integer(0, optional=True))
+    has_mtp: bool = attrs.field(default=False, validator=check.boolean)
     """Whether the model carries a multi-token-prediction head usable for drafting."""
-    has_chat_template: bool = attrs.field(default=False, validator=_boolean)
+    has_chat_template: bool = attrs.field(default=False, validator=check.boolean)
     """Whether ``generate`` accepts ``messages`` for this model."""
-    gpu_layers: int = attrs.field(default=0, validator=_int_at_least(0))
+    gpu_layers: int = attrs.field(default=0, validator=check.integer(0))
     """Layers offloaded to accelerators or remote workers (0: all run on this CPU)."""
 
 
@@ -337,10 +205,10 @@ class ModelInfo:
 class ProposerStats:
     """Daemon-wide acceptance figures of one proposer (in ``stats_reply``)."""
 
-    requests: int = attrs.field(default=0, validator=_int_at_least(0))
-    drafted: int = attrs.field(default=0, validator=_int_at_least(0))
-    accepted: int = attrs.field(default=0, validator=_int_at_least(0))
-    accepted_per_position: tuple[int, ...] = attrs.field(default=(), validator=_int_items(0))
+    requests: int = attrs.field(default=0, validator=check.integer(0))
+    drafted: int = attrs.field(default=0, validator=check.integer(0))
+    accepted: int = attrs.field(default=0, validator=check.integer(0))
+    accepted_per_position: tuple[int, ...] = attrs.field(default=(), validator=check.int_items(0))
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -355,9 +223,9 @@ class Hello:
     """First frame a client sends; the server answers ``welcome`` or ``error``."""
 
     OP: ClassVar[str] = "hello"
-    id: str = attrs.field(validator=_request_id)
-    protocol_version: int = attrs.field(validator=_int_at_least(0))
-    client_name: str = attrs.field(validator=_non_empty_string)
+    id: str = attrs.field(validator=check.request_id)
+    protocol_version: int = attrs.field(validator=check.integer(0))
+    client_name: str = attrs.field(validator=check.non_empty_string)
 
 
 @attrs.frozen
@@ -369,30 +237,23 @@ class Generate:
     """
 
     OP: ClassVar[str] = "generate"
-    id: str = attrs.field(validator=_request_id)
-    prompt: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
-    messages: tuple[ChatMessage, ...] | None = attrs.field(default=None)
-    max_tokens: int | None = attrs.field(default=None, validator=_int_at_least(1, optional=True))
+    id: str = attrs.field(validator=check.request_id)
+    prompt: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
+    messages: tuple[ChatMessage, ...] | None = attrs.field(default=None, validator=check.rule(
+        "a non-empty array of chat messages", V.instance_of(ChatMessage),
+        each="a ChatMessage", container="array", non_empty=True, optional=True,
+    ))
+    max_tokens: int | None = attrs.field(default=None, validator=check.integer(1, optional=True))
     """Most tokens to generate; ``None`` means the server's default / the context end."""
     sampling: SamplingParams = attrs.field(
-        factory=SamplingParams, validator=_instance(SamplingParams)
+        factory=SamplingParams, validator=check.instance(SamplingParams)
     )
-    stop: tuple[str, ...] = attrs.field(default=(), validator=_non_empty_string_items)
+    stop: tuple[str, ...] = attrs.field(default=(), validator=check.rule(
+        "an array of strings", check.STR, V.min_len(1), each="a non-empty string", container="array"
+    ))
     speculative: SpeculativeOverrides = attrs.field(
-        factory=SpeculativeOverrides, validator=_instance(SpeculativeOverrides)
+        factory=SpeculativeOverrides, validator=check.instance(SpeculativeOverrides)
     )
-
-    @messages.validator
-    def _check_messages(self, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is None:
-            return
-        if not isinstance(value, tuple | list) or not value:
-            raise _fail(attribute, "a non-empty array of chat messages", value)
-        for i, item in enumerate(value):
-            if not isinstance(item, ChatMessage):
-                raise BadRequest.invalid_field(
-                    f"messages[{i}]", f"must be a ChatMessage (got {item!r})"
-                )
 
     def __attrs_post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -410,8 +271,8 @@ class Cancel:
     """
 
     OP: ClassVar[str] = "cancel"
-    id: str = attrs.field(validator=_request_id)
-    ack: str | None = attrs.field(default=None, validator=_optional_request_id)
+    id: str = attrs.field(validator=check.request_id)
+    ack: str | None = attrs.field(default=None, validator=check.optional_request_id)
 
 
 @attrs.frozen
@@ -419,7 +280,7 @@ class Stats:
     """Ask for daemon-wide counters; answered by ``stats_reply``."""
 
     OP: ClassVar[str] = "stats"
-    id: str = attrs.field(validator=_request_id)
+    id: str = attrs.field(validator=check.request_id)
 
 
 @attrs.frozen
@@ -427,7 +288,7 @@ class Health:
     """Ask whether the daemon is serving; answered by ``health_reply``."""
 
     OP: ClassVar[str] = "health"
-    id: str = attrs.field(validator=_request_id)
+    id: str = attrs.field(validator=check.request_id)
 
 
 @attrs.frozen
@@ -435,7 +296,7 @@ class Models:
     """Ask which models are loaded; answered by ``models_reply``."""
 
     OP: ClassVar[str] = "models"
-    id: str = attrs.field(validator=_request_id)
+    id: str = attrs.field(validator=check.request_id)
 
 
 @attrs.frozen
@@ -443,9 +304,9 @@ class Tokenize:
     """Tokenize ``text`` with the model's tokenizer; answered by ``tokenize_reply``."""
 
     OP: ClassVar[str] = "tokenize"
-    id: str = attrs.field(validator=_request_id)
-    text: str = attrs.field(validator=_string)
-    add_special: bool = attrs.field(default=True, validator=_boolean)
+    id: str = attrs.field(validator=check.request_id)
+    text: str = attrs.field(validator=check.string)
+    add_special: bool = attrs.field(default=True, validator=check.boolean)
     """Whether to add the model's special tokens (BOS ...) as for a prompt."""
 
 
@@ -454,8 +315,8 @@ class Detokenize:
     """Turn token ids back into text; answered by ``detokenize_reply``."""
 
     OP: ClassVar[str] = "detokenize"
-    id: str = attrs.field(validator=_request_id)
-    tokens: tuple[int, ...] = attrs.field(validator=_int_items(0))
+    id: str = attrs.field(validator=check.request_id)
+    tokens: tuple[int, ...] = attrs.field(validator=check.int_items(0))
 
 
 # ------------------------------------------------------------------------- responses
@@ -466,15 +327,15 @@ class Welcome:
     """The server's answer to a compatible ``hello``."""
 
     OP: ClassVar[str] = "welcome"
-    id: str = attrs.field(validator=_request_id)
-    protocol_version: int = attrs.field(validator=_int_at_least(0))
-    server_version: str = attrs.field(validator=_non_empty_string)
-    model: ModelInfo = attrs.field(validator=_instance(ModelInfo))
-    capabilities: tuple[str, ...] = attrs.field(default=(), validator=_string_items)
+    id: str = attrs.field(validator=check.request_id)
+    protocol_version: int = attrs.field(validator=check.integer(0))
+    server_version: str = attrs.field(validator=check.non_empty_string)
+    model: ModelInfo = attrs.field(validator=check.instance(ModelInfo))
+    capabilities: tuple[str, ...] = attrs.field(default=(), validator=check.string_items)
     """Optional features the server offers (e.g. ``"chat"``, ``"speculation"``)."""
-    proposers: tuple[str, ...] = attrs.field(default=(), validator=_string_items)
+    proposers: tuple[str, ...] = attrs.field(default=(), validator=check.string_items)
     """Proposer names a ``generate`` may ask for."""
-    max_frame_size: int = attrs.field(default=DEFAULT_MAX_FRAME_SIZE, validator=_int_at_least(1))
+    max_frame_size: int = attrs.field(default=DEFAULT_MAX_FRAME_SIZE, validator=check.integer(1))
     """The largest frame the server accepts; clients must not send larger ones."""
 
 
@@ -487,9 +348,9 @@ class Token:
     """
 
     OP: ClassVar[str] = "token"
-    id: str = attrs.field(validator=_request_id)
-    text: str = attrs.field(validator=_string)
-    token_ids: tuple[int, ...] = attrs.field(validator=_int_items(0))
+    id: str = attrs.field(validator=check.request_id)
+    text: str = attrs.field(validator=check.string)
+    token_ids: tuple[int, ...] = attrs.field(validator=check.int_items(0))
 
 
 @attrs.frozen
@@ -497,15 +358,15 @@ class Done:
     """The last frame of a generation."""
 
     OP: ClassVar[str] = "done"
-    id: str = attrs.field(validator=_request_id)
-    finish_reason: FinishReason = attrs.field(validator=_instance(FinishReason))
-    usage: Usage = attrs.field(factory=Usage, validator=_instance(Usage))
+    id: str = attrs.field(validator=check.request_id)
+    finish_reason: FinishReason = attrs.field(validator=check.instance(FinishReason))
+    usage: Usage = attrs.field(factory=Usage, validator=check.instance(Usage))
     speculation: SpeculationStats = attrs.field(
-        factory=SpeculationStats, validator=_instance(SpeculationStats)
+        factory=SpeculationStats, validator=check.instance(SpeculationStats)
     )
-    error_message: str | None = attrs.field(default=None, validator=_optional_non_empty_string)
+    error_message: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
     """Why the generation failed, when ``finish_reason`` is ``error``."""
-    seed: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_SEED, True))
+    seed: int | None = attrs.field(default=None, validator=check.seed)
     """The seed the tokens were sampled with (the request's, or one the daemon chose for
     an unseeded sampled request, so it can be replayed); ``None`` for greedy decoding."""
 
@@ -515,9 +376,28 @@ class ErrorMessage:
     """An ``error`` frame. ``id`` is ``None`` when the offending frame had no usable id."""
 
     OP: ClassVar[str] = "error"
-    id: str | None = attrs.field(validator=_optional_request_id)
-    code: ErrorCode = attrs.field(validator=_instance(ErrorCode))
-    message: str = attrs.field(validator=_string)
+    id: str | None = attrs.field(validator=check.optional_request_id)
+    code: ErrorCode = attrs.field(validator=check.instance(ErrorCode))
+    message: str = attrs.field(validator=check.string)
+
+    @classmethod
+    def from_error(cls, error: ProtocolError) -> ErrorMessage:
+        """The ``error`` frame that reports ``error`` to the peer."""
+        return cls(id=error.request_id, code=error.code, message=error.message)
+
+    def to_error(self) -> ProtocolError:
+        """The exception a receiver raises for this frame (the class of its code)."""
+        return error_from_code(self.code, self.message, self.id)
+
+
+def error_message(error: ProtocolError) -> ErrorMessage:
+    """The ``error`` frame that reports ``error`` to the peer."""
+    return ErrorMessage.from_error(error)
+
+
+def error_from_message(msg: ErrorMessage) -> ProtocolError:
+    """Turn a received ``error`` frame into the exception to raise."""
+    return msg.to_error()
 
 
 @attrs.frozen
@@ -529,17 +409,13 @@ class StatsReply:
     """
 
     OP: ClassVar[str] = "stats_reply"
-    id: str = attrs.field(validator=_request_id)
-    uptime_s: float = attrs.field(validator=_non_negative_number)
-    counters: dict[str, float] = attrs.field(factory=dict, validator=_counter_mapping)
-    proposers: dict[str, ProposerStats] = attrs.field(factory=dict)
-
-    @proposers.validator
-    def _check_proposers(self, attribute: attrs.Attribute[Any], value: object) -> None:
-        if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, ProposerStats) for k, v in value.items()
-        ):
-            raise _fail(attribute, "an object mapping names to proposer stats", value)
+    id: str = attrs.field(validator=check.request_id)
+    uptime_s: float = attrs.field(validator=check.non_negative_number)
+    counters: dict[str, float] = attrs.field(factory=dict, validator=check.counters)
+    proposers: dict[str, ProposerStats] = attrs.field(factory=dict, validator=check.rule(
+        "an object mapping names to proposer stats", V.instance_of(ProposerStats),
+        each="a ProposerStats", container="object",
+    ))
 
 
 @attrs.frozen
@@ -547,11 +423,11 @@ class HealthReply:
     """Liveness and load."""
 
     OP: ClassVar[str] = "health_reply"
-    id: str = attrs.field(validator=_request_id)
-    status: HealthStatus = attrs.field(validator=_instance(HealthStatus))
-    uptime_s: float = attrs.field(validator=_non_negative_number)
-    active_requests: int = attrs.field(validator=_int_at_least(0))
-    queued_requests: int = attrs.field(validator=_int_at_least(0))
+    id: str = attrs.field(validator=check.request_id)
+    status: HealthStatus = attrs.field(validator=check.instance(HealthStatus))
+    uptime_s: float = attrs.field(validator=check.non_negative_number)
+    active_requests: int = attrs.field(validator=check.integer(0))
+    queued_requests: int = attrs.field(validator=check.integer(0))
 
 
 @attrs.frozen
@@ -559,13 +435,10 @@ class ModelsReply:
     """The loaded models."""
 
     OP: ClassVar[str] = "models_reply"
-    id: str = attrs.field(validator=_request_id)
-    models: tuple[ModelInfo, ...] = attrs.field()
-
-    @models.validator
-    def _check_models(self, attribute: attrs.Attribute[Any], value: object) -> None:
-        if not isinstance(value, tuple | list) or not all(isinstance(m, ModelInfo) for m in value):
-            raise _fail(attribute, "an array of model infos", value)
+    id: str = attrs.field(validator=check.request_id)
+    models: tuple[ModelInfo, ...] = attrs.field(validator=check.rule(
+        "an array of model infos", V.instance_of(ModelInfo), each="a ModelInfo", container="array"
+    ))
 
 
 @attrs.frozen
@@ -573,8 +446,8 @@ class TokenizeReply:
     """The token ids of a ``tokenize`` request."""
 
     OP: ClassVar[str] = "tokenize_reply"
-    id: str = attrs.field(validator=_request_id)
-    tokens: tuple[int, ...] = attrs.field(validator=_int_items(0))
+    id: str = attrs.field(validator=check.request_id)
+    tokens: tuple[int, ...] = attrs.field(validator=check.int_items(0))
 
 
 @attrs.frozen
@@ -582,8 +455,8 @@ class DetokenizeReply:
     """The text of a ``detokenize`` request."""
 
     OP: ClassVar[str] = "detokenize_reply"
-    id: str = attrs.field(validator=_request_id)
-    text: str = attrs.field(validator=_string)
+    id: str = attrs.field(validator=check.request_id)
+    text: str = attrs.field(validator=check.string)
 
 
 @attrs.frozen
@@ -591,8 +464,8 @@ class CancelReply:
     """The answer to a ``cancel`` that asked for one (``id`` is the cancel's ``ack``)."""
 
     OP: ClassVar[str] = "cancel_reply"
-    id: str = attrs.field(validator=_request_id)
-    cancelled: bool = attrs.field(validator=_boolean)
+    id: str = attrs.field(validator=check.request_id)
+    cancelled: bool = attrs.field(validator=check.boolean)
     """Whether a request with that id was in flight and is now told to stop."""
 
 

@@ -1,4 +1,5 @@
-"""The rooms keep their doors: protocol <- plugins <- daemon -> native."""
+"""The rooms keep their doors: protocol <- plugins <- daemon -> native, and policy (pure
+computation) below plugins and daemon."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ FORBIDDEN = {
     "protocol": ("meshd.native", "meshd.plugins", "meshd.daemon", "llama_cpp"),
     "native": ("meshd.daemon", "meshd.plugins", "meshd.protocol"),
     "plugins": ("meshd.native", "meshd.daemon", "llama_cpp"),
+    # Speculation's decisions and economics: a leaf of plain computation, so it can be
+    # tested exhaustively; times are handed in, never read.
+    "policy": ("meshd.", "llama_cpp", "numpy", "threading", "time", "anyio", "trio",
+               "asyncio", "concurrent", "socket", "os", "subprocess"),
 }
 
 
@@ -39,9 +44,9 @@ def test_package_imports_respect_the_layering(package: str) -> None:
 def test_no_bare_top_level_imports() -> None:
     bare = [
         f"{path.relative_to(ROOT)}: {name}"
-        for pkg in ("daemon", "native", "plugins", "protocol", "tests")
+        for pkg in ("daemon", "native", "plugins", "policy", "protocol", "tests")
         for path in (ROOT / pkg).rglob("*.py")
         for name in imported_modules(path)
-        if name.split(".")[0] in {"daemon", "native", "plugins", "protocol"}
+        if name.split(".")[0] in {"daemon", "native", "plugins", "policy", "protocol"}
     ]
     assert bare == []

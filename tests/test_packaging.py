@@ -1,9 +1,10 @@
-"""The distribution: one wheel named meshd holding the four meshd.* packages."""
+"""The distribution: one wheel named meshd holding the five meshd.* packages."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -12,8 +13,23 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def test_every_package_folder_is_listed_for_the_wheel() -> None:
+    """A subpackage missing from pyproject's list imports in a source checkout but is left
+    out of the wheel: every folder with an ``__init__.py`` must be listed (except inside
+    an example plugin, a distribution of its own with its own ``pyproject.toml``)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    for name, folder in config["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            if any((ROOT / folder).joinpath(*parts[:i], "pyproject.toml").exists()
+                   for i in range(len(parts) + 1)):
+                continue
+            assert ".".join((name, *parts)) in listed, f"{init.parent} is not packaged"
+
+
 def test_import_names_live_under_one_namespace() -> None:
-    code = "import meshd.daemon, meshd.native, meshd.plugins, meshd.protocol"
+    code = "import meshd.daemon, meshd.native, meshd.plugins, meshd.policy, meshd.protocol"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
@@ -26,13 +42,14 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("meshd-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for pkg in ("daemon", "native", "plugins", "protocol"):
+    for pkg in ("daemon", "native", "plugins", "policy", "protocol"):
         assert f"meshd/{pkg}/__init__.py" in names
         assert f"meshd/{pkg}/py.typed" in names
     assert "meshd/__main__.py" in names  # python -m meshd
     assert not any(n.startswith(("daemon/", "protocol/")) for n in names), "bare top-level name"
     assert "meshd/protocol/PROTOCOL.md" in names
-    assert "meshd/daemon/workloads/code-edit.json" in names  # bench workloads are data
+    assert "meshd/daemon/bench/__init__.py" in names
+    assert "meshd/daemon/bench/workloads/code-edit.json" in names  # bench workloads are data
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     for name in ("mtp", "ngram", "composite", "draft"):

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
+from meshd.policy.decision import FinishReason
 from meshd.protocol import ProtocolError
 
 from ..engine import GenerationStats, TokenEvent
 from ..scheduler import Failed, Finished, RequestHandle
 from ..service import InFlight
-from ..speculation import FinishReason
 from . import sse
 from .openai_api import (
     JSON,

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from meshd.daemon import bench, bench_identity
-from meshd.daemon.bench_arms import (
+from meshd.daemon.bench import identity as bench_identity
+from meshd.daemon.bench.arms import (
     ARMS,
     REFERENCE_ARM,
     ArmRunner,
@@ -27,7 +27,11 @@ from meshd.daemon.bench_arms import (
     RunResult,
     first_divergence,
 )
-from meshd.daemon.bench_workloads import load_workloads
+from meshd.daemon.bench.format import format_report
+from meshd.daemon.bench.plot import write_plot
+from meshd.daemon.bench.run import FORMAT, BenchConfig, run_bench
+from meshd.daemon.bench.summary import conditional_acceptance
+from meshd.daemon.bench.workloads import load_workloads
 from meshd.daemon.cli import main
 from meshd.native.context import DEFAULT_DRAFT_MAX
 
@@ -50,10 +54,10 @@ def test_first_divergence() -> None:
 
 def test_conditional_acceptance() -> None:
     # 10 windows drafted position 0, 8 accepted it; 8 drafted position 1, 4 accepted both.
-    cond = bench.conditional_acceptance([8, 4], [10, 8])
+    cond = conditional_acceptance([8, 4], [10, 8])
     assert cond[0] == pytest.approx(0.8)
     assert cond[1] == pytest.approx((4 / 8) / 0.8)
-    assert bench.conditional_acceptance([0, 0], [0, 0]) == []
+    assert conditional_acceptance([0, 0], [0, 0]) == []
 
 
 def test_workloads_are_package_data() -> None:
@@ -117,11 +121,11 @@ def test_identity_gate_on_smollm2_reports_rate(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- timing bench
 
 
-def _tiny_config(**overrides: Any) -> bench.BenchConfig:
+def _tiny_config(**overrides: Any) -> BenchConfig:
     base: dict[str, Any] = dict(models=("qwen35-0.74",), workloads=("story",), reps=2,
                                 max_tokens=12, warmup=False, cost_reps=1)
     base.update(overrides)
-    return bench.BenchConfig(**base)
+    return BenchConfig(**base)
 
 
 def test_tiny_bench_report_structure(tmp_path: Path) -> None:
@@ -130,7 +134,7 @@ def test_tiny_bench_report_structure(tmp_path: Path) -> None:
                  "--tokens", "12", "--no-warmup", "--cost-reps", "1", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
-    assert report["format"] == bench.FORMAT
+    assert report["format"] == FORMAT
     (model,) = report["models"]
     assert model["has_mtp"] and model["recurrent"]
     assert len(model["cost_curve"]) == DEFAULT_DRAFT_MAX + 1 and model["cost_curve"][0] == 1.0
@@ -190,7 +194,7 @@ def test_injected_divergence_is_reported() -> None:
 
     arms = [a for a in ARMS if a.name in (REFERENCE_ARM, "meshd-off")]
     arms.append(ArmSpec("broken", "meshd-off with token 5 altered", open_broken))
-    report = bench.run_bench(_tiny_config(models=("llama",)), arms=arms, log=_quiet)
+    report = run_bench(_tiny_config(models=("llama",)), arms=arms, log=_quiet)
     (wl,) = report["models"][0]["workloads"]
     assert wl["arms"]["meshd-off"]["identical"] is True
     broken = wl["arms"]["broken"]
@@ -202,7 +206,7 @@ def test_injected_divergence_is_reported() -> None:
     assert margin["got_token"] != margin["ref_token"]
     assert margin["top1"] == margin["ref_token"]  # greedy: the reference took the argmax
     assert margin["margin"] > 0
-    table = bench.format_report(report)
+    table = format_report(report)
     assert "no @5 (margin" in table
 
 
@@ -219,7 +223,7 @@ def test_a_workload_file_runs_like_a_shipped_one(tmp_path: Path) -> None:
     wl = tmp_path / "mine.json"
     wl.write_text(json.dumps({"name": "mine", "copies": True, "messages": [
         {"role": "user", "content": "Repeat: alpha beta gamma delta alpha beta gamma"}]}))
-    report = bench.run_bench(bench.BenchConfig(
+    report = run_bench(BenchConfig(
         models=("llama",), workloads=(str(wl), "story"), reps=1, max_tokens=8,
         warmup=False, cost_reps=1, arms=("meshd-off",)), log=lambda _line: None)
     names = [w["name"] for w in report["models"][0]["workloads"]]
@@ -248,7 +252,7 @@ def test_plot_without_matplotlib_is_a_clear_error(
 
 @pytest.mark.slow
 def test_requantized_copy_is_cached(tmp_path: Path) -> None:
-    from meshd.daemon.bench_arms import requantized
+    from meshd.daemon.bench.arms import requantized
     from meshd.native.default_model import default_model_path
     from meshd.native.model import Model
 
@@ -268,5 +272,5 @@ def test_plot_draws_every_model(tmp_path: Path) -> None:
         for name in ("a", "b")
     ]}
     out = tmp_path / "plot.png"
-    bench.write_plot(report, out)
+    write_plot(report, out)
     assert out.stat().st_size > 1000

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon import bench
-from meshd.daemon.bench_arms import BenchModel, resolve_model
-from meshd.daemon.bench_llama_server import LlamaServerRunner, llama_server_arms
+from meshd.daemon.bench.arms import BenchModel, resolve_model
+from meshd.daemon.bench.format import format_report
+from meshd.daemon.bench.llama_server import LlamaServerRunner, llama_server_arms
+from meshd.daemon.bench.run import BenchConfig, run_bench
+from meshd.daemon.bench.workloads import BenchError
 from meshd.daemon.cli import main
 from meshd.native import testmodels
 
@@ -44,14 +46,14 @@ def _argvs(fake: Path) -> list[list[str]]:
     return [json.loads(line) for line in lines]
 
 
-def _config(fake: Path, arms: tuple[str, ...]) -> bench.BenchConfig:
-    return bench.BenchConfig(models=("llama",), workloads=("story",), reps=2, max_tokens=12,
+def _config(fake: Path, arms: tuple[str, ...]) -> BenchConfig:
+    return BenchConfig(models=("llama",), workloads=("story",), reps=2, max_tokens=12,
                              warmup=False, cost_reps=1, arms=arms, llama_server=str(fake),
                              llama_server_modes=("ngram-mod",))
 
 
 def test_server_arms_run_side_by_side_with_meshd(fake_server: Path) -> None:
-    report = bench.run_bench(
+    report = run_bench(
         _config(fake_server, ("meshd-off", "llama-server", "llama-server-ngram-mod",
                               "llama-server-draft-mtp")), log=_quiet)
     assert "version: 9999 (fake)" in report["llama_server"]
@@ -89,14 +91,14 @@ def test_server_arms_run_side_by_side_with_meshd(fake_server: Path) -> None:
         wl["arms"]["meshd-off"]["median_decode_tok_s"] / plain_srv["median_decode_tok_s"])
     best = targets["meshd best >= llama-server best n-gram"]
     assert best["arm"] == "meshd-off" and "llama-server-ngram-mod" in best["detail"]
-    table = bench.format_report(report)
+    table = format_report(report)
     assert "llama-server-ngram-mod" in table and "meshd-off >= 0.95x llama-server" in table
 
 
 def test_a_server_that_fails_to_start_is_reported(fake_server: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_LLAMA_SERVER_FAIL", "1")
-    report = bench.run_bench(_config(fake_server, ("llama-server",)), log=_quiet)
+    report = run_bench(_config(fake_server, ("llama-server",)), log=_quiet)
     (model,) = report["models"]
     why = model["unavailable"]["llama-server"]
     assert "exited with status 1" in why and "fake failure" in why
@@ -124,19 +126,19 @@ def test_a_missing_binary_is_a_usage_error(tmp_path: Path,
     missing = tmp_path / "nope"
     assert main(["bench", "--model", "llama", "--llama-server", str(missing)]) == 2
     assert "not an executable file" in capsys.readouterr().err
-    with pytest.raises(bench.BenchError):
+    with pytest.raises(BenchError):
         llama_server_arms(os.devnull)
 
 
 def test_modes_are_checked_and_named_once(fake_server: Path) -> None:
     names = [a.name for a in llama_server_arms(str(fake_server), ("ngram-mod", "draft-mtp"))]
     assert names == ["llama-server", "llama-server-ngram-mod", "llama-server-draft-mtp"]
-    with pytest.raises(bench.BenchError, match="unknown llama-server mode"):
+    with pytest.raises(BenchError, match="unknown llama-server mode"):
         llama_server_arms(str(fake_server), ("ngram-fancy",))
 
 
 def test_arm_without_a_server_arm_keeps_the_server_arms(fake_server: Path) -> None:
-    report = bench.run_bench(_config(fake_server, ("meshd-off",)), log=_quiet)
+    report = run_bench(_config(fake_server, ("meshd-off",)), log=_quiet)
     arms = report["config"]["arms"]
     assert "meshd-off" in arms and "meshd-auto" not in arms
     assert {"llama-server", "llama-server-ngram-mod"} <= set(arms)

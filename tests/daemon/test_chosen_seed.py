@@ -15,8 +15,8 @@ import pytest
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import GREEDY, SamplingParams, with_chosen_seed
 from meshd.native import testmodels
-from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.registry import default_registry
+from meshd.policy.costs import CostCurve
 from meshd.protocol import Client
 
 from .daemon_helpers import running_daemon, wait_idle

@@ -15,16 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshd.daemon.engine import Generation, mtp_head_pays
+from meshd.daemon.engine import Generation
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import SamplingParams
-from meshd.daemon.speculation import FinishReason
 from meshd.native import testmodels
 from meshd.native.calibrate import MtpCosts
 from meshd.native.context import DEFAULT_DRAFT_MAX, ROLLBACK_MAX
-from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
 from meshd.plugins.registry import Registry, default_registry
+from meshd.policy.costs import CostCurve
+from meshd.policy.decision import FinishReason
 
 # "qwen35-ckpt": the hybrid model with in-place rollback off, so every rejected draft is
 # repaired by restoring a checkpoint and replaying the accepted tokens.
@@ -369,20 +369,6 @@ def test_an_mtp_head_that_cannot_pay_is_dropped(kind: str) -> None:
         assert rt.idle_slots == rt.context.config.n_seq_max
     finally:
         rt.close()
-
-
-def test_mtp_head_economics() -> None:
-    """The judgement behind dropping a head, on numbers: a real model's head (one layer
-    of many: ~5% catch-up, ~0.1 decode per draft) pays at good acceptance; a head as
-    dear as the body never does; measured acceptance too low to beat the catch-up
-    loses it."""
-    q8 = CostCurve((1.0, 1.9, 2.2, 2.3, 2.8, 3.0, 3.3, 3.3, 3.6))
-    assert mtp_head_pays(q8, overhead=0.05, draft_cost=0.1, k_max=8, acceptances=[[0.85] * 8])
-    assert not mtp_head_pays(q8, overhead=0.9, draft_cost=0.9, k_max=8)
-    cheap = CostCurve([1.0 + 0.05 * k for k in range(9)])
-    assert mtp_head_pays(cheap, overhead=0.3, draft_cost=0.1, k_max=8)  # bound only
-    assert not mtp_head_pays(cheap, overhead=0.3, draft_cost=0.1, k_max=8,
-                             acceptances=[[0.1] * 8, [0.2] * 8])
 
 
 def test_auto_uses_the_head_only_where_it_can_pay() -> None:

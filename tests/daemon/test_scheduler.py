@@ -9,8 +9,8 @@ import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.scheduler import Busy, Failed, Finished, GenRequest, RequestHandle, Scheduler
-from meshd.daemon.speculation import FinishReason
 from meshd.native import testmodels
+from meshd.policy.decision import FinishReason
 
 pytestmark = pytest.mark.anyio
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.daemon.speculation import FinishReason, RepairCaps, decide
 from meshd.daemon.stopping import StopMatcher, StopResult
+from meshd.policy.decision import FinishReason, RepairCaps, decide
 
 
 def reference(text: str, stops: Sequence[str]) -> tuple[str, int | None]:

@@ -1,15 +1,11 @@
-"""Shared fakes and measured cost curves for the proposer tests."""
+"""Shared fakes for the proposer tests."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meshd.plugins.adaptive import AcceptanceTracker, CostCurve
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest
-
-# Measured on the project's 2-core benchmark machine (SmolLM2 Q4_1), keyed by batch rows.
-Q4_1 = CostCurve.from_row_costs({2: 1.75, 3: 2.32, 4: 3.40, 8: 5.40})
-Q8_0 = CostCurve.from_row_costs({2: 1.38, 3: 1.60, 4: 1.91, 5: 2.36})
+from meshd.policy.acceptance import AcceptanceTracker
 
 
 def request(tokens: Sequence[int], max_len: int = 16) -> ProposalRequest:

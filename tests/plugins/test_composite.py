@@ -9,14 +9,16 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from meshd.plugins.adaptive import CostCurve, Explorer, expected_committed
 from meshd.plugins.base import Outcome, Proposer, ProposerEnv, ProposerUnavailable
 from meshd.plugins.composite import CompositeProposer, composite_factory
 from meshd.plugins.ngram import ngram_factory
 from meshd.plugins.registry import Registry
 from meshd.plugins.resources import Resources
+from meshd.policy.acceptance import Explorer
+from meshd.policy.costs import CostCurve, expected_committed
 
-from .fakes import Q4_1, Q8_0, FakeProposer, FixedTracker, request
+from ..policy.curves import Q4_1, Q8_0
+from .fakes import FakeProposer, FixedTracker, request
 
 
 def no_probes() -> Explorer:

@@ -11,14 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.plugins.adaptive import CostCurve
 from meshd.plugins.base import Outcome, ProposerEnv
 from meshd.plugins.match_stats import MatchStats, SharedMatchStats, length_class, prior
 from meshd.plugins.ngram import NgramProposer, ngram_factory
 from meshd.plugins.resources import Resources
 from meshd.plugins.suffix_index import SuffixIndex
+from meshd.policy.costs import CostCurve
 
-from .fakes import Q4_1, request
+from ..policy.curves import Q4_1
+from .fakes import request
 
 #: A machine where a batch of k + 1 rows costs k + 1 decodes at small k, less per row
 #: at large k (shape of the measured Q4_1 curve, extended to 16 drafts).

@@ -23,7 +23,8 @@ from meshd.plugins.registry import (
 )
 from meshd.plugins.resources import Resources
 
-from .fakes import Q8_0, FakeProposer
+from ..policy.curves import Q8_0
+from .fakes import FakeProposer
 
 ENV = ProposerEnv(vocab_size=100, eog_tokens=frozenset({2}))
 

@@ -58,6 +58,7 @@ from meshd.protocol import (
     Usage,
     Welcome,
     encode,
+    error_message,
 )
 
 MODEL = ModelInfo(name="fake-model", architecture="fake", n_ctx=4096, n_vocab=256)
@@ -122,7 +123,7 @@ class FakeServer:
                 for item in decoder.drain():
                     if isinstance(item, ProtocolError):
                         self.errors.append(item)
-                        await send(item.to_message())
+                        await send(error_message(item))
                         continue
                     self.received.append(item)
                     if isinstance(item, Hello):

@@ -49,6 +49,7 @@ from meshd.protocol import (
     decode_request,
     decode_response,
     encode,
+    error_message,
 )
 
 MODEL = ModelInfo(
@@ -379,7 +380,7 @@ def test_id_recovery(raw: bytes, request_id: str | None) -> None:
     with pytest.raises(BadRequest) as info:
         decode_request(raw)
     assert info.value.request_id == request_id
-    assert info.value.to_message().id == request_id
+    assert error_message(info.value).id == request_id
 
 
 # ----------------------------------------------------------------- framing
@@ -442,7 +443,7 @@ def test_oversize_error_becomes_error_frame() -> None:
     dec.feed(b"0123456789")
     (err,) = list(dec.drain())
     assert isinstance(err, FrameTooLarge)
-    assert err.to_message() == ErrorMessage(
+    assert error_message(err) == ErrorMessage(
         id=None, code=ErrorCode.TOO_LARGE, message="frame exceeds the maximum size of 8 bytes"
     )
 

@@ -30,6 +30,7 @@ from meshd.protocol import (
     Usage,
     error_from_code,
     error_from_message,
+    error_message,
     exception_class,
 )
 
@@ -109,7 +110,7 @@ def test_every_code_has_an_exception() -> None:
 
 def test_error_frame_round_trip() -> None:
     exc = ServerBusy("queue full", request_id="7")
-    msg = exc.to_message()
+    msg = error_message(exc)
     assert msg == ErrorMessage(id="7", code=ErrorCode.BUSY, message="queue full")
     back = error_from_message(msg)
     assert type(back) is ServerBusy and back.message == "queue full" and back.request_id == "7"

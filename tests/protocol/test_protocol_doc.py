@@ -24,6 +24,7 @@ from meshd.protocol import (
     Usage,
     decode_request,
     decode_response,
+    error_message,
 )
 
 DOC = (Path(meshd.protocol.__file__).parent / "PROTOCOL.md").read_text(encoding="utf-8")
@@ -90,6 +91,6 @@ def test_examples_are_valid_frames() -> None:
             with pytest.raises(BadRequest) as info:
                 decode(frame)
             assert INVALID_EXAMPLES[frame] in DOC
-            assert info.value.to_message().message in DOC
+            assert error_message(info.value).message in DOC
             continue
         decode(frame)

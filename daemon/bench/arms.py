@@ -1,4 +1,4 @@
-"""Models, workloads and arms of ``meshd bench`` (the runner is :mod:`meshd.daemon.bench`).
+"""Models, workloads and arms of ``meshd bench`` (the runner is :mod:`meshd.daemon.bench.run`).
 
 Why a table of arms: every comparison the benchmark makes is "this arm against ``plain``
 on the same model, the same prompt tokens and greedy decoding", so an arm is only a name
@@ -33,9 +33,9 @@ from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.native.llama import ensure_backend, lc
 
-from .bench_workloads import BenchError, Workload
-from .runtime import ModelRuntime, RuntimeConfig
-from .terminal import Progress
+from ..runtime import ModelRuntime, RuntimeConfig
+from ..terminal import Progress
+from .workloads import BenchError, Workload
 
 #: MTP acceptance of a synthetic model named without one (``qwen35``, ``mimo2``): below 1
 #: so drafts get rejected and every repair path runs.

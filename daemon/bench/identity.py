@@ -23,16 +23,16 @@ from typing import Any
 
 import attrs
 
-from .bench_arms import (
+from ..runtime import ModelRuntime, RuntimeConfig
+from ..sampling import GREEDY, SamplingParams
+from .arms import (
     ModelSpec,
     default_threads,
     divergence_margin,
     first_divergence,
     resolve_model,
 )
-from .bench_workloads import BenchError, load_workloads
-from .runtime import ModelRuntime, RuntimeConfig
-from .sampling import GREEDY, SamplingParams
+from .workloads import BenchError, load_workloads
 
 Log = Callable[[str], None]
 

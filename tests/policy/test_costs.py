@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from meshd.daemon.costs import MIN_SAMPLES, REBUILD_EVERY, CostModel, is_plausible
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
+from meshd.policy.costs import MIN_SAMPLES, REBUILD_EVERY, WINDOW, CostModel, is_plausible
 
 Q4_1 = [1.0, 1.75, 2.32, 3.40, 3.9, 4.3, 4.7, 5.0, 5.4]
 
@@ -37,17 +34,17 @@ def test_online_samples_replace_the_calibration() -> None:
     assert curve.cost(0) == 1.0
 
 
-def test_runtime_caches_only_plausible_calibrations(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    path = str(testmodels.test_model_path("llama"))
-    with ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=256, draft_max=4)) as rt:
-        assert rt.curve is not None and rt.curve.max_k == 4
-        measured = rt.curve.costs
-    files = list((tmp_path / "meshd" / "costs").glob("*.json"))
-    if is_plausible(measured):
-        assert len(files) == 1
-        assert json.loads(files[0].read_text())["costs"][0] == pytest.approx(1.0)
+@given(seconds=st.lists(st.floats(1e-4, 1.0), min_size=1, max_size=3 * WINDOW))
+def test_only_the_last_window_of_samples_counts(seconds: list[float]) -> None:
+    """The online curve is built from the most recent WINDOW samples per size only (a
+    busy spell long ago no longer counts once enough new forwards were measured)."""
+    model = CostModel(Q4_1)
+    for t in seconds:
+        model.record(1, t)
+    recent = seconds[-WINDOW:]
+    expected = sorted(recent)[len(recent) // 2] if len(recent) % 2 else (
+        sum(sorted(recent)[len(recent) // 2 - 1: len(recent) // 2 + 1]) / 2)
+    if len(recent) >= MIN_SAMPLES:
+        assert model.decode_seconds() == pytest.approx(expected)
     else:
-        assert files == []
+        assert model.decode_seconds() is None

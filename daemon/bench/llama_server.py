@@ -32,8 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from .bench_arms import ArmRunner, ArmSpec, ArmUnavailable, BenchModel, RunResult
-from .bench_workloads import BenchError
+from .arms import ArmRunner, ArmSpec, ArmUnavailable, BenchModel, RunResult
+from .workloads import BenchError
 
 #: llama-server's n-gram speculation types (``--spec-type``), each one arm.
 NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")

@@ -27,8 +27,8 @@ from typing import Any
 from meshd.native.errors import WorkerUnreachable
 from meshd.native.rpc import hello, parse_endpoint
 
-from .bench_workloads import load_workloads
-from .runtime import ModelRuntime, RuntimeConfig
+from ..runtime import ModelRuntime, RuntimeConfig
+from .workloads import load_workloads
 
 __all__ = ["add_arguments", "cmd_bench_rpc"]
 

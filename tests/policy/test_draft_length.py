@@ -9,18 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.plugins.adaptive import (
-    AcceptanceTracker,
-    AdaptiveK,
-    CostCurve,
-    Explorer,
-    choose_k,
-    expected_committed,
-    ratios,
-    speedup_limit,
-)
+from meshd.policy.acceptance import AcceptanceTracker, Explorer
+from meshd.policy.costs import CostCurve, choose_k, expected_committed, ratios, speedup_limit
+from meshd.policy.draft_length import AdaptiveK
 
-from .fakes import Q4_1, Q8_0
+from .curves import Q4_1, Q8_0
 
 prob = st.floats(0.0, 1.0)
 accs = st.lists(prob, min_size=1, max_size=10)

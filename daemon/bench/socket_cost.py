@@ -1,4 +1,4 @@
-"""What the socket costs: ``python -m meshd.daemon.bench_socket [--model PATH]``.
+"""What the socket costs: ``python -m meshd.daemon.bench.socket_cost [--model PATH]``.
 
 Starts ``meshd serve`` as a child process (as users run it) and loads the same model in
 this process, then measures, with speculation off so only the transport differs:
@@ -36,7 +36,7 @@ import anyio
 
 from meshd.protocol import Client, ConnectionClosed
 
-from .runtime import ModelRuntime, RuntimeConfig
+from ..runtime import ModelRuntime, RuntimeConfig
 
 PROMPTS = (
     "Write a long essay about the history of lighthouses.",
@@ -64,7 +64,7 @@ async def _wait_ready(daemon: subprocess.Popen[bytes], path: str) -> None:
     with anyio.fail_after(300):
         while True:
             if daemon.poll() is not None:
-                raise SystemExit("bench_socket: the daemon exited during startup")
+                raise SystemExit("socket_cost: the daemon exited during startup")
             try:
                 async with Client.connect(path, connect_timeout=5):
                     return
@@ -185,7 +185,7 @@ async def _bench(args: argparse.Namespace, rt: ModelRuntime, path: str) -> dict[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m meshd.daemon.bench_socket",
+    parser = argparse.ArgumentParser(prog="python -m meshd.daemon.bench.socket_cost",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
     parser.add_argument("--rounds", type=int, default=5)

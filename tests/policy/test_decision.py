@@ -1,4 +1,4 @@
-"""Tests for the sans-I/O speculation decision (meshd.daemon.speculation).
+"""Tests for the sans-I/O speculation decision (meshd.policy.decision).
 
 Three layers:
 
@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.daemon.speculation import (
+from meshd.policy.decision import (
     Decision,
     FinishReason,
     Repair,

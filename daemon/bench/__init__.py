@@ -1,0 +1,11 @@
+"""Benchmarks: tooling that measures the daemon, kept out of the daemon's own modules.
+
+One job per module: :mod:`.cli` (``meshd bench``'s options and command), :mod:`.run`
+(runs the arms interleaved and builds the report), :mod:`.arms` (models, workloads and
+arms), :mod:`.summary` (one arm's medians, ratios and counters), :mod:`.targets`
+(PASS/MISS lines), :mod:`.format` (the printed table), :mod:`.plot` (``--plot``),
+:mod:`.workloads` (the shipped prompts in ``workloads/`` and users' files),
+:mod:`.identity` (``meshd bench --identity``), :mod:`.llama_server` (llama.cpp's server
+as extra arms), :mod:`.rpc` (``meshd bench-rpc``), :mod:`.threads` (``meshd
+bench-threads``) and :mod:`.socket_cost` (what the Unix socket costs).
+"""

@@ -1,0 +1,178 @@
+"""One arm's summary in a ``meshd bench`` report: medians, ratios to the reference,
+speculation counters and identity, from the runs of :mod:`meshd.daemon.bench.arms`."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from meshd.policy.costs import CostCurve, speedup_limit
+
+from .arms import RunResult, first_divergence
+
+
+def median_of(values: Sequence[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def ratio_of(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def conditional_acceptance(accepted: Sequence[int], drafted: Sequence[int]) -> list[float]:
+    """``P(position i accepted | 0..i-1 accepted)`` from per-position totals.
+
+    The engine counts, per position ``i``, the windows that drafted it and the windows
+    that accepted it (so ``0..i`` were all accepted). Their ratio ``u_i`` is the chance
+    that a window of length > i got that far; ``u_i / u_{i-1}`` is the conditional rate
+    :func:`meshd.policy.costs.speedup_limit` expects. Positions never drafted end the
+    list (the limit repeats the last value for them).
+    """
+    out: list[float] = []
+    prev = 1.0
+    for a, d in zip(accepted, drafted, strict=False):
+        if d <= 0:
+            break
+        u = a / d
+        out.append(min(1.0, u / prev) if prev > 0 else 0.0)
+        prev = u
+    return out
+
+
+def _sum_lists(lists: Sequence[Sequence[int]]) -> list[int]:
+    out: list[int] = []
+    for values in lists:
+        for i, v in enumerate(values):
+            if i == len(out):
+                out.append(0)
+            out[i] += int(v)
+    return out
+
+
+def _add_counts(dicts: Sequence[Mapping[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for key, v in d.items():
+            out[key] = out.get(key, 0) + int(v)
+    return out
+
+
+def forward_ms(runs: Sequence[RunResult]) -> float | None:
+    """Milliseconds per decode forward: the median over ``runs`` of each run's mean (one
+    run slowed down by other load must not drag the figure the way a pooled mean would)."""
+    return median_of([1e3 * r.forward_s / r.decode_forwards for r in runs if r.decode_forwards])
+
+
+#: A run whose process got less than this fraction of the CPU share its arm gets at best
+#: on the model was slowed down by other load (llama.cpp's OpenMP barriers stall badly
+#: when one of their threads is descheduled). Relative, because a tiny model leaves the
+#: second thread idle and never reaches a share of 1.
+CONTENDED_CPU_SHARE = 0.85
+
+
+def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | None,
+                  curve: CostCurve | None, *, error: str | None = None,
+                  unit_forward_ms: float | None = None, threads: int = 1,
+                  best_cpu_share: float | None = None) -> dict[str, Any]:
+    """Medians, ratios to the reference, speculation counters and identity of one arm.
+
+    Ratios are taken between medians (``median(arm) / median(reference)``), never per run,
+    so one noisy repetition moves a ratio no more than it moves a median.
+    ``unit_forward_ms`` (a single-row decode forward, e.g. meshd-off's) turns the measured
+    drafting time into the cost model's unit for the limit at the measured acceptance.
+    """
+    out: dict[str, Any] = {"error": error, "runs": []}
+    for i, r in enumerate(runs):
+        ref = ref_runs[i].tokens if ref_runs is not None and i < len(ref_runs) else None
+        div = first_divergence(ref, r.tokens) if ref is not None else None
+        out["runs"].append({
+            "tokens": r.n, "wall_s": r.wall_s, "ttft_s": r.ttft_s, "tok_s": r.tok_s,
+            "decode_tok_s": r.decode_tok_s, "prefill_s": r.prefill_s,
+            "forward_s": r.forward_s, "decode_forwards": r.decode_forwards,
+            "identical": None if ref is None else div is None, "first_divergence": div,
+            "cpu_share": (r.cpu_s / (r.wall_s * threads)
+                          if r.cpu_s is not None and r.wall_s > 0 else None),
+        })
+    out["contended_runs"] = sum(
+        1 for run in out["runs"] if run["cpu_share"] is not None and best_cpu_share
+        and run["cpu_share"] < CONTENDED_CPU_SHARE * best_cpu_share)
+    tok = median_of([r.tok_s for r in runs])
+    dec = median_of([r.decode_tok_s for r in runs])
+    ref_tok = median_of([r.tok_s for r in ref_runs]) if ref_runs else None
+    ref_dec = median_of([r.decode_tok_s for r in ref_runs]) if ref_runs else None
+    out.update(median_tok_s=tok, median_decode_tok_s=dec,
+               ratio_vs_plain=ratio_of(tok, ref_tok), decode_ratio_vs_plain=ratio_of(dec, ref_dec))
+    n_tokens = sum(r.n for r in runs)
+    forwards = sum(r.decode_forwards for r in runs)
+    out["forwards_per_token"] = forwards / n_tokens if n_tokens else None
+    # The first token comes from the prefill; every later one from a decode forward.
+    decode_tokens = sum(max(0, r.n - 1) for r in runs)
+    out["forwards_per_decode_token"] = forwards / decode_tokens if decode_tokens else None
+    out["forward_ms"] = forward_ms(runs)
+    out["forward_cost_vs_plain"] = ratio_of(out["forward_ms"], forward_ms(ref_runs or []))
+    out["host_ms_per_token"] = median_of(
+        [1e3 * (r.wall_s - r.prefill_s - r.forward_s) / r.n for r in runs if r.n]
+    )
+    # Identity: every repetition equal to the reference's run of the same repetition.
+    idents = [run["identical"] for run in out["runs"]]
+    if error is not None:
+        out["identical"] = False
+    elif idents and all(x is not None for x in idents):
+        out["identical"] = all(idents)
+    else:
+        out["identical"] = None
+    divs = [run["first_divergence"] for run in out["runs"]
+            if run["first_divergence"] is not None]
+    out["first_divergence"] = min(divs) if divs else None
+    out["margin"] = None
+    stats = [r.stats for r in runs if r.stats is not None]
+    out["speculation"] = bool(stats)
+    totals = [r.drafts for r in runs if r.drafts is not None]
+    if totals and not stats:  # a runner that counts drafts but not per position
+        drafted = sum(d for d, _ in totals)
+        accepted = sum(a for _, a in totals)
+        out.update(speculation=True, drafted=drafted, accepted=accepted,
+                   acceptance=accepted / drafted if drafted else None, limit=None)
+    if stats:
+        drafted = sum(int(s["drafted"]) for s in stats)
+        accepted = sum(int(s["accepted"]) for s in stats)
+        verify_calls = sum(int(s["verify_calls"]) for s in stats)
+        acc_pos = _sum_lists([s["accepted_per_position"] for s in stats])
+        dr_pos = _sum_lists([s["drafted_per_position"] for s in stats])
+        out.update(
+            drafted=drafted, accepted=accepted, verify_calls=verify_calls,
+            acceptance=accepted / drafted if drafted else None,
+            acceptance_per_position=[a / d for a, d in zip(acc_pos, dr_pos, strict=False)
+                                     if d],
+            mean_accepted_per_verify=accepted / verify_calls if verify_calls else None,
+            mean_window_rows=1 + drafted / forwards if forwards else None,
+            checkpoints=median_of([float(s["checkpoints"]) for s in stats]),
+            checkpoint_bytes=median_of([float(s["checkpoint_bytes"]) for s in stats]),
+            restores=median_of([float(s["restores"]) for s in stats]),
+            rollbacks_in_place=median_of([float(s["rollbacks_in_place"]) for s in stats]),
+            refusals=_add_counts([s["refusals"] for s in stats]),
+            proposer_faults=_add_counts([s["proposer_faults"] for s in stats]),
+        )
+        # Decode steps that verified no draft: every refusal, and faults that dropped the
+        # draft. Each is one plain forward committing one token.
+        faults = out["proposer_faults"]
+        plain_steps = sum(out["refusals"].values()) + sum(
+            faults.get(kind, 0) for kind in ("error", "invalid_token"))
+        out["plain_steps"] = plain_steps
+        spec_tokens = decode_tokens - plain_steps
+        out["forwards_per_speculative_token"] = (
+            (forwards - plain_steps) / spec_tokens if spec_tokens > 0 else None)
+        propose_ms = sum(float(s["propose_ms"]) for s in stats)
+        draft_cost = (propose_ms / drafted / unit_forward_ms
+                      if drafted and unit_forward_ms else 0.0)
+        out["draft_cost"] = draft_cost
+        cond = conditional_acceptance(acc_pos, dr_pos)
+        if curve is not None and cond:
+            k, speedup = speedup_limit(curve, cond, draft_cost=draft_cost)
+            achieved = ratio_of(dec, ref_dec)
+            out["limit"] = {"k": k, "speedup": speedup,
+                            "fraction": achieved / speedup if achieved is not None else None}
+        else:
+            out["limit"] = None
+    return out

@@ -1,0 +1,159 @@
+"""What drafts are worth: per-position acceptance, and when to probe a proposer again.
+
+:class:`AcceptanceTracker` estimates ``P(draft position i accepted | positions 0..i-1
+accepted)`` from verified proposals (the ``acc[i]`` of :mod:`meshd.policy.costs`).
+
+Exploration: when plain decoding wins, no proposals are verified, so the acceptance
+estimates would never change and a proposer that turned good again would stay off
+forever. :class:`Explorer` therefore allows one probe of ``k = 1`` after a fixed number
+of idle (plain-decode) steps, a deterministic counter (no randomness, so runs are
+repeatable). A probe that commits nothing doubles the interval (up to a cap), one that
+commits something resets it; any regular speculation resets it as well. A probe costs
+``c(1) - 1`` plus its drafting (a draft model catching up on every token since its last
+draft can make that several decodes) and saves a decode when it hits, so the interval
+never drops below ``expected probe cost / PROBE_BUDGET`` (:func:`probe_interval_floor`):
+probes cost at most about 3% of a decode per step on average, falling to ~0.3% while
+they keep failing.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: The most a probe may cost on average per step, in decodes.
+PROBE_BUDGET = 0.03
+
+
+def probe_interval_floor(probe_cost: float, budget: float = PROBE_BUDGET) -> int:
+    """The fewest idle steps between probes that keeps their expected cost (in decodes,
+    ``c(1) - 1 + drafting - P(hit)``) under ``budget`` of a decode per step."""
+    return max(0, math.ceil(probe_cost / budget))
+
+
+class AcceptanceTracker:
+    """Running per-position acceptance: ``P(position i accepted | 0..i-1 accepted)``.
+
+    Counts with exponential decay (old evidence fades; ``decay = 0.98`` remembers about
+    50 proposals) and a hierarchical prior: position 0 shrinks toward ``prior``, each
+    later position toward the estimate of the position before it. That way, evidence
+    from short proposals (probes are one token) carries over to positions never
+    verified yet instead of leaving them at a fixed, possibly pessimistic guess.
+
+    Positions at and beyond ``max_positions`` share the last tracked position.
+    """
+
+    def __init__(
+        self,
+        *,
+        prior: float = 0.5,
+        prior_weight: float = 2.0,
+        decay: float = 0.98,
+        max_positions: int = 16,
+    ) -> None:
+        if not 0.0 < prior < 1.0:
+            raise ValueError("prior must be in (0, 1)")
+        if prior_weight <= 0.0:
+            raise ValueError("prior_weight must be positive")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError("decay must be in (0, 1]")
+        if max_positions < 1:
+            raise ValueError("max_positions must be >= 1")
+        self.prior = prior
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.max_positions = max_positions
+        self._trials = [0.0] * max_positions
+        self._hits = [0.0] * max_positions
+        self.updates = 0
+
+    def update(self, proposed: int, accepted: int, *, censored: bool = False) -> None:
+        """Record one verified proposal of ``proposed`` drafts, ``accepted`` of them taken.
+
+        Positions ``< accepted`` count as accepted, position ``accepted`` (if drafted) as
+        rejected, later ones were never tested. ``censored`` means the commit was cut
+        short (end of generation, token limit) rather than the draft being rejected, so
+        the position after the last accepted one is not counted as a rejection.
+        A proposal of 0 drafts carries no evidence and is ignored.
+        """
+        if proposed <= 0:
+            return
+        if not 0 <= accepted <= proposed:
+            raise ValueError(f"accepted = {accepted} outside 0..{proposed}")
+        self.updates += 1
+        if self.decay != 1.0:
+            self._trials = [t * self.decay for t in self._trials]
+            self._hits = [h * self.decay for h in self._hits]
+        last = self.max_positions - 1
+        for i in range(accepted):
+            slot = min(i, last)
+            self._trials[slot] += 1.0
+            self._hits[slot] += 1.0
+        if accepted < proposed and not censored:
+            self._trials[min(accepted, last)] += 1.0
+
+    def acceptances(self, n: int | None = None) -> tuple[float, ...]:
+        """Estimates for positions ``0 .. n-1`` (default: every tracked position)."""
+        n = self.max_positions if n is None else n
+        out: list[float] = []
+        mean = self.prior
+        for i in range(n):
+            if i < self.max_positions:
+                t, h = self._trials[i], self._hits[i]
+                mean = (h + self.prior_weight * mean) / (t + self.prior_weight)
+            out.append(mean)
+        return tuple(out)
+
+    def acceptance(self, i: int) -> float:
+        """The estimate for 0-based position ``i``."""
+        return self.acceptances(i + 1)[i]
+
+
+class Explorer:
+    """Deterministic probing schedule for when plain decoding is chosen.
+
+    Call :meth:`idle_step` on each step that does not speculate; it answers True when a
+    probe (one draft token) is due. Report a probe's result with :meth:`probe_result`
+    and any regular speculation with :meth:`speculated`. ``every = 0`` disables probes.
+    """
+
+    def __init__(self, every: int = 16, max_every: int = 256) -> None:
+        if every < 0 or (every and max_every < every):
+            raise ValueError("need 0 <= every <= max_every")
+        self.every = every
+        self.max_every = max_every
+        self.interval = every
+        self.idle = 0
+        #: A floor under the interval set by the owner from what a probe costs (a
+        #: draft model that must catch up on every token since its last draft makes a
+        #: probe cost several decodes, so it may come only that much more rarely).
+        self.min_interval = 0
+
+    def idle_step(self) -> bool:
+        """Count one plain-decode step; True when a probe is due (stays due until used)."""
+        self.idle += 1
+        return self.due
+
+    @property
+    def due(self) -> bool:
+        """Whether the next opportunity should be spent on a probe."""
+        return self.every > 0 and self.idle >= max(self.interval, self.min_interval)
+
+    def probed(self) -> None:
+        """A probe was issued: restart the idle count."""
+        self.idle = 0
+
+    def rearm(self) -> None:
+        """A probe was issued but never verified (nothing to draft): make it due again."""
+        self.idle = max(self.idle, self.interval)
+
+    def probe_result(self, accepted: int) -> None:
+        """A failed probe backs off (interval doubles up to ``max_every``); a hit resets."""
+        if accepted > 0:
+            self.interval = self.every
+        else:
+            self.interval = min(self.interval * 2, self.max_every)
+
+    def speculated(self) -> None:
+        """Regular speculation happened: the estimates are live again, reset everything."""
+        self.idle = 0
+        self.interval = self.every

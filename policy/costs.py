@@ -1,0 +1,309 @@
+"""What speculation costs and what it buys: the cost curve and the objective.
+
+Why this exists: on a CPU a verify batch of ``k + 1`` rows costs nearly ``k + 1`` single
+decodes (measured on a 2-core x86 machine: SmolLM2 Q4_1, 2 rows cost 1.75x, 4 rows 3.40x).
+Speculation only pays when the tokens it is expected to commit outweigh that cost, and
+both sides move: acceptance depends on the text and the proposer, cost on the model's
+quantization and the machine. So the decision is made per step from two measured
+quantities, never from a fixed ``k``:
+
+* a :class:`CostCurve` ``c(k)``: cost of verifying ``k`` draft tokens (a batch of
+  ``k + 1`` rows) relative to one plain decode, so ``c(0) == 1``; :class:`CostModel`
+  keeps it current from the forwards actually run;
+* per-position acceptance estimates ``acc[i]``
+  (:class:`~meshd.policy.acceptance.AcceptanceTracker`):
+  ``P(draft position i accepted | positions 0..i-1 accepted)`` (0-based positions).
+
+The objective, stated here once and used by every caller (the engine's gate, prompt
+lookup, the composite proposer, the benchmarks)::
+
+    E(k) = 1 + sum_{j=1..k} prod_{i=0..j-1} acc[i]      expected committed tokens
+    r(k) = E(k) / (c(k) + k * draft_cost)               tokens per unit of cost
+
+``E(k)`` counts the target's own token (the correction or bonus token the verify batch
+always yields) as the leading ``1``; draft token ``j`` (1-based) is committed only when
+positions ``0..j-1`` were all accepted, hence the product. Plain decoding is ``k = 0``:
+``E = 1``, ``c = 1``, ``r = 1``. ``r(k)`` is therefore directly the expected speedup of
+speculating with ``k`` drafts over plain decoding, and a step speculates only when some
+``k > 0`` beats 1 by a margin (default 2%) so measurement noise does not switch it on.
+
+The online model: a start-up calibration is one moment on a shared, noisy machine. If
+the machine was busy then (or becomes busy later), a stale curve makes speculation look
+cheaper or dearer than it is, and on CPUs where k rows cost nearly k decodes a wrong
+curve turns a speedup into a slowdown. So every forward's wall time is recorded by its
+number of rows, and the curve is rebuilt from the recent medians per size; sizes not
+seen lately fall back to the calibration (scaled by the same base).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from .acceptance import AcceptanceTracker
+
+#: A step speculates only if its expected speedup exceeds this (noise guard).
+DEFAULT_MARGIN = 1.02
+
+def _to_floats(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(float(x) for x in values)
+
+
+def _check_costs(_instance: object, _attribute: object, costs: tuple[float, ...]) -> None:
+    if not costs:
+        raise ValueError("a cost curve needs at least c(0)")
+    if costs[0] != 1.0:
+        raise ValueError(f"c(0) must be 1.0 (one plain decode), got {costs[0]}")
+    for k, c in enumerate(costs):
+        if not math.isfinite(c) or c <= 0.0:
+            raise ValueError(f"c({k}) = {c} is not a positive finite cost")
+        if k and c < costs[k - 1]:
+            raise ValueError(f"cost curve must be non-decreasing: c({k}) = {c} < c({k - 1})")
+
+
+@attrs.frozen
+class CostCurve:
+    """Relative cost ``c(k)`` of verifying ``k`` drafts (``k + 1`` rows) vs one decode.
+
+    ``costs[k]`` is ``c(k)`` for ``k = 0 .. max_k``; ``costs[0]`` is 1 and the sequence
+    is non-decreasing (a bigger batch never costs less). Build it from measurements with
+    :meth:`from_times` or :meth:`from_row_costs`, which repair noisy numbers; the plain
+    constructor validates instead of repairing so a hand-written curve with a typo fails.
+    Drafts beyond ``max_k`` were never measured, so callers never choose them.
+    """
+
+    costs: tuple[float, ...] = attrs.field(converter=_to_floats, validator=_check_costs)
+
+    @property
+    def max_k(self) -> int:
+        """The largest draft length the curve covers."""
+        return len(self.costs) - 1
+
+    def cost(self, k: int) -> float:
+        """``c(k)``; raises ``ValueError`` beyond :attr:`max_k` (unmeasured is unknown)."""
+        if not 0 <= k <= self.max_k:
+            raise ValueError(f"k = {k} outside the measured range 0..{self.max_k}")
+        return self.costs[k]
+
+    @classmethod
+    def sanitized(cls, costs: Sequence[float]) -> CostCurve:
+        """Repair measured relative costs: force ``c(0) = 1``, then make it non-decreasing.
+
+        Timing noise can make a 2-row batch look cheaper than a decode, or 5 rows cheaper
+        than 4; physically neither happens, and a dip would make the optimiser pick that
+        ``k`` for the wrong reason. Each value is raised to the running maximum.
+        """
+        if not costs:
+            raise ValueError("a cost curve needs at least c(0)")
+        fixed = [1.0]
+        for k, c in enumerate(costs[1:], start=1):
+            c = float(c)
+            if not math.isfinite(c) or c <= 0.0:
+                raise ValueError(f"c({k}) = {c} is not a positive finite cost")
+            fixed.append(max(c, fixed[-1]))
+        return cls(tuple(fixed))
+
+    @classmethod
+    def from_row_costs(cls, row_costs: Mapping[int, float]) -> CostCurve:
+        """From relative costs keyed by **batch rows** (as in machine.md: ``{2: 1.75}``).
+
+        Rows ``r`` map to ``k = r - 1`` drafts. A 1-row entry, if given, is ignored
+        (it is the reference, 1 by definition). Row counts that were not measured are
+        filled by linear interpolation between their measured neighbours, after the
+        points have been made non-decreasing; the curve ends at the largest row count
+        measured.
+        """
+        points = {1: 1.0}
+        for rows, c in row_costs.items():
+            if rows < 1:
+                raise ValueError(f"row count must be >= 1, got {rows}")
+            if rows > 1:
+                points[rows] = float(c)
+        xs = sorted(points)
+        ys: list[float] = []
+        for x in xs:
+            y = points[x]
+            if not math.isfinite(y) or y <= 0.0:
+                raise ValueError(f"cost for {x} rows = {y} is not a positive finite cost")
+            ys.append(max(y, ys[-1]) if ys else 1.0)
+        costs = [1.0]
+        for seg in range(1, len(xs)):
+            x0, x1, y0, y1 = xs[seg - 1], xs[seg], ys[seg - 1], ys[seg]
+            for x in range(x0 + 1, x1 + 1):
+                costs.append(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+        return cls.sanitized(costs)
+
+    @classmethod
+    def from_times(cls, decode_seconds: float, batch_seconds: Mapping[int, float]) -> CostCurve:
+        """From raw timings: one single-token decode, and batch wall times keyed by rows."""
+        if not math.isfinite(decode_seconds) or decode_seconds <= 0.0:
+            raise ValueError(f"decode time must be positive, got {decode_seconds}")
+        return cls.from_row_costs({r: t / decode_seconds for r, t in batch_seconds.items()})
+
+
+def _acc_at(acc: float | Sequence[float], i: int) -> float:
+    """Acceptance at 0-based position ``i``; a scalar is uniform, a short list repeats
+    its last value (the best guess for positions never measured)."""
+    if isinstance(acc, int | float):
+        return float(acc)
+    if not acc:
+        raise ValueError("empty acceptance list")
+    return float(acc[i] if i < len(acc) else acc[-1])
+
+
+def prefix_expected(acc: float | Sequence[float], k: int) -> list[float]:
+    """``[E(0), E(1), ..., E(k)]`` in one pass (see the module docstring for ``E``)."""
+    out = [1.0]
+    reach = 1.0
+    for i in range(k):
+        reach *= _acc_at(acc, i)
+        out.append(out[-1] + reach)
+    return out
+
+
+def expected_committed(acc: float | Sequence[float], k: int) -> float:
+    """Expected tokens committed by verifying ``k`` drafts: ``1 + Σ_j Π_{i<j} acc[i]``.
+
+    ``acc`` is a uniform acceptance rate or per-position conditional rates (a list
+    shorter than ``k`` repeats its last value). ``k = 0`` gives 1 (plain decode).
+    """
+    if k < 0:
+        raise ValueError("k must be >= 0")
+    return prefix_expected(acc, k)[-1]
+
+
+def ratios(
+    curve: CostCurve, acc: float | Sequence[float], k_max: int, *, draft_cost: float = 0.0
+) -> list[float]:
+    """``[r(0), ..., r(K)]`` with ``K = min(k_max, curve.max_k)``; ``r(0) == 1``."""
+    top = max(0, min(k_max, curve.max_k))
+    expected = prefix_expected(acc, top)
+    return [expected[k] / (curve.costs[k] + k * draft_cost) for k in range(top + 1)]
+
+
+def speedup_limit(
+    curve: CostCurve,
+    acc: float | Sequence[float] = 1.0,
+    *,
+    k_max: int | None = None,
+    draft_cost: float = 0.0,
+) -> tuple[int, float]:
+    """The best ``(k, expected speedup)`` for this curve and acceptance, with no margin.
+
+    With ``acc = 1`` this is the physical limit of speculation on the measured machine
+    (e.g. SmolLM2 Q4_1 here: about 1.48x at k = 7), which benchmarks print next to what
+    they achieved. Ties go to the smaller ``k``.
+    """
+    rs = ratios(curve, acc, curve.max_k if k_max is None else k_max, draft_cost=draft_cost)
+    best = max(range(len(rs)), key=lambda k: (rs[k], -k))
+    return best, rs[best]
+
+
+def choose_k(
+    curve: CostCurve,
+    acc: float | Sequence[float] | AcceptanceTracker,
+    k_max: int,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    draft_cost: float = 0.0,
+) -> int:
+    """Draft length maximising expected committed tokens per unit cost; 0 = plain decode.
+
+    Returns 0 unless the best ``k > 0`` has an expected speedup above ``margin``.
+    Monotone: raising any acceptance never lowers the chosen ``k`` (``E(k+1)/E(k)``
+    grows with every ``acc[i]``, so the objective has increasing differences in
+    ``(k, acc)``), apart from exact float ties.
+    """
+    if isinstance(acc, AcceptanceTracker):
+        acc = acc.acceptances(max(1, k_max))
+    k, r = speedup_limit(curve, acc, k_max=k_max, draft_cost=draft_cost)
+    return k if k > 0 and r > margin else 0
+
+
+#: Samples kept per window size; medians over them resist outliers.
+WINDOW = 48
+#: Fewer samples than this for a size and its calibrated ratio is used.
+MIN_SAMPLES = 6
+#: The curve is rebuilt after this many new samples (rebuilding each step is wasteful).
+REBUILD_EVERY = 8
+
+
+def is_plausible(costs: Sequence[float], *, tolerance: float = 0.85) -> bool:
+    """A measured curve looks sane: c(1) > 1, it never drops much as rows grow, and no
+    size costs far more than that many single decodes.
+
+    Measurements under heavy contention come out non-monotone (seen here: a 2-row
+    forward "cheaper" than 1 row); such a curve must not be cached.
+    """
+    if len(costs) < 2 or costs[1] <= 1.0:
+        return False
+    # A batch of k+1 rows never costs much more than k+1 single decodes (seen under
+    # contention: c(8) = 18.3).
+    if any(c > 1.5 * (k + 1) for k, c in enumerate(costs)):
+        return False
+    return all(b >= a * tolerance for a, b in itertools.pairwise(costs))
+
+
+class CostModel:
+    """Relative cost of a forward of k+1 rows vs 1 row, for k = 0..max_k, kept current.
+
+    One thread records (the one running the forwards); others may read. Each size's
+    samples are an immutable tuple replaced whole on every record, so a reader always
+    sees one consistent window without a lock (a racing reader at worst rebuilds the
+    curve once more than needed).
+    """
+
+    def __init__(self, calibrated: Sequence[float]) -> None:
+        self._prior = CostCurve.sanitized(list(calibrated))
+        self._samples: dict[int, tuple[float, ...]] = {
+            rows: () for rows in range(1, len(calibrated) + 1)
+        }
+        self._dirty = 0
+        self._curve = self._prior
+
+    @property
+    def max_k(self) -> int:
+        return self._prior.max_k
+
+    def record(self, rows: int, seconds: float) -> None:
+        """One forward of ``rows`` rows took ``seconds`` (sizes beyond max_k+1 ignored)."""
+        samples = self._samples.get(rows)
+        if samples is None or seconds <= 0:
+            return
+        self._samples[rows] = (*samples[-(WINDOW - 1):], seconds)
+        self._dirty += 1
+
+    def decode_seconds(self) -> float | None:
+        """Wall time of a one-row forward lately: the median of recent one-row forwards,
+        or, when speculation runs every step and those are rare, the best-sampled window
+        size's median divided by its relative cost. None until enough samples."""
+        s = self._samples[1]
+        if len(s) >= MIN_SAMPLES:
+            return statistics.median(s)
+        rows, best = max(self._samples.items(), key=lambda item: len(item[1]))
+        if len(best) < MIN_SAMPLES:
+            return None
+        return statistics.median(best) / self._curve.cost(rows - 1)
+
+    def curve(self) -> CostCurve:
+        """The current curve (rebuilt from recent medians every few samples)."""
+        if self._dirty < REBUILD_EVERY:
+            return self._curve
+        self._dirty = 0
+        medians = {
+            rows: statistics.median(s) for rows, s in list(self._samples.items())
+            if len(s) >= MIN_SAMPLES
+        }
+        base = medians.get(1)
+        if base is None:
+            return self._curve
+        costs = [
+            medians[k + 1] / base if k + 1 in medians else self._prior.cost(k)
+            for k in range(self._prior.max_k + 1)
+        ]
+        self._curve = CostCurve.sanitized(costs)
+        return self._curve

@@ -1,0 +1,134 @@
+"""Adaptive draft length for one proposer: how many drafts this step should verify.
+
+:class:`AdaptiveK` combines the objective of :mod:`meshd.policy.costs` (``choose_k``)
+with acceptance estimates and probing (:mod:`meshd.policy.acceptance`). It is the
+engine's per-request controller for proposers that do not choose their own length; the
+composite proposer and prompt lookup apply the same objective themselves, per child or
+per match.
+"""
+
+from __future__ import annotations
+
+from .acceptance import PROBE_BUDGET, AcceptanceTracker, Explorer, probe_interval_floor
+from .costs import DEFAULT_MARGIN, CostCurve, choose_k
+
+#: Run lengths (drafted tokens accepted in a row) where each streak bucket starts.
+STREAK_BUCKETS = (1, 4, 16)
+
+#: Where the per-position acceptance right after a fully accepted window starts (see
+#: :class:`AdaptiveK`): optimistic, so a copy run found by a probe is used at once.
+STREAK_PRIOR = 0.9
+
+
+class AdaptiveK:
+    """Per-session draft-length controller for a single proposer.
+
+    Each step: ``k = next_k()``; if ``k > 0`` ask the proposer for up to ``k`` tokens;
+    after verification call ``observe(proposed, accepted, censored)``. Combines
+    :func:`choose_k`, :class:`AcceptanceTracker` estimates and an :class:`Explorer`.
+    (The composite proposer applies the same policy internally, per child.)
+
+    Acceptance is tracked apart by state, because copying comes in runs: right after a
+    window whose every draft was accepted (``streak``; the text is most likely still
+    being copied, so long drafts pay) and otherwise (after a rejection, an empty
+    proposal or a plain step). One pooled estimate would average a run's near-certain
+    acceptance with the misses around it and choose a length that suits neither. Streaks
+    are told apart by how long they have lasted (1-3, 4-15, 16+ accepted drafts in a
+    row): deep in a copy run acceptance is near 1 and the longest windows pay. The
+    streak estimates start optimistic (:data:`STREAK_PRIOR`): the first fully accepted
+    probe is followed by a long window, so a copy region is exploited at once; where
+    streaks do not last (text that copies a word here and there), a few failed long
+    windows teach the streak tracker so and it stops trying.
+    """
+
+    def __init__(
+        self,
+        curve: CostCurve,
+        tracker: AcceptanceTracker | None = None,
+        *,
+        k_max: int | None = None,
+        margin: float = DEFAULT_MARGIN,
+        draft_cost: float = 0.0,
+        explorer: Explorer | None = None,
+        streaks: bool = True,
+        probe_budget: float = PROBE_BUDGET,
+    ) -> None:
+        self.curve = curve
+        #: Acceptance outside a streak (after a rejection, an empty proposal, a plain step).
+        self.tracker = tracker if tracker is not None else AcceptanceTracker()
+        #: Acceptance right after fully accepted windows, one tracker per run length
+        #: bucket (:data:`STREAK_BUCKETS`): the longer the output has been copying, the
+        #: likelier it goes on, and the longer the window that pays.
+        self.streak_trackers = [
+            AcceptanceTracker(prior=STREAK_PRIOR, prior_weight=self.tracker.prior_weight,
+                              decay=self.tracker.decay,
+                              max_positions=self.tracker.max_positions)
+            for _ in STREAK_BUCKETS
+        ]
+        #: Expected probe cost allowed per step, in decodes (``inf``: no floor).
+        self.probe_budget = probe_budget
+        #: Whether streaks are tracked apart (off: one pooled estimate).
+        self.streaks = streaks
+        #: Drafted tokens accepted in a row, up to the end of the last step (0 after a
+        #: rejection, an empty proposal or a plain step).
+        self.run = 0
+        self._planned: AcceptanceTracker = self.tracker
+        self.k_max = curve.max_k if k_max is None else min(k_max, curve.max_k)
+        self.margin = margin
+        self.draft_cost = draft_cost
+        self.explorer = explorer if explorer is not None else Explorer()
+        self.probing = False
+
+    def acceptances(self) -> tuple[float, ...]:
+        """The estimates this step decides from (streak or not), positions 0..k_max-1."""
+        n = max(1, self.k_max)
+        return self.current_tracker().acceptances(n)
+
+    @property
+    def streak(self) -> bool:
+        """Whether the last step verified a window and accepted every draft of it."""
+        return self.run > 0
+
+    def current_tracker(self) -> AcceptanceTracker:
+        """The tracker for the present state (no streak, or the run length's bucket)."""
+        if self.run <= 0:
+            return self.tracker
+        bucket = sum(1 for start in STREAK_BUCKETS if self.run >= start) - 1
+        return self.streak_trackers[bucket]
+
+    def next_k(self) -> int:
+        """The draft length for this step (> 0 when it is a probe, 0 for plain decode)."""
+        self._planned = self.current_tracker()
+        k = choose_k(self.curve, self.acceptances(), self.k_max, margin=self.margin,
+                     draft_cost=self.draft_cost)
+        if k > 0:
+            self.probing = False
+            self.explorer.speculated()
+            return k
+        # A probe costs c(1) - 1 plus its drafting and saves a decode when it hits:
+        # keep its expected cost under PROBE_BUDGET of a decode per step on average.
+        if self.k_max >= 1:
+            hit = self.tracker.acceptances(1)[0]
+            probe_cost = self.curve.cost(1) - 1.0 + self.draft_cost - hit
+            self.explorer.min_interval = probe_interval_floor(probe_cost, self.probe_budget)
+        if self.k_max >= 1 and self.explorer.idle_step():
+            self.explorer.probed()
+            self.probing = True
+            return 1
+        self.probing = False
+        self.run = 0  # a plain step verifies nothing: whatever ran is over
+        return 0
+
+    def observe(self, proposed: int, accepted: int, *, censored: bool = False) -> None:
+        """Feed back one step's verification (``proposed = 0``: nothing was verified)."""
+        self._planned.update(proposed, accepted, censored=censored)
+        if self.streaks and proposed > 0 and accepted == proposed:
+            self.run += accepted
+        else:
+            self.run = 0
+        if self.probing:
+            if proposed > 0:
+                self.explorer.probe_result(accepted)
+            else:
+                self.explorer.rearm()  # the proposer had nothing: probe next step
+            self.probing = False

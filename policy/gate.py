@@ -1,0 +1,180 @@
+"""The step gate: may this decode step speculate, and with how many drafts?
+
+One call per step (:meth:`StepGate.decide`) answers from facts the engine hands over
+(:class:`StepFacts`: the request's sampling, budget and context room, what following
+the MTP head has cost so far) and from what the gate has learned (acceptance, the cost
+of drafting). The answer is a :class:`Verdict`: a draft length, why speculation was
+refused (if it was) and whether to stop following the MTP head. The engine applies it;
+nothing here touches the model.
+
+The checks, in order (the first refusal wins, and is what the request's statistics
+count): exact verification needs greedy or seeded sampling; the budget (tokens left,
+context room, the request's ``draft_max``) must allow a draft; an MTP head that cannot
+pay for its catch-up is dropped; finally the cost model
+(:class:`~meshd.policy.draft_length.AdaptiveK`) chooses the length, 0 when no length
+beats plain decoding."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import attrs
+
+from .costs import CostCurve, CostModel, speedup_limit
+from .draft_length import AdaptiveK
+
+#: Decode-phase forwards before the MTP head's cost is judged (timings settle).
+HEAD_CHECK_FORWARDS = 16
+#: Drafted tokens verified before the head is judged by its measured acceptance.
+HEAD_CHECK_DRAFTS = 64
+#: Forwards between two such judgements.
+HEAD_CHECK_EVERY = 8
+#: Weight of the newest proposal in the running drafting time per token.
+DRAFT_TIME_WEIGHT = 0.2
+
+
+class Refusal(enum.StrEnum):
+    """Why a step decoded plainly although the request has a proposer (the keys of
+    the request statistics' ``refusals``)."""
+
+    UNSEEDED_SAMPLING = "unseeded_sampling"
+    BUDGET = "budget"
+    MTP_HEAD_DROPPED = "mtp_head_dropped"
+    COST_MODEL = "cost_model"
+
+
+@attrs.frozen
+class HeadLoad:
+    """What following the MTP head has cost since decoding began (prefill excluded)."""
+
+    forwards: int
+    """Target forwards."""
+    forward_ms: float
+    """Their time, the head's catch-up included."""
+    head_ms: float
+    """The head's catch-up forwards alone."""
+    drafted: int
+    """Drafted tokens verified."""
+
+
+@attrs.frozen
+class StepFacts:
+    """What the engine knows before a step."""
+
+    exact_verifiable: bool
+    """Greedy or seeded sampling (otherwise a draft cannot be verified exactly)."""
+    k_max: int
+    """The most drafts the request allows now: ``draft_max``, the tokens left after the
+    target's own one, and the context's room."""
+    head: HeadLoad | None = None
+    """Set while the request follows an MTP head."""
+
+
+@attrs.frozen
+class Verdict:
+    """One step's gate: ``k`` drafts (0: decode plainly)."""
+
+    k: int
+    refusal: Refusal | None = None
+    drop_head: bool = False
+    """Stop following the MTP head (and decode the rest of the request plainly)."""
+
+
+def mtp_head_pays(curve: CostCurve, *, overhead: float, draft_cost: float, k_max: int,
+                  acceptances: Sequence[Sequence[float]] = ()) -> bool:
+    """Whether following an MTP head can beat plain decoding without it.
+
+    ``overhead``: the head's catch-up time per target forward, as a fraction of it (paid
+    on plain steps too); ``draft_cost``: one drafted token, in decodes. Speculation must
+    beat ``1 + overhead``. With no ``acceptances`` only the bound at acceptance 1 is
+    judged; with them (one estimate per state), the best of them must beat it too.
+    """
+    target = 1.0 + overhead
+    if speedup_limit(curve, 1.0, k_max=k_max, draft_cost=draft_cost)[1] < target:
+        return False
+    if not acceptances:
+        return True
+    return max(speedup_limit(curve, acc, k_max=k_max, draft_cost=draft_cost)[1]
+               for acc in acceptances) >= target
+
+
+class StepGate:
+    """One request's speculation policy: the gate, and what it learns between steps.
+
+    ``adaptive`` is None when the draft length is not the gate's to choose (no cost
+    model, or a proposer that chooses its own length): then every step the budget
+    allows drafts ``k_max``. Times are handed in (:meth:`drafted`), never read here.
+    """
+
+    def __init__(self, costs: CostModel | None, *, draft_max: int, adaptive: bool) -> None:
+        self.costs = costs
+        self.adaptive: AdaptiveK | None = None
+        if adaptive and costs is not None:
+            self.adaptive = AdaptiveK(costs.curve(), k_max=draft_max)
+        #: Running wall time of drafting one token, in seconds (None before a draft).
+        self.draft_s_per_token: float | None = None
+        self._next_head_check = 0
+
+    def decide(self, facts: StepFacts) -> Verdict:
+        """This step's draft length, refusal and head verdict (see the module docstring).
+
+        Not a pure function: choosing a length advances the controller's probing
+        schedule, so call it once per step."""
+        if not facts.exact_verifiable:
+            return Verdict(0, Refusal.UNSEEDED_SAMPLING)
+        if facts.k_max <= 0:
+            return Verdict(0, Refusal.BUDGET)
+        adaptive = self.adaptive
+        if adaptive is None:
+            return Verdict(facts.k_max)
+        if self.costs is not None:
+            adaptive.curve = self.costs.curve()
+            decode_s = self.costs.decode_seconds()
+            if decode_s and self.draft_s_per_token is not None:
+                # Drafting is not free (an MTP head or draft model runs forwards):
+                # the cost model charges each drafted token what it measurably costs.
+                adaptive.draft_cost = self.draft_s_per_token / decode_s
+        if facts.head is not None and self._head_cannot_pay(adaptive, facts.head):
+            self.adaptive = None
+            return Verdict(0, Refusal.MTP_HEAD_DROPPED, drop_head=True)
+        k = min(adaptive.next_k(), facts.k_max)
+        return Verdict(k, Refusal.COST_MODEL if k == 0 else None)
+
+    def drafted(self, seconds: float, tokens: int) -> None:
+        """A proposal of ``tokens`` tokens took ``seconds`` (an empty one counts as one)."""
+        per_token = seconds / max(1, tokens)
+        prev = self.draft_s_per_token
+        self.draft_s_per_token = per_token if prev is None else (
+            (1 - DRAFT_TIME_WEIGHT) * prev + DRAFT_TIME_WEIGHT * per_token)
+
+    def verified(self, proposed: int, matched: int) -> None:
+        """Feed back one step's window (``proposed = 0``: the proposer had nothing)."""
+        if self.adaptive is not None:
+            self.adaptive.observe(proposed, matched)
+
+    def _head_cannot_pay(self, adaptive: AdaptiveK, head: HeadLoad) -> bool:
+        """Whether following the MTP head costs more than its drafts can save.
+
+        Following the head is not free: every target forward is followed by an MTP
+        forward to catch it up (``o``, measured as a fraction of the target's forward
+        time), plain steps included. Speculation must therefore beat ``1 + o`` (plain
+        decoding without the head), not 1. The head is dropped when even drafts that are
+        always right could not (on a model whose head costs as much as its body), or,
+        once enough drafts were verified, when the measured acceptance cannot.
+        """
+        if self.draft_s_per_token is None:
+            return False
+        if head.forwards < max(HEAD_CHECK_FORWARDS, self._next_head_check):
+            return False
+        self._next_head_check = head.forwards + HEAD_CHECK_EVERY  # not on every step
+        if head.forward_ms <= head.head_ms:
+            return False
+        overhead = head.head_ms / (head.forward_ms - head.head_ms)
+        measured: list[Sequence[float]] = []
+        if head.drafted >= HEAD_CHECK_DRAFTS:
+            trackers = [adaptive.tracker, *(t for t in adaptive.streak_trackers if t.updates)]
+            measured = [t.acceptances(adaptive.k_max) for t in trackers]
+        return not mtp_head_pays(adaptive.curve, overhead=overhead,
+                                 draft_cost=adaptive.draft_cost, k_max=adaptive.k_max,
+                                 acceptances=measured)

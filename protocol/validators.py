@@ -1,0 +1,150 @@
+"""Field validators for the protocol's messages, built from ``attrs.validators``.
+
+Why one wrapper: attrs' validators (``instance_of``, ``ge``, ``min_len`` ...) already say
+what a value must be; what the wire needs on top is one error shape. :func:`rule` runs
+them and turns whatever they raise into a :class:`~meshd.protocol.errors.BadRequest`
+naming the field and the rule it broke (``top_p: must be a number in (0, 1] (got 2)``),
+which the codec then places under the frame's path (``generate.sampling.top_p``).
+Python types are checked too, because messages built locally bypass the codec's strict
+structuring: the codec checks JSON types, these check values and Python types.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Final, TypeAlias
+
+import attrs
+import attrs.validators as V
+
+from .errors import BadRequest
+
+MAX_ID_LENGTH: Final = 256
+"""Longest accepted request id, in characters; ids are labels, not payloads."""
+
+MAX_SEED: Final = 2**64 - 1
+
+
+_Check: TypeAlias = Callable[[Any, "attrs.Attribute[Any]", Any], Any]
+
+STR: Final = V.instance_of(str)
+
+
+def not_bool(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
+    """Refuses ``True``/``False``, which Python counts as integers and JSON does not
+    (``attrs.validators.not_(instance_of(bool))`` says the same, raising an exception
+    inside for every valid integer)."""
+    if isinstance(value, bool):
+        raise TypeError("a boolean is not a number")
+
+
+INT: Final[_Check] = V.and_(V.instance_of(int), not_bool)
+NUMBER: Final[_Check] = V.and_(
+    V.instance_of(int | float), not_bool, V.gt(-math.inf), V.lt(math.inf)
+)
+"""A finite integer or float (NaN fails both bounds)."""
+OBJECT: Final = V.instance_of(dict)
+
+
+def _shown(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def rule(
+    requirement: str,
+    *checks: _Check,
+    optional: bool = False,
+    each: str | None = None,
+    container: str | None = None,
+    non_empty: bool = False,
+) -> Any:
+    """The one wrapper from attrs validators to the wire's errors.
+
+    The field must pass every check in ``checks`` (``None`` passes too if ``optional``),
+    else BadRequest "``field``: must be ``requirement`` (got ...)". With ``each``, the
+    value must be an array (``container="array"``) or object (``"object"``) described by
+    ``requirement``, and every item must pass ``checks``; a bad item is named by its
+    index or key: "``tokens[3]``: must be ``each`` (got -1)"; ``non_empty`` refuses an
+    empty one.
+    """
+
+    def fail(field: str, what: str, value: object) -> BadRequest:
+        return BadRequest.invalid_field(field, f"must be {what} (got {_shown(value)})")
+
+    def validate(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None and optional:
+            return
+        name = attribute.name
+        if each is None:
+            try:
+                for check in checks:
+                    check(inst, attribute, value)
+            except (TypeError, ValueError):
+                raise fail(name, requirement, value) from None
+            return
+        items: Iterable[tuple[object, object]]
+        if container == "object" and isinstance(value, dict):
+            items = value.items()
+        elif container == "array" and isinstance(value, tuple | list):
+            items = enumerate(value)
+        else:
+            raise fail(name, requirement, value)
+        if non_empty and not value:
+            raise fail(name, requirement, value)
+        for key, item in items:
+            try:
+                if container == "object" and not isinstance(key, str):
+                    raise TypeError("object keys must be strings")
+                for check in checks:
+                    check(inst, attribute, item)
+            except (TypeError, ValueError):
+                where = f"[{key!r}]" if container == "object" else f"[{key}]"
+                raise fail(f"{name}{where}", each, item) from None
+
+    return validate
+
+
+def integer(minimum: int, maximum: int | None = None, *, optional: bool = False) -> Any:
+    """An integer within ``[minimum, maximum]``."""
+    bounds: list[_Check] = [V.ge(minimum)]
+    requirement = f"an integer >= {minimum}"
+    if maximum is not None:
+        requirement = f"an integer in [{minimum}, {maximum}]"
+        bounds.append(V.le(maximum))
+    if optional:
+        requirement += " or null"
+    return rule(requirement, INT, *bounds, optional=optional)
+
+
+def instance(cls: type) -> Any:
+    """An instance of ``cls`` (a nested message or an enum member)."""
+    return rule(f"a {cls.__name__}", V.instance_of(cls))
+
+
+request_id: Final = rule(
+    f"a non-empty string of at most {MAX_ID_LENGTH} chars",
+    STR, V.min_len(1), V.max_len(MAX_ID_LENGTH),
+)
+optional_request_id: Final = rule(
+    f"a non-empty string of at most {MAX_ID_LENGTH} chars",
+    STR, V.min_len(1), V.max_len(MAX_ID_LENGTH), optional=True,
+)
+string: Final = rule("a string", STR)
+non_empty_string: Final = rule("a non-empty string", STR, V.min_len(1))
+optional_non_empty_string: Final = rule(
+    "a non-empty string", STR, V.min_len(1), optional=True
+)
+seed: Final = integer(0, MAX_SEED, optional=True)
+boolean: Final = rule("a boolean", V.instance_of(bool))
+non_negative_number: Final = rule("a finite number >= 0", NUMBER, V.ge(0))
+counters: Final = rule("an object of counters", NUMBER, V.ge(0),
+                         each="a finite number >= 0", container="object")
+string_items: Final = rule("an array of strings", STR, each="a string", container="array")
+
+
+def int_items(minimum: int) -> Any:
+    """An array of integers, each >= ``minimum``."""
+    return rule("an array of integers", INT, V.ge(minimum),
+                 each=f"an integer >= {minimum}", container="array")

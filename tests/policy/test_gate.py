@@ -1,0 +1,159 @@
+"""The step gate: refusals in order, the budget, the cost model's say, the MTP head."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshd.policy.costs import CostCurve, CostModel
+from meshd.policy.gate import (
+    HEAD_CHECK_DRAFTS,
+    HEAD_CHECK_EVERY,
+    HEAD_CHECK_FORWARDS,
+    HeadLoad,
+    Refusal,
+    StepFacts,
+    StepGate,
+    Verdict,
+    mtp_head_pays,
+)
+
+#: Verifying k drafts costs k + 1 decodes: nothing can pay.
+DEAR = [1.0 + k for k in range(9)]
+#: A GPU-like curve: extra rows are nearly free.
+CHEAP = [1.0 + 0.05 * k for k in range(9)]
+
+
+def facts(k_max: int = 8, *, exact: bool = True, head: HeadLoad | None = None) -> StepFacts:
+    return StepFacts(exact_verifiable=exact, k_max=k_max, head=head)
+
+
+@given(exact=st.booleans(), k_max=st.integers(-3, 12),
+       adaptive=st.booleans(), cheap=st.booleans())
+def test_refusals_come_in_order_and_k_stays_in_budget(
+    exact: bool, k_max: int, adaptive: bool, cheap: bool
+) -> None:
+    gate = StepGate(CostModel(CHEAP if cheap else DEAR), draft_max=8, adaptive=adaptive)
+    verdict = gate.decide(facts(k_max, exact=exact))
+    if not exact:
+        assert verdict == Verdict(0, Refusal.UNSEEDED_SAMPLING)
+    elif k_max <= 0:
+        assert verdict == Verdict(0, Refusal.BUDGET)
+    elif not adaptive:
+        assert verdict == Verdict(k_max)  # the length is not the gate's to choose
+    else:
+        assert 0 <= verdict.k <= k_max and not verdict.drop_head
+        assert (verdict.refusal is Refusal.COST_MODEL) == (verdict.k == 0)
+
+
+def test_without_a_cost_model_the_budget_decides() -> None:
+    gate = StepGate(None, draft_max=8, adaptive=True)
+    assert gate.adaptive is None
+    assert gate.decide(facts(5)) == Verdict(5)
+
+
+def test_the_cost_model_refuses_where_verifying_costs_a_decode_per_row() -> None:
+    """Where every row costs a decode, the only windows are the explorer's rare
+    one-token probes; every other step is refused by the cost model."""
+    gate = StepGate(CostModel(DEAR), draft_max=8, adaptive=True)
+    verdicts = []
+    for _ in range(200):
+        verdicts.append(v := gate.decide(facts()))
+        if v.k:
+            gate.verified(v.k, 0)  # the probe missed
+    assert all(v.k in (0, 1) for v in verdicts)
+    probes = sum(v.k for v in verdicts)
+    assert 1 <= probes <= 10  # failed probes back off
+    assert sum(v.refusal is Refusal.COST_MODEL for v in verdicts) == 200 - probes
+
+
+def test_good_acceptance_on_a_cheap_curve_drafts_long() -> None:
+    gate = StepGate(CostModel(CHEAP), draft_max=8, adaptive=True)
+    for _ in range(40):
+        v = gate.decide(facts())
+        if v.k:
+            gate.verified(v.k, v.k)
+    assert gate.decide(facts()).k == 8
+    assert gate.decide(facts(3)).k == 3  # never past the budget
+
+
+def test_drafting_time_is_a_running_average_per_token() -> None:
+    gate = StepGate(CostModel(CHEAP), draft_max=8, adaptive=True)
+    gate.drafted(0.004, 4)
+    assert gate.draft_s_per_token == pytest.approx(0.001)
+    gate.drafted(0.002, 0)  # an empty proposal counts as one token of time
+    assert gate.draft_s_per_token == pytest.approx(0.8 * 0.001 + 0.2 * 0.002)
+
+
+def test_drafting_is_charged_to_the_cost_model_once_decodes_are_timed() -> None:
+    costs = CostModel(CHEAP)
+    gate = StepGate(costs, draft_max=8, adaptive=True)
+    gate.drafted(0.005, 1)
+    gate.decide(facts())
+    assert gate.adaptive is not None and gate.adaptive.draft_cost == 0.0  # no decode time
+    for _ in range(8):
+        costs.record(1, 0.010)
+    gate.decide(facts())
+    assert gate.adaptive.draft_cost == pytest.approx(0.5)
+
+
+def head(forwards: int, *, forward_ms: float, head_ms: float, drafted: int = 0) -> HeadLoad:
+    return HeadLoad(forwards=forwards, forward_ms=forward_ms, head_ms=head_ms,
+                    drafted=drafted)
+
+
+def test_a_head_as_dear_as_its_body_is_dropped_once_timings_settle() -> None:
+    gate = StepGate(CostModel(DEAR), draft_max=8, adaptive=True)
+    gate.drafted(0.010, 1)
+    dear = {"forward_ms": 200.0, "head_ms": 100.0}
+    assert not gate.decide(facts(head=head(HEAD_CHECK_FORWARDS - 1, **dear))).drop_head
+    verdict = gate.decide(facts(head=head(HEAD_CHECK_FORWARDS, **dear)))
+    assert verdict == Verdict(0, Refusal.MTP_HEAD_DROPPED, drop_head=True)
+    assert gate.adaptive is None  # the rest of the request decodes plainly
+    assert gate.decide(facts()) == Verdict(8)
+
+
+def test_a_cheap_head_is_judged_every_few_forwards_and_kept() -> None:
+    gate = StepGate(CostModel(CHEAP), draft_max=8, adaptive=True)
+    gate.drafted(0.0001, 1)
+    light = {"forward_ms": 100.0, "head_ms": 2.0}
+    for n in range(HEAD_CHECK_FORWARDS, HEAD_CHECK_FORWARDS + 3 * HEAD_CHECK_EVERY):
+        assert not gate.decide(facts(head=head(n, **light))).drop_head
+    # Between two judgements even a head that has turned dear is not looked at.
+    dear = {"forward_ms": 1000.0, "head_ms": 900.0}  # catch-up 9x the body: never pays
+    due = HEAD_CHECK_FORWARDS + 3 * HEAD_CHECK_EVERY  # judged last at due - EVERY
+    assert not gate.decide(facts(head=head(due - 1, **dear))).drop_head
+    assert gate.decide(facts(head=head(due, **dear))).drop_head
+
+
+def test_a_head_is_never_judged_before_any_draft_was_timed() -> None:
+    gate = StepGate(CostModel(DEAR), draft_max=8, adaptive=True)
+    verdict = gate.decide(facts(head=head(1000, forward_ms=200.0, head_ms=100.0)))
+    assert not verdict.drop_head
+
+
+def test_measured_acceptance_too_low_for_the_catch_up_drops_the_head() -> None:
+    gate = StepGate(CostModel(CHEAP), draft_max=8, adaptive=True)
+    gate.drafted(0.0001, 1)
+    for _ in range(60):
+        gate.verified(4, 0)  # the head is always wrong
+    load = {"forward_ms": 130.0, "head_ms": 30.0}
+    assert not gate.decide(facts(head=head(HEAD_CHECK_FORWARDS, **load))).drop_head
+    assert gate.decide(facts(head=head(HEAD_CHECK_FORWARDS + HEAD_CHECK_EVERY, **load,
+                                       drafted=HEAD_CHECK_DRAFTS))).drop_head
+
+
+def test_mtp_head_economics() -> None:
+    """The judgement behind dropping a head, on numbers: a real model's head (one layer
+    of many: ~5% catch-up, ~0.1 decode per draft) pays at good acceptance; a head as
+    dear as the body never does; measured acceptance too low to beat the catch-up
+    loses it."""
+    q8 = CostCurve((1.0, 1.9, 2.2, 2.3, 2.8, 3.0, 3.3, 3.3, 3.6))
+    assert mtp_head_pays(q8, overhead=0.05, draft_cost=0.1, k_max=8, acceptances=[[0.85] * 8])
+    assert not mtp_head_pays(q8, overhead=0.9, draft_cost=0.9, k_max=8)
+    cheap = CostCurve([1.0 + 0.05 * k for k in range(9)])
+    assert mtp_head_pays(cheap, overhead=0.3, draft_cost=0.1, k_max=8)  # bound only
+    assert not mtp_head_pays(cheap, overhead=0.3, draft_cost=0.1, k_max=8,
+                             acceptances=[[0.1] * 8, [0.2] * 8])
+

@@ -30,7 +30,7 @@ JSON report (``--json FILE``), format 1::
      "models": [{"name", "path", "note", "synthetic", "has_mtp", "recurrent", "n_ctx",
                  "cost_curve", "runtime_curve", "draft_model", "limit": {"k", "speedup"},
                  "reference", "unavailable": {arm: reason},
-                 "workloads": [{"name", "prompt_tokens", "truncated",
+                 "workloads": [{"name", "copies", "prompt_tokens", "truncated",
                                 "arms": {arm: ArmSummary}}]}],
      "targets": [{"target", "model", "workload", "arm", "status", "value", "threshold",
                   "detail"}]}
@@ -241,7 +241,7 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                         summary["margin"] = {"error": str(exc)}
                 arms_out[arm] = summary
             entry["workloads"].append({
-                "name": w.name, "prompt_tokens": len(prompts[w.name][0]),
+                "name": w.name, "copies": w.copies, "prompt_tokens": len(prompts[w.name][0]),
                 "truncated": prompts[w.name][1], "arms": arms_out,
             })
         return entry

@@ -8,6 +8,10 @@ length ``L`` is accepted, given positions ``0..i-1`` were, exactly when the next
 continues a match of length ``L + i``. So one table, ``P(next token continues | match
 length L)``, gives the per-position acceptance of any draft: ``acc[i] = p(L + i)``.
 
+Evidence: the outcomes of real drafts (:meth:`MatchStats.update`) and positions judged
+without a draft (:meth:`MatchStats.record`: the proposer's shadow drafts, scored against
+the tokens committed after a step that drafted nothing).
+
 Estimates: counts per length class (lengths grouped on a roughly logarithmic scale,
 :data:`CLASS_STARTS`), with exponential decay, shrunk toward a prior curve whose odds
 grow with the square of the match length::

@@ -40,7 +40,9 @@ where ArmSummary holds ``runs`` (one entry per repetition), ``error``, the media
 ``decode_ratio_vs_plain``, ``forwards_per_token``, ``acceptance`` and
 ``acceptance_per_position``, ``forward_ms`` and ``forward_cost_vs_plain`` (verify
 cost against the reference's decode cost), ``host_ms_per_token``, ``checkpoint_bytes``,
-``limit`` (at this arm's measured acceptance) and ``identical`` / ``first_divergence``
+``limit`` (``speedup``: the best this arm could do with the acceptance it measured where
+it drafted, ``drafting_speedup`` on those steps, its ``plain_steps`` held to plain
+decoding; ``fraction``: what it reached of that) and ``identical`` / ``first_divergence``
 / ``margin``.
 """
 

@@ -7,9 +7,11 @@ the one place that applies them;
 every proposer goes through the same path, and ``--proposer off`` is the same path with
 empty drafts (zero-length windows), so "identical to plain decoding" is structural.
 
-The engine is synchronous and does no I/O of its own: the daemon runs ``step`` (or the
-split ``plan``/``decide_window``/``apply`` used for batching several sessions in one
-forward) on a worker thread; ``meshd generate`` runs it directly.
+One decode step has one path: :func:`step_many` plans every generation's window,
+verifies them all in ONE forward (continuous batching), decides each, then repairs and
+commits them (restore-and-replay last); :meth:`Generation.step` is that path with one
+generation. The engine is synchronous and does no I/O of its own: the daemon's scheduler
+runs it on the model's worker thread; ``meshd generate`` runs it directly.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeAlias
 
 import attrs
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
-from meshd.native.session import RuntimeSession
+from meshd.native.session import RuntimeSession, verify_many
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
 from meshd.policy.costs import CostModel
@@ -219,6 +222,11 @@ class Generation:
         return self.finish is not None
 
     @property
+    def checkpoint_held_bytes(self) -> int:
+        """State checkpoints this generation's session holds right now."""
+        return self.session.checkpoint_held_bytes
+
+    @property
     def text(self) -> str:
         """Text released so far (stop strings and held-back text excluded)."""
         return self._text
@@ -243,14 +251,11 @@ class Generation:
         return self.apply(window, decision)
 
     def step(self) -> list[TokenEvent]:
-        """One decode step (plan, verify, decide, repair, commit)."""
-        window = self.plan()
-        t0 = time.perf_counter()
-        logits = self.session.verify([window.last, *window.draft])
-        if self.costs is not None:
-            self.costs.record(len(window.draft) + 1, time.perf_counter() - t0)
-        decision = self.decide_window(window, logits)
-        return self.apply(window, decision)
+        """One decode step: :func:`step_many` with this generation alone."""
+        (outcome,) = step_many([self])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def run(self) -> Iterator[TokenEvent]:
         """Generate to the end, yielding events as tokens are committed."""
@@ -474,3 +479,66 @@ class Generation:
         for ev in events:
             self._text += ev.text
         return events
+
+
+StepOutcome: TypeAlias = list[TokenEvent] | Exception
+"""One generation's share of a step: the events it committed, or why it failed."""
+
+
+def step_many(generations: Sequence[Generation], *,
+              on_forward: Callable[[float], None] | None = None) -> list[StepOutcome]:
+    """One decode step for every generation, in order: plan each window, verify them in
+    ONE forward, decide each, then repair and commit.
+
+    A generation that fails (its proposer, its state, the forward) gets its exception
+    in its place and the others go on. ``on_forward(seconds)`` hears the wall time of
+    every verify forward; the cost model (shared by generations of one runtime) records
+    it by rows. Runs where the model's calls may block: a worker thread in the daemon.
+
+    Recurrent (hybrid) sessions and sessions that follow the MTP head share the forward
+    like any others: llama.cpp splits a forward of several sequences into micro-batches
+    that keep each sequence's last ``n_rs_seq + 1`` rows together (so its rollback
+    snapshots stay valid), keeps snapshots and pending rollbacks per sequence, and
+    returns the hidden rows the MTP head is caught up from in batch order, where each
+    session's window is contiguous.
+    """
+    out: list[StepOutcome] = [[] for _ in generations]
+    planned: list[tuple[int, Generation, Window]] = []
+    for i, gen in enumerate(generations):
+        try:
+            planned.append((i, gen, gen.plan()))
+        except Exception as exc:
+            out[i] = exc
+    if not planned:
+        return out
+    windows = [(gen.session, [w.last, *w.draft]) for _, gen, w in planned]
+    try:
+        t0 = time.perf_counter()
+        # One session verifies on its own (a failed forward then names its positions).
+        logits = ([windows[0][0].verify(windows[0][1])] if len(windows) == 1
+                  else verify_many(windows))
+        elapsed = time.perf_counter() - t0
+    except Exception as exc:
+        for i, _, _ in planned:
+            out[i] = exc
+        return out
+    costs = planned[0][1].costs
+    if costs is not None:
+        costs.record(sum(len(tokens) for _, tokens in windows), elapsed)
+    if on_forward is not None:
+        on_forward(elapsed)
+    decided: list[tuple[int, Generation, Window, Decision]] = []
+    for (i, gen, window), rows in zip(planned, logits, strict=True):
+        try:
+            decided.append((i, gen, window, gen.decide_window(window, rows)))
+        except Exception as exc:
+            out[i] = exc
+    # Repairs that decode (restore-and-replay) go after the others: an in-place rollback
+    # is exact only before any other forward.
+    decided.sort(key=lambda t: t[3].repair.kind is RepairKind.RESTORE_AND_REPLAY)
+    for i, gen, window, decision in decided:
+        try:
+            out[i] = gen.apply(window, decision)
+        except Exception as exc:
+            out[i] = exc
+    return out

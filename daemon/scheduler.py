@@ -1,14 +1,18 @@
-"""The scheduler: admits requests into session slots and steps them together.
+"""The scheduler: admits requests into session slots, delivers their events, counts.
 
-Why one loop for all sessions: the decode steps and verify windows of every active
-request go into ONE llama.cpp forward per iteration (continuous batching), which is far
-cheaper than one forward each. Every active request advances once per iteration, so
-nobody starves; waiting requests are admitted first-come first-served as slots free up,
-and the queue is bounded (``Busy`` beyond it).
+Why one loop for all sessions: every active request advances once per iteration, in ONE
+engine step over all of them (:func:`meshd.daemon.engine.step_many`: one llama.cpp
+forward for every window, continuous batching), which is far cheaper than one forward
+each, and nobody starves; waiting requests are admitted first-come first-served as
+slots free up, and the queue is bounded (``Busy`` beyond it).
 
-Concurrency: the loop is one task owned by the server's task group (structured
-concurrency). Every llama.cpp call runs in a worker thread through one capacity limiter
-per model, so the event loop never blocks: health checks answer while tokens are
+The scheduler is purely async: it decides when to admit and when to step, hands the work
+to the model's worker thread and delivers what comes back; how a step is taken is the
+engine's, and it never touches a runtime session. Concurrency: the loop is one task owned
+by the server's task group (structured concurrency). Every call that may reach llama.cpp
+(admission: making a proposer, loading a draft model, trimming or evicting cached
+sessions, the prefill; steps; closing) runs in a worker thread through one capacity
+limiter per model, so the event loop never blocks: health checks answer while tokens are
 generated. Results reach each request through its own memory stream, so a slow client
 never holds up the others.
 """
@@ -28,11 +32,9 @@ import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from meshd.native.errors import CapacityError, NativeError
-from meshd.native.session import verify_many
-from meshd.policy.costs import CostModel
-from meshd.policy.decision import Decision, FinishReason, RepairKind
+from meshd.policy.decision import FinishReason
 
-from .engine import Generation, GenerationStats, TokenEvent, Window
+from .engine import Generation, GenerationStats, StepOutcome, TokenEvent, step_many
 from .histogram import Histogram
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
 from .runtime import ModelRuntime, RequestError
@@ -165,7 +167,7 @@ class Scheduler:
     @property
     def checkpoint_bytes(self) -> int:
         """State checkpoints held by the active sessions right now."""
-        return sum(h.generation.session.checkpoint_held_bytes
+        return sum(h.generation.checkpoint_held_bytes
                    for h in list(self._active) if h.generation is not None)
 
     def submit(self, request: GenRequest) -> RequestHandle:
@@ -231,26 +233,19 @@ class Scheduler:
             if handle.cancelled:
                 self._finish(handle, Finished(FinishReason.CANCELLED, GenerationStats(), None))
                 continue
-            req = handle.request
             try:
-                gen = self.runtime.generation(
-                    req.prompt, max_tokens=req.max_tokens, sampling=req.sampling,
-                    stop=req.stop, proposer=req.proposer, draft_max=req.draft_max,
-                    proposer_options=req.proposer_options,
-                )
-            except (RequestError, CapacityError, ValueError) as exc:
-                self._finish(handle, Failed("request", str(exc)))
+                admitted = await self.run_sync(_admit, self.runtime, handle.request)
+            except BaseException:
+                self._waiting.appendleft(handle)  # still owed its last event (see run)
+                raise
+            # No await from here until the generation is owned by ``_active``: a
+            # cancelled loop closes what it owns (see ``run``).
+            if isinstance(admitted, Failed):
+                self._finish(handle, admitted)
                 continue
+            gen, handle.proposer, events = admitted
             handle.generation = gen
-            handle.proposer = self.runtime.resolve_proposer(req.proposer)
-            self._active.append(handle)  # owned from here on, also if we are cancelled
-            try:
-                events = await self.run_sync(gen.start)
-            except NativeError as exc:
-                self._active.remove(handle)
-                await self.run_sync(gen.close)
-                self._finish(handle, Failed("model", str(exc)))
-                continue
+            self._active.append(handle)
             self.stats.forwards += 1
             self._deliver(handle, events)
             if handle.cancelled:
@@ -260,14 +255,16 @@ class Scheduler:
 
     async def _step(self) -> None:
         active = list(self._active)
-        results, steps = await self.run_sync(
-            _run_steps, [h.generation for h in active], self.runtime.costs,
-            self.step_budget_s, lambda: bool(self._waiting), self.stats.verify_seconds,
-        )
-        self.stats.steps += steps
-        self.stats.forwards += steps
-        for handle, result in zip(active, results, strict=True):
-            if isinstance(result, BaseException):
+        gens = [h.generation for h in active if h.generation is not None]
+        assert len(gens) == len(active)
+        ran = await self.run_sync(_run_steps, gens, self.step_budget_s,
+                                  lambda: bool(self._waiting))
+        self.stats.steps += ran.steps
+        self.stats.forwards += ran.steps
+        for seconds in ran.forward_seconds:
+            self.stats.verify_seconds.observe(seconds)
+        for handle, result in zip(active, ran.outcomes, strict=True):
+            if isinstance(result, Exception):
                 gen = handle.generation
                 assert gen is not None
                 await self.run_sync(gen.close)
@@ -341,80 +338,63 @@ class Scheduler:
         handle._send.close()
 
 
-def _run_steps(
-    gens: Sequence[Generation | None], costs: CostModel | None, budget_s: float,
-    should_yield: Callable[[], bool], verify_seconds: Histogram | None = None,
-) -> tuple[list[list[TokenEvent] | BaseException], int]:
-    """Steps back to back until one request ends or fails, the budget is spent, or new
-    requests wait for admission. Runs on the worker thread."""
+Admitted = tuple[Generation, str | None, list[TokenEvent]]
+
+
+def _admit(runtime: ModelRuntime, request: GenRequest) -> Admitted | Failed:
+    """Open a generation for ``request`` and start it (prefill, first token): the
+    generation, the proposer it was given and its first events, or why it failed.
+    Runs on the worker thread: the runtime may load a draft model, trim or evict cached
+    sessions, and the prefill is a forward."""
+    try:
+        gen = runtime.generation(
+            request.prompt, max_tokens=request.max_tokens, sampling=request.sampling,
+            stop=request.stop, proposer=request.proposer, draft_max=request.draft_max,
+            proposer_options=request.proposer_options,
+        )
+    except (RequestError, CapacityError, ValueError) as exc:
+        return Failed("request", str(exc))
+    try:
+        events = gen.start()
+    except NativeError as exc:
+        gen.close()
+        return Failed("model", str(exc))
+    except BaseException:
+        gen.close()
+        raise
+    return gen, runtime.resolve_proposer(request.proposer), events
+
+
+@attrs.frozen
+class _Ran:
+    """What :func:`_run_steps` did: each generation's events (or failure), the number
+    of steps, and the wall time of each verify forward."""
+
+    outcomes: list[StepOutcome]
+    steps: int
+    forward_seconds: list[float]
+
+
+def _run_steps(live: Sequence[Generation], budget_s: float,
+               should_yield: Callable[[], bool]) -> _Ran:
+    """Engine steps back to back until one request ends or fails, the budget is spent,
+    or new requests wait for admission. Runs on the worker thread."""
     t_end = time.perf_counter() + budget_s
-    total: list[list[TokenEvent] | BaseException] = [[] for _ in gens]
+    total: list[StepOutcome] = [[] for _ in live]
+    forward_seconds: list[float] = []
     steps = 0
     while True:
-        results = _step_all(gens, costs, verify_seconds)
+        results = step_many(live, on_forward=forward_seconds.append)
         steps += 1
         failed = False
         for i, result in enumerate(results):
             acc = total[i]
-            if isinstance(result, BaseException):
+            if isinstance(result, Exception):
                 total[i] = result
                 failed = True
             elif isinstance(acc, list):
                 acc.extend(result)
-        if failed or any(g is None or g.done for g in gens):
-            return total, steps
+        if failed or any(g.done for g in live):
+            return _Ran(total, steps, forward_seconds)
         if time.perf_counter() >= t_end or should_yield():
-            return total, steps
-
-
-def _step_all(
-    gens: Sequence[Generation | None], costs: CostModel | None = None,
-    verify_seconds: Histogram | None = None,
-) -> list[list[TokenEvent] | BaseException]:
-    """One iteration for every active generation: ONE forward for all their windows.
-
-    Runs on a worker thread. Repairs that decode (restore-and-replay) go after the
-    in-place ones, because an in-place rollback is only exact before any other forward.
-
-    Recurrent (hybrid) sessions and sessions that follow the MTP head batch like the
-    others: llama.cpp splits a forward of several sequences into micro-batches that keep
-    each sequence's last ``n_rs_seq + 1`` rows together (its rollback snapshots stay
-    valid), keeps rollback snapshots and pending rollbacks per sequence, and returns the
-    hidden rows the MTP head is caught up from in batch order; each session's window is
-    contiguous in the batch, so its rows pair with its own hidden rows.
-    """
-    out: list[list[TokenEvent] | BaseException] = [[] for _ in gens]
-    planned: list[tuple[int, Generation, Window]] = []
-    for i, gen in enumerate(gens):
-        assert gen is not None
-        try:
-            planned.append((i, gen, gen.plan()))
-        except Exception as exc:
-            out[i] = exc
-    if not planned:
-        return out
-    try:
-        t0 = time.perf_counter()
-        logits = verify_many([(g.session, [w.last, *w.draft]) for _, g, w in planned])
-        elapsed = time.perf_counter() - t0
-        if costs is not None:
-            costs.record(sum(len(w.draft) + 1 for _, _, w in planned), elapsed)
-        if verify_seconds is not None:
-            verify_seconds.observe(elapsed)
-    except Exception as exc:
-        for i, _, _ in planned:
-            out[i] = exc
-        return out
-    decided: list[tuple[int, Generation, Window, Decision]] = []
-    for (i, gen, window), rows in zip(planned, logits, strict=True):
-        try:
-            decided.append((i, gen, window, gen.decide_window(window, rows)))
-        except Exception as exc:
-            out[i] = exc
-    decided.sort(key=lambda t: t[3].repair.kind is RepairKind.RESTORE_AND_REPLAY)
-    for i, gen, window, decision in decided:
-        try:
-            out[i] = gen.apply(window, decision)
-        except Exception as exc:
-            out[i] = exc
-    return out
+            return _Ran(total, steps, forward_seconds)

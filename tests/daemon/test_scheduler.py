@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pytest
 
+from meshd.daemon.engine import Generation
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.scheduler import Busy, Failed, Finished, GenRequest, RequestHandle, Scheduler
 from meshd.native import testmodels
@@ -100,3 +103,30 @@ async def test_bad_request_fails_cleanly(runtime: ModelRuntime) -> None:
         toks, fin = await collect(sched.submit(GenRequest((1, 2), max_tokens=5)))
         assert isinstance(fin, Finished) and len(toks) == 5
         tg.cancel_scope.cancel()
+
+
+async def test_admission_runs_on_the_worker_thread(
+    runtime: ModelRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a generation may load a draft model, evict cached sessions and prefill:
+    none of it may run on the event loop, which must keep answering meanwhile. The
+    runtime's own ``generation`` runs; only the thread it runs on is noted."""
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+    real = runtime.generation
+
+    def noting(*args: Any, **kwargs: Any) -> Generation:
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runtime, "generation", noting)
+    sched = Scheduler(runtime)
+    async with anyio.create_task_group() as tg:
+        await tg.start(sched.run)
+        handles = [sched.submit(GenRequest(p, max_tokens=6, proposer="ngram"))
+                   for p in prompts(runtime, 3)]
+        for h in handles:
+            toks, fin = await collect(h)
+            assert isinstance(fin, Finished) and len(toks) == 6
+        tg.cancel_scope.cancel()
+    assert len(threads) == 3 and loop_thread not in threads

@@ -193,7 +193,8 @@ class Scheduler:
         """How long the llama.cpp call running now has been running (0 when none).
 
         The watchdog's measure of a wedged engine: one call is bounded by the step
-        budget plus one forward, so a call that runs far longer is stuck.
+        budget plus one forward, or by one admission (a prefill, perhaps a draft
+        model's load), so a call that runs far longer is stuck.
         """
         since = self._native_since
         return time.monotonic() - since if since is not None else 0.0

@@ -111,7 +111,7 @@ class ModelSection:
     rpc: tuple[str, ...] = key((), "remote workers (meshd worker, HOST:PORT) the model's "
                                "layers are split across", flag="rpc", validator=_endpoints)
     tensor_split: tuple[float, ...] = key((), "weights of the layer split, one per device "
-                                          "(local GPUs, then each worker's; default: by free "
+                                          "(each worker's, then local GPUs; default: by free "
                                           "memory)", flag="tensor_split",
                                           validator=_split_weights)
 

@@ -1,11 +1,11 @@
 """Prometheus metrics (``GET /metrics``), read from the daemon's own statistics.
 
 Why a collector and not prometheus_client's Counter objects: the scheduler's statistics
-(``SchedulerStats``) and the service's error counters are the one source of truth that
-the ``stats`` op also reads; a collector turns them into metric families at scrape time,
-so the two can never disagree and nothing is counted twice. Names follow vLLM's
-``spec_decode_*`` counters with the ``meshd_`` prefix; label ``proposer`` where it
-applies.
+(``Scheduler.statistics()``, a frozen snapshot) and the service's error counters are the
+one source of truth that the ``stats`` op also reads; a collector turns them into metric
+families at scrape time, so the two can never disagree and nothing is counted twice.
+Names follow vLLM's ``spec_decode_*`` counters with the ``meshd_`` prefix; label
+``proposer`` where it applies.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class PromptTooLong(RequestError):
 
 
 class StepProgress(Protocol):
-    """A slow step's progress display (``meshd.daemon.terminal.Progress`` on a terminal)."""
+    """A slow step's progress display (``meshd.clients.terminal.Progress`` on a terminal)."""
 
     def update(self, fraction: float) -> None: ...
 
@@ -95,7 +95,7 @@ class RuntimeConfig:
     gpu_layers: int | None = None
     #: Remote workers (``HOST:PORT``, llama.cpp RPC servers) the layers are split across.
     rpc_workers: tuple[str, ...] = ()
-    #: Weights of the layer split over the devices (local accelerators, then workers).
+    #: Weights of the layer split over the devices (workers, then local accelerators).
     tensor_split: tuple[float, ...] = ()
 
 

@@ -19,7 +19,8 @@ import attrs
 from .errors import ModelLoadError
 from .gguf_file import check_model_file
 from .llama import ensure_backend, last_error, lc
-from .rpc import Placement, local_gpus
+from .placement import LayerPlan, Placement, plan_for
+from .rpc import local_gpus
 from .tokenizer import Tokenizer
 
 ProgressCallback = Callable[[float], None]
@@ -60,12 +61,15 @@ class Model:
     """One GGUF model loaded through llama.cpp; shared read-only by every context."""
 
     def __init__(self, handle: Any, info: ModelInfo, chat_template: str | None,
-                 placement: Placement | None = None, gpu_layers: int = 0) -> None:
+                 placement: Placement | None = None, gpu_layers: int = 0,
+                 plan: LayerPlan | None = None) -> None:
         self._handle = handle
         #: Layers llama.cpp offloads to accelerators or workers (0: all on this CPU).
         self.gpu_layers = gpu_layers
         #: Where the layers are when they are not all local (remote workers).
         self.placement = placement
+        #: How many layers each device of ``placement`` holds.
+        self.plan = plan
         self.info = info
         self.chat_template = chat_template
         vocab = lc.llama_model_get_vocab(handle)
@@ -92,7 +96,7 @@ class Model:
         """Load ``path``. ``load_mtp`` loads the MTP (nextn) blocks when the file has them;
         ``n_gpu_layers``: how many of the last layers go to accelerators (-1: all; a
         build without one keeps them here); ``placement`` splits those layers over
-        devices (remote workers)."""
+        devices (remote workers), keeping the MTP blocks and the output head here."""
         p = check_model_file(path)
         ensure_backend()
         last_error()  # forget errors of earlier calls
@@ -100,8 +104,10 @@ class Model:
         params.n_gpu_layers = n_gpu_layers
         params.load_mtp = load_mtp
         keep: list[Any] = []
+        plan = None
         if placement is not None:
-            placement.apply(params, keep)
+            plan = plan_for(placement, p, n_gpu_layers)
+            placement.apply(params, keep, plan)
         if on_progress is not None:
             def _progress(progress: float, _user: Any) -> bool:
                 on_progress(float(progress))
@@ -119,10 +125,14 @@ class Model:
         except Exception:
             lc.llama_model_free(handle)
             raise
-        offloadable = placement is not None or bool(local_gpus())
-        n_all = info.n_layer + 1  # llama.cpp counts the output layer as one more
-        offloaded = (n_all if n_gpu_layers < 0 else min(n_gpu_layers, n_all)) if offloadable else 0
-        return cls(handle, info, template, placement, offloaded)
+        if plan is not None and placement is not None:  # what is not on this CPU
+            offloaded = sum(plan.counts) - (plan.counts[-1] if placement.cpu_tail else 0)
+        elif local_gpus():
+            n_all = info.n_layer + 1  # llama.cpp counts the output layer as one more
+            offloaded = n_all if n_gpu_layers < 0 else min(n_gpu_layers, n_all)
+        else:
+            offloaded = 0
+        return cls(handle, info, template, placement, offloaded, plan)
 
     def check_devices(self) -> None:
         """Raise (WorkerLost) if a device holding some of the layers is gone."""

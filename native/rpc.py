@@ -23,10 +23,8 @@ import ctypes
 import ipaddress
 import socket
 import struct
-from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import attrs
 
@@ -34,8 +32,9 @@ from .errors import WorkerUnreachable
 from .llama import ensure_backend, lc
 
 __all__ = [
-    "DEFAULT_PORT", "Endpoint", "hello", "is_loopback", "parse_endpoint", "parse_endpoints",
-    "remote_devices", "serve_forever",
+    "DEFAULT_PORT", "Endpoint", "cpu_device", "free_memory", "hello", "is_loopback",
+    "local_accelerators", "local_gpus", "parse_endpoint", "parse_endpoints", "remote_devices",
+    "serve_forever",
 ]
 
 #: llama.cpp's rpc-server default port.
@@ -51,6 +50,7 @@ _HELLO_RSP = 4 + CONN_CAPS_SIZE
 # ggml_backend_dev_type (ggml-backend.h)
 _DEV_CPU = 0
 _DEV_GPU = 1
+_DEV_IGPU = 2
 
 
 @attrs.frozen
@@ -170,6 +170,8 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         ("ggml_backend_reg_name", ctypes.c_char_p, [vp]),
         ("ggml_backend_reg_dev_count", ctypes.c_size_t, [vp]),
         ("ggml_backend_reg_dev_get", vp, [vp, ctypes.c_size_t]),
+        ("ggml_backend_dev_memory", None,
+         [vp, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]),
     ):
         fn = getattr(ggml, name)
         fn.restype, fn.argtypes = res, args
@@ -184,12 +186,12 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
 
 def _local_devices() -> list[int]:
     """The devices llama.cpp's rpc-server offers: accelerators, else the CPU."""
-    gpus = local_gpus()
-    if gpus:
-        return gpus
+    return local_gpus() or [cpu_device()]
+
+
+def _is_rpc(dev: int) -> bool:
     ggml, _ = _libs()
-    cpu = ggml.ggml_backend_dev_by_type(_DEV_CPU)
-    return [int(cpu)] if cpu else []
+    return bool(ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(dev)) == b"RPC")
 
 
 def local_gpus() -> list[int]:
@@ -198,10 +200,40 @@ def local_gpus() -> list[int]:
     out = []
     for i in range(ggml.ggml_backend_dev_count()):
         d = ggml.ggml_backend_dev_get(i)
-        if ggml.ggml_backend_dev_type(d) == _DEV_GPU and \
-                ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(d)) != b"RPC":
+        if ggml.ggml_backend_dev_type(d) == _DEV_GPU and not _is_rpc(d):
             out.append(int(d))
     return out
+
+
+def local_accelerators() -> list[int]:
+    """This machine's accelerators as llama.cpp's default selection picks them:
+    discrete GPUs, else integrated ones."""
+    ggml, _ = _libs()
+    igpus = [int(d) for d in (ggml.ggml_backend_dev_get(i)
+                              for i in range(ggml.ggml_backend_dev_count()))
+             if ggml.ggml_backend_dev_type(d) == _DEV_IGPU]
+    return local_gpus() or igpus
+
+
+def cpu_device() -> int:
+    """This machine's CPU device."""
+    ggml, _ = _libs()
+    cpu = ggml.ggml_backend_dev_by_type(_DEV_CPU)
+    if not cpu:
+        raise RuntimeError("llama.cpp has no CPU device")
+    return int(cpu)
+
+
+def free_memory(dev: int) -> int:
+    """Free bytes a device reports (a worker's: one round trip); llama.cpp's default
+    weight in a layer split. A device that reports nothing counts the host's memory,
+    as llama.cpp does."""
+    ggml, _ = _libs()
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    if free.value == 0 and total.value == 0:
+        ggml.ggml_backend_dev_memory(cpu_device(), ctypes.byref(free), ctypes.byref(total))
+    return int(free.value)
 
 
 def serve_forever(endpoint: Endpoint, *, threads: int, cache_dir: str | None) -> None:
@@ -235,32 +267,3 @@ def remote_devices(endpoint: str) -> list[int]:
         raise WorkerUnreachable(f"worker {endpoint} offers no device", endpoint=endpoint)
     return [int(ggml.ggml_backend_reg_dev_get(reg, i))
             for i in range(ggml.ggml_backend_reg_dev_count(reg))]
-
-
-@attrs.frozen
-class Placement:
-    """Where a model's layers go: llama.cpp's layer split over ``devices``.
-
-    The offloaded layers (the last ones, ``Model.load``'s ``n_gpu_layers``) go to the
-    devices, weighed by ``tensor_split`` (one weight per device; empty: by free memory);
-    the rest stay on the local CPU.
-    """
-
-    devices: tuple[int, ...]
-    tensor_split: tuple[float, ...] = ()
-    #: Raises when a device of this placement is gone (checked around every forward).
-    check: Callable[[], None] | None = attrs.field(default=None, eq=False)
-
-    def apply(self, params: Any, keep: list[Any]) -> None:
-        """Set ``params`` (llama_model_params); ``keep`` holds the arrays alive."""
-        devs = (ctypes.c_void_p * (len(self.devices) + 1))(*self.devices, None)
-        params.devices = ctypes.cast(devs, ctypes.c_void_p)
-        keep.append(devs)
-        if self.tensor_split:
-            n = int(lc.llama_max_devices())
-            if len(self.tensor_split) > n:
-                raise ValueError(f"tensor split has {len(self.tensor_split)} weights; "
-                                 f"llama.cpp takes at most {n}")
-            split = (ctypes.c_float * n)(*self.tensor_split)
-            params.tensor_split = split
-            keep.append(split)

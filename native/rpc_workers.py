@@ -3,7 +3,9 @@
 Why a class of its own: splitting a model over workers is a lifecycle, not a flag. At
 start every worker is probed (a clear error naming the address, instead of llama.cpp
 aborting the process), each gets a fault-isolating relay, and its devices are placed
-after the local accelerators' in llama.cpp's layer split. Later a worker can be lost:
+in front of this machine's in llama.cpp's layer split, so that the model's last layers -
+the MTP blocks and the output head - run here (:mod:`meshd.native.placement`). Later a
+worker can be lost:
 the model's forwards then fail with :class:`WorkerLost` until every worker answers again
 and the owner loads the model anew through :meth:`RemoteWorkers.connect`.
 """
@@ -13,16 +15,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .errors import WorkerLost
-from .rpc import Endpoint, Placement, device_names, hello, local_gpus, remote_devices
+from .placement import Placement
+from .rpc import (
+    Endpoint,
+    cpu_device,
+    device_names,
+    free_memory,
+    hello,
+    local_accelerators,
+    remote_devices,
+)
 from .rpc_relay import LinkStats, WorkerLink
 
 __all__ = ["RemoteWorkers"]
 
 
 class RemoteWorkers:
-    """Workers at ``endpoints``; ``tensor_split`` weighs the devices (local accelerators
-    first, then each worker's devices, in order); how many layers are offloaded is
-    ``Model.load``'s ``n_gpu_layers`` (the daemon's ``--gpu-layers``)."""
+    """Workers at ``endpoints``; ``tensor_split`` weighs the devices (each worker's
+    devices in order, then the local accelerators; default: by free memory); how many
+    layers are offloaded is ``Model.load``'s ``n_gpu_layers`` (``--gpu-layers``)."""
 
     def __init__(self, endpoints: Sequence[Endpoint], *, tensor_split: Sequence[float] = (),
                  probe_timeout: float = 5.0) -> None:
@@ -47,15 +58,22 @@ class RemoteWorkers:
             hello(ep, timeout=self.probe_timeout)
         self.close()
         self._links = [WorkerLink(ep) for ep in self.endpoints]
-        devices = local_gpus()
+        devices: list[int] = []
         for link in self._links:
             devices += remote_devices(link.local)
+        accelerators = local_accelerators()
+        devices += accelerators
         if self.tensor_split and len(self.tensor_split) != len(devices):
             raise ValueError(
                 f"--tensor-split has {len(self.tensor_split)} weights but there are "
                 f"{len(devices)} devices ({', '.join(device_names(devices))})")
+        weights = list(self.tensor_split or (float(free_memory(d)) for d in devices))
+        cpu_tail = not accelerators
+        if cpu_tail:  # this CPU holds the tail (MTP blocks, output head), no trunk share
+            devices.append(cpu_device())
+            weights.append(0.0)
         self.device_names = device_names(devices)
-        return Placement(tuple(devices), self.tensor_split, check=self.check)
+        return Placement(tuple(devices), tuple(weights), check=self.check, cpu_tail=cpu_tail)
 
     def close(self) -> None:
         """Close the relays (the model placed through them must be freed first)."""

@@ -29,12 +29,12 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
+from meshd.clients.terminal import Progress
 from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.native.llama import ensure_backend, lc
 
 from ..runtime import ModelRuntime, RuntimeConfig
-from ..terminal import Progress
 from .workloads import BenchError, Workload
 
 #: MTP acceptance of a synthetic model named without one (``qwen35``, ``mimo2``): below 1

@@ -6,7 +6,10 @@ worker per forward whatever the number of rows. One verify window of k+1 rows th
 costs the round trips of one decode, not k+1 decodes' worth, so speculation saves more
 here than on one machine. This measures it: tokens/s, round trips per forward (verify
 window) and per generated token, for each worker count and arm (``off``: plain decoding;
-``ngram``: prompt lookup with fixed draft length), arms interleaved, medians over reps.
+``ngram``: prompt lookup with fixed draft length; ``mtp``: the model's own MTP head, when
+it has one), arms interleaved, medians over reps. For a model with an MTP head it also
+counts the round trips of one MTP draft of ``--draft-k`` tokens on its own (the head and
+the output layer stay on this machine, so the expected count is 0).
 Workers run here as ``meshd worker`` subprocesses on loopback with ``--threads 1``, so
 the numbers show round-trip counts and their local cost, not a real network's latency.
 """
@@ -15,24 +18,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from meshd.native.errors import WorkerUnreachable
-from meshd.native.rpc import hello, parse_endpoint
+import numpy as np
 
 from ..runtime import ModelRuntime, RuntimeConfig
+from ..worker import LoopbackWorkers
+from .arms import render_prompt
 from .workloads import load_workloads
 
 __all__ = ["add_arguments", "cmd_bench_rpc"]
 
 ARMS = ("off", "ngram")
+#: MTP drafts per count of their round trips (they are deterministic; a few suffice).
+DRAFT_PROBES = 4
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,31 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="json-reformat", help="shipped workload name")
     p.add_argument("--tokens", type=int, default=96, help="tokens generated per run")
     p.add_argument("--reps", type=int, default=3, help="runs per arm and worker count")
-    p.add_argument("--draft-k", type=int, default=8, help="draft length of the ngram arm")
+    p.add_argument("--draft-k", type=int, default=8,
+                   help="draft length of the ngram and mtp arms")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_worker(address: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "meshd.daemon.cli", "worker", "--listen", address,
-         "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            hello(parse_endpoint(address), timeout=5)
-            return proc
-        except WorkerUnreachable:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise
-            time.sleep(0.1)
 
 
 def _trips(rt: ModelRuntime) -> int:
@@ -95,38 +75,57 @@ def _run(rt: ModelRuntime, prompt: list[int], arm: str, tokens: int) -> dict[str
             "round_trips_per_token": trips / max(1, st.emitted - 1)}
 
 
+def _draft_trips(rt: ModelRuntime, prompt: list[int], k: int) -> float:
+    """Round trips of one MTP draft of ``k`` tokens after ``prompt`` (mean of a few;
+    a draft drops its own MTP cache entries, so each starts from the same state)."""
+    rt.prefix_cache.clear()  # hands back the slot a finished generation kept
+    session = rt.context.open_session(reserve=len(prompt) + k + 1)
+    try:
+        last = int(np.argmax(session.prefill(prompt)))
+        assert session.mtp is not None
+        before = _trips(rt)
+        for _ in range(DRAFT_PROBES):
+            session.mtp.draft(last, len(prompt), k)
+        return (_trips(rt) - before) / DRAFT_PROBES
+    finally:
+        session.close()
+
+
 def _measure(rt: ModelRuntime, prompt: list[int], args: argparse.Namespace,
              ) -> dict[str, dict[str, float]]:
-    runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
+    arms = _arms(rt)
+    runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
     for _ in range(args.reps):  # interleaved: off ngram off ngram ...
-        for arm in ARMS:
+        for arm in arms:
             runs[arm].append(_run(rt, prompt, arm, args.tokens))
-    return {arm: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
-            for arm, rs in runs.items()}
+    out = {arm: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+           for arm, rs in runs.items()}
+    if "mtp" in out:
+        out["mtp"]["round_trips_per_draft"] = _draft_trips(rt, prompt, args.draft_k)
+    return out
+
+
+def _arms(rt: ModelRuntime) -> tuple[str, ...]:
+    return (*ARMS, "mtp") if rt.context.mtp is not None else ARMS
 
 
 def cmd_bench_rpc(args: argparse.Namespace) -> int:
     counts = sorted({int(n) for n in args.workers.split(",")})
     (workload,) = load_workloads([args.workload])
-    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(max(counts))]
-    procs = [_start_worker(a) for a in addresses]
     results: dict[str, Any] = {}
-    try:
+    with LoopbackWorkers(max(counts)) as workers:
         for n in [0, *counts]:
             config = RuntimeConfig(
                 model_path=args.model, n_ctx_seq=args.ctx, threads=args.threads or 1,
                 calibrate=False, draft_max=args.draft_k,
-                rpc_workers=tuple(addresses[:n]))
+                rpc_workers=tuple(workers.first(n)))
             with ModelRuntime(config) as rt:
-                prompt = rt.tokenize_prompt(rt.render_chat(
-                    [{"role": r, "content": c} for r, c in workload.messages]), chat=True)
-                for arm in ARMS:  # warm-up: llama.cpp caches allocation sizes per shape
-                    _run(rt, prompt, arm, args.tokens)  # (asked of a worker once each)
+                # (the chat template when the model has one; a synthetic model's small
+                # context gets the prompt's tail)
+                prompt, _ = render_prompt(rt, workload, room=args.tokens + args.draft_k + 1)
+                for arm in _arms(rt):  # warm-up: llama.cpp caches allocation sizes per
+                    _run(rt, prompt, arm, args.tokens)  # shape (asked of a worker once)
                 results["local" if n == 0 else f"{n} workers"] = _measure(rt, prompt, args)
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait(timeout=10)
     _print(results, args)
     if args.json:
         with open(args.json, "w") as f:
@@ -136,19 +135,22 @@ def cmd_bench_rpc(args: argparse.Namespace) -> int:
 
 def _print(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"workload {args.workload}, {args.tokens} tokens, medians of {args.reps} "
-          f"interleaved runs, ngram draft length {args.draft_k}, loopback workers "
+          f"interleaved runs, draft length {args.draft_k}, loopback workers "
           "(--threads 1)")
     print(f"{'split':<10} {'arm':<6} {'tok/s':>7} {'x off':>6} {'rows/fwd':>9} "
-          f"{'accepted':>9} {'trips/fwd':>10} {'trips/token':>12}")
-    print("trips = blocking round trips to the workers (one per worker per forward, "
-          "whatever the rows); x off = tok/s against plain decoding on the same split")
+          f"{'accepted':>9} {'trips/fwd':>10} {'trips/token':>12} {'trips/draft':>12}")
+    print("trips = blocking round trips to the workers (one per worker per forward - a "
+          "verify window or a decode - whatever the rows); trips/draft = one MTP draft "
+          "of the draft length; x off = tok/s against plain decoding on the same split")
     for split, arms in results.items():
         base = arms["off"]["tok_s"] or 1.0
         for arm, r in arms.items():
+            draft = r.get("round_trips_per_draft")
             print(f"{split:<10} {arm:<6} {r['tok_s']:7.1f} {r['tok_s'] / base:6.2f} "
                   f"{r['rows_per_forward']:9.2f} {r['acceptance']:9.2f} "
                   f"{r['round_trips_per_forward']:10.2f} "
-                  f"{r['round_trips_per_token']:12.2f}")
+                  f"{r['round_trips_per_token']:12.2f} "
+                  f"{'-' if draft is None else f'{draft:.2f}':>12}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

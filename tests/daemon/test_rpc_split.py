@@ -8,12 +8,6 @@ a worker killed mid-request (the request fails with a typed error, health says
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
 import anyio
@@ -21,8 +15,8 @@ import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.service import ServerConfig
+from meshd.daemon.worker import LoopbackWorkers, free_port
 from meshd.native.errors import WorkerUnreachable
-from meshd.native.rpc import hello, parse_endpoint
 from meshd.protocol import Client, ModelError
 
 from .daemon_helpers import running_daemon
@@ -32,54 +26,10 @@ PROMPT = ("Copy this list exactly: apple, banana, cherry, date, elderberry, fig,
           "Copy: apple, banana, cherry, date, elderberry, fig, grape.")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Workers:
-    """``meshd worker`` subprocesses on loopback (--threads 1), started and killed here."""
-
-    def __init__(self, n: int) -> None:
-        self.addresses = tuple(f"127.0.0.1:{_free_port()}" for _ in range(n))
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        for address in self.addresses:
-            self.start(address)
-
-    def start(self, address: str) -> None:
-        env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
-        self.procs[address] = subprocess.Popen(
-            [sys.executable, "-m", "meshd.daemon.cli", "worker", "--listen", address,
-             "--threads", "1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                hello(parse_endpoint(address), timeout=5)
-                return
-            except WorkerUnreachable:
-                if time.monotonic() > deadline or self.procs[address].poll() is not None:
-                    raise
-                time.sleep(0.1)
-
-    def kill(self, address: str) -> None:
-        proc = self.procs[address]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
-def workers() -> Iterator[Workers]:
-    w = Workers(2)
-    yield w
-    w.close()
+def workers() -> Iterator[LoopbackWorkers]:
+    with LoopbackWorkers(2) as w:
+        yield w
 
 
 def _config(**kw: object) -> RuntimeConfig:
@@ -99,12 +49,13 @@ def _generate(rt: ModelRuntime, proposer: str, max_tokens: int = 48,
 
 
 @pytest.mark.slow
-def test_split_over_two_workers_equals_local(workers: Workers) -> None:
+def test_split_over_two_workers_equals_local(workers: LoopbackWorkers) -> None:
     with ModelRuntime(_config()) as local:
         expected = {p: _generate(local, p) for p in ("off", "ngram")}
     with ModelRuntime(_config(rpc_workers=workers.addresses)) as split:
         assert split.remote is not None
-        assert len(split.remote.device_names) == 2, "each worker offers its CPU"
+        # Each worker offers its CPU; this CPU, listed last, holds the output head.
+        assert [n[:3] for n in split.remote.device_names] == ["RPC", "RPC", "CPU"]
         for proposer, (tokens, stats) in expected.items():
             got_tokens, got_stats = _generate(split, proposer)
             assert got_tokens == tokens, f"{proposer}: split output differs from local"
@@ -116,7 +67,7 @@ def test_split_over_two_workers_equals_local(workers: Workers) -> None:
 
 
 def test_unreachable_worker_at_start_names_the_address() -> None:
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     with pytest.raises(WorkerUnreachable, match=f"cannot reach worker {address}"):
         ModelRuntime(_config(rpc_workers=(address,)))
 
@@ -125,7 +76,7 @@ def test_generate_command_reports_an_unreachable_worker(
         capsys: pytest.CaptureFixture[str]) -> None:
     from meshd.daemon.cli import main
 
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     assert main(["generate", "--prompt", "hi", "--rpc", address, "--fixed-k"]) == 3
     assert address in capsys.readouterr().err
 
@@ -137,7 +88,7 @@ def anyio_backend() -> str:
 
 @pytest.mark.slow
 @pytest.mark.anyio
-async def test_worker_killed_mid_request(workers: Workers) -> None:
+async def test_worker_killed_mid_request(workers: LoopbackWorkers) -> None:
     with ModelRuntime(_config()) as local:
         reference, _ = _generate(local, "off", max_tokens=8)
     victim = workers.addresses[1]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from meshd.daemon.worker import check_listen
+from meshd.daemon.worker import check_listen, free_port
 from meshd.native.errors import WorkerUnreachable
 from meshd.native.rpc import Endpoint, hello, parse_endpoint, parse_endpoints
 from meshd.native.rpc_relay import WorkerLink
@@ -46,12 +46,6 @@ def stand_in_worker(handler: Handler) -> Iterator[Endpoint]:
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
         t.join(timeout=5)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:

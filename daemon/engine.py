@@ -1,4 +1,4 @@
-"""The generation engine: applies speculation's decisions to one runtime session.
+"""The generation engine: applies speculation's decisions to one sequence session.
 
 One token's walk: gate -> proposer.propose -> (checkpoint) -> session.verify ->
 decision.decide -> repair -> proposer.observe -> commit (events out). The gate and the
@@ -25,7 +25,7 @@ import attrs
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
-from meshd.native.session import RuntimeSession, verify_many
+from meshd.native.session import SequenceSession, verify_many
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
 from meshd.policy.costs import CostModel
@@ -81,10 +81,10 @@ class MtpHead:
     """
 
     def __init__(self) -> None:
-        self._session: RuntimeSession | None = None
+        self._session: SequenceSession | None = None
         self.last = -1
 
-    def bind(self, session: RuntimeSession) -> None:
+    def bind(self, session: SequenceSession) -> None:
         if session.mtp is None:
             raise ValueError("the session does not follow the MTP head")
         self._session = session
@@ -98,12 +98,12 @@ class MtpHead:
 
 
 class Generation:
-    """One request's generation on one runtime session."""
+    """One request's generation on one sequence session."""
 
     def __init__(
         self,
         *,
-        session: RuntimeSession,
+        session: SequenceSession,
         info: ModelInfo,
         tokenizer: Tokenizer,
         prompt: Sequence[int],
@@ -115,7 +115,7 @@ class Generation:
         settings: SpeculationSettings = SpeculationSettings(),
         mtp_head: MtpHead | None = None,
         show_special: bool = False,
-        on_release: Callable[[RuntimeSession, Sequence[int]], None] | None = None,
+        on_release: Callable[[SequenceSession, Sequence[int]], None] | None = None,
     ) -> None:
         if not prompt:
             raise ValueError("the prompt is empty")

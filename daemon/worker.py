@@ -37,7 +37,6 @@ from meshd.native.rpc import (
     serve_forever,
 )
 
-
 __all__ = ["LoopbackWorkers", "add_parser", "free_port", "run"]
 
 WARNING = """\

@@ -33,6 +33,7 @@ from meshd.clients.terminal import Progress
 from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.native.llama import ensure_backend, lc
+from meshd.native.session import SequenceSession
 
 from ..runtime import ModelRuntime, RuntimeConfig
 from .workloads import BenchError, Workload
@@ -330,8 +331,9 @@ class MeshdRunner:
         return RunResult(
             tokens=tuple(gen.committed), wall_s=end - t0,
             ttft_s=(first if first is not None else end) - t0,
-            prefill_s=st.prefill_ms / 1e3, forward_s=st.decode_ms / 1e3,
-            decode_forwards=st.target_forwards - st.prefill_forwards, stats=st.as_dict(),
+            prefill_s=st.session.prefill_ms / 1e3, forward_s=st.decode_ms / 1e3,
+            decode_forwards=st.session.target_forwards - st.session.prefill_forwards,
+            stats=st.as_dict(),
         )
 
     def close(self) -> None:
@@ -516,7 +518,7 @@ def divergence_margin(rt: ModelRuntime, prompt: Sequence[int], ref: Sequence[int
     """Prefill ``prompt + ref[:index]`` on a fresh meshd session and read the logits that
     chose token ``index`` (needs a free session slot)."""
     seq = [*prompt, *ref[:index]]
-    with rt.context.open_session(reserve=len(seq) + 1) as session:
+    with SequenceSession.open(rt.context, reserve=len(seq) + 1) as session:
         logits = np.asarray(session.prefill(seq), dtype=np.float64)
     top = np.argsort(-logits, kind="stable")[:2]
     ref_tok = ref[index] if index < len(ref) else None

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from meshd.native.session import SequenceSession
+
 from ..runtime import ModelRuntime, RuntimeConfig
 from ..worker import LoopbackWorkers
 from .arms import render_prompt
@@ -66,7 +68,7 @@ def _run(rt: ModelRuntime, prompt: list[int], arm: str, tokens: int) -> dict[str
     finally:
         gen.close()
     st = gen.stats
-    forwards = max(1, st.target_forwards - st.prefill_forwards)
+    forwards = max(1, st.session.target_forwards - st.session.prefill_forwards)
     return {"tok_s": st.emitted / wall if wall else 0.0,
             "tokens": st.emitted, "forwards": forwards,
             "rows_per_forward": (forwards + st.drafted) / forwards,
@@ -79,7 +81,7 @@ def _draft_trips(rt: ModelRuntime, prompt: list[int], k: int) -> float:
     """Round trips of one MTP draft of ``k`` tokens after ``prompt`` (mean of a few;
     a draft drops its own MTP cache entries, so each starts from the same state)."""
     rt.prefix_cache.clear()  # hands back the slot a finished generation kept
-    session = rt.context.open_session(reserve=len(prompt) + k + 1)
+    session = SequenceSession.open(rt.context, reserve=len(prompt) + k + 1)
     try:
         last = int(np.argmax(session.prefill(prompt)))
         assert session.mtp is not None

@@ -30,7 +30,7 @@ def _arm_na(summary: Mapping[str, Any] | None) -> str | None:
 
 
 def evaluate_targets(models: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's PASS/MISS lines (decode-rate ratios; not asserted anywhere).
+    """The benchmark's targets as PASS/MISS lines (decode-rate ratios; never asserted).
 
     * ``meshd-auto`` (the default) >= 0.98x plain on every workload and model;
     * ``meshd-off`` >= 0.97x plain;

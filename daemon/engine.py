@@ -261,6 +261,12 @@ class Generation:
                       if c.checkpoints and decode_s else 0.0)
         return RepairCost(self.session.rollback_window, checkpoint)
 
+    @property
+    def decode_head_ms(self) -> float:
+        """Milliseconds of MTP catch-up forwards since the prefill (part of the forward
+        time; 0 for a request that does not follow the head)."""
+        return self.session.counters.mtp_ms - self._decode_base[1]
+
     def _head_load(self) -> HeadLoad:
         """What following the MTP head has cost since the prefill."""
         c = self.session.counters

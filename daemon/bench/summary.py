@@ -159,11 +159,12 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
             refusals=_add_counts([s["refusals"] for s in stats]),
             proposer_faults=_add_counts([s["proposer_faults"] for s in stats]),
         )
-        # Decode steps that verified no draft: every refusal, and faults that dropped the
-        # draft. Each is one plain forward committing one token.
-        faults = out["proposer_faults"]
-        plain_steps = sum(out["refusals"].values()) + sum(
-            faults.get(kind, 0) for kind in ("error", "invalid_token"))
+        # Decode steps that verified no draft, each one plain forward committing one
+        # token: every decode forward that was neither a verify window nor the replay
+        # after a restore. (Counting refusals instead misses the steps after the MTP
+        # head was dropped, which refuse nothing: the request has no proposer then.)
+        replays = sum(int(s["restores"]) for s in stats)
+        plain_steps = max(0, forwards - verify_calls - replays)
         out["plain_steps"] = plain_steps
         spec_tokens = decode_tokens - plain_steps
         out["forwards_per_speculative_token"] = (

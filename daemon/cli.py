@@ -12,13 +12,13 @@ import json
 import sys
 from collections.abc import Sequence
 
+from meshd.clients.terminal import Progress, stats_line
 from meshd.native.errors import NativeError
 
 from . import options as opt
 from .checks import check_model_args
 from .runtime import ModelRuntime, PromptTooLong, RequestError, RuntimeConfig
 from .sampling import SamplingParams, with_chosen_seed
-from .terminal import Progress, stats_line
 
 DESCRIPTION = "A local LLM daemon that makes speculative decoding pay on one machine."
 EPILOG = "Run `meshd COMMAND --help` for a command's options and their defaults."

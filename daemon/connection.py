@@ -3,8 +3,11 @@
 Why this shape: exactly one task reads the socket and dispatches each frame; every
 ``generate`` (and every tokenizer request, which runs on a worker thread) gets its own
 task in the connection's task group, so one long generation never delays a ``health``
-or a ``cancel`` on the same connection. Outgoing frames go through one lock, because
-frames of different requests may interleave but never mix bytes.
+or a ``cancel`` on the same connection. The protocol's rules (``hello`` first, ids in
+flight, one final frame per request) are kept by a sans-I/O ``ServerConnection``; this
+class moves its bytes, runs the requests and applies the daemon's limits. Outgoing
+frames go through one ``FrameWriter``, because frames of different requests may
+interleave but never mix bytes.
 
 Failure policy: a malformed frame is answered with an ``error`` frame and the
 connection carries on (only a bad *first* frame closes it, as the protocol says); a
@@ -26,7 +29,6 @@ because the peer could not read it.
 
 from __future__ import annotations
 
-import collections
 import math
 import socket
 from typing import Final
@@ -41,27 +43,29 @@ from meshd.protocol import (
     BadRequest,
     Cancel,
     CancelReply,
+    ConnectionEnded,
     Detokenize,
     FrameTooLarge,
+    FrameWriter,
     Generate,
     Health,
     Hello,
     InternalError,
+    LocalProtocolError,
     ModelError,
     Models,
     PermissionDenied,
     ProtocolError,
+    Rejected,
     Request,
-    RequestDecoder,
     Response,
     ServerBusy,
+    ServerConnection,
     Stats,
     StreamReceiver,
     Tokenize,
-    decode_request,
     encode,
     error_message,
-    write_all,
 )
 from meshd.protocol import FinishReason as WireFinishReason
 
@@ -74,15 +78,6 @@ __all__ = ["Connection"]
 
 _MAX_EVENTS_PER_WRITE: Final = 256
 """Token events coalesced into one socket write when a client falls behind."""
-
-_TRANSPORT_ERRORS: Final = (
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    OSError,
-    TimeoutError,
-)
-
-_Item = Request | ProtocolError
 
 
 class Connection:
@@ -100,10 +95,10 @@ class Connection:
         self._socket: socket.socket | None = stream.extra(
             anyio.abc.SocketAttribute.raw_socket, None
         )
-        self._decoder = RequestDecoder(self.config.max_frame_size)
-        self._ready: collections.deque[_Item] = collections.deque()
-        self._eof = False
-        self._send_lock = anyio.Lock()
+        # The protocol's state (handshake, ids in flight, one final frame per request)
+        # is sans-I/O; this class moves its bytes and runs the requests.
+        self._conn = ServerConnection(self.config.max_frame_size)
+        self._writer = FrameWriter(stream, timeout=self.config.send_timeout_s, shield=False)
         self._lost = False
         self._requests: dict[str, InFlight] = {}
         self._helpers = 0  # tokenizer requests running
@@ -138,9 +133,10 @@ class Connection:
         ``forbidden`` error frame (id null) and the connection closes."""
         if self.service.admits_peer(self._socket, self.log):
             return True
-        await self._send(error_message(PermissionDenied(
+        error = PermissionDenied(
             "this daemon does not serve your user or groups (ask its administrator to add "
-            "them to the allowed users or groups)")))
+            "them to the allowed users or groups)")
+        await self._send_bytes(self._conn.refuse(error))
         return False
 
     def close(self) -> None:
@@ -155,71 +151,35 @@ class Connection:
 
     # ------------------------------------------------------------------ reading
 
-    async def _next(self, *, bounded: bool = False) -> _Item | None:
-        """The next request or decoding error; ``None`` once the peer has gone.
+    async def _next(self, *, bounded: bool = False) -> Request | Rejected | None:
+        """The next request or frame to reject; ``None`` once the peer has gone.
 
         ``bounded`` (after the handshake) applies the idle and partial-frame timeouts;
         ``None`` is then also returned when one of them closed the connection.
         """
-        while not self._ready:
-            if self._eof:
-                return None
+        while (event := self._conn.next_event()) is None:
             with anyio.move_on_after(self._read_timeout() if bounded else math.inf):
                 try:
                     data = await self._receiver.receive()
                 except anyio.EndOfStream:
-                    self._decoder.feed_eof()
-                    self._eof = True
+                    data = b""
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return None
-                else:
-                    self._decoder.feed(data)
-                self._ready.extend(self._decoder.drain())
+                self._conn.receive_data(data)
                 self._note_received()
                 continue
             if await self._timed_out():
                 return None
-        return self._ready.popleft()
-
-    async def _first_item(self) -> _Item | None:
-        """The first frame, decoded; a proposer plugin's ``plugin_hello`` hands the
-        connection over to the plugin host instead (then ``None``)."""
-        frames = self._decoder.frames
-        while True:
-            try:
-                frame = frames.next_frame()
-            except ProtocolError as exc:
-                return exc
-            if frame is not None:
-                break
-            if self._eof:
-                return None
-            try:
-                data = await self._receiver.receive()
-            except anyio.EndOfStream:
-                frames.feed_eof()
-                self._eof = True
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return None
-            else:
-                frames.feed(data)
-        if self._socket is not None and await self.service.plugin_ingress(frame, self._socket):
-            self.log.debug("plugin_connection")
+        if isinstance(event, ConnectionEnded):
             return None
-        self._ready.extend(self._decoder.drain())
-        try:
-            return decode_request(frame)
-        except ProtocolError as exc:
-            return exc
+        self._last_activity = anyio.current_time()
+        return event
 
     def _note_received(self) -> None:
-        now = anyio.current_time()
-        if self._ready:
-            self._last_activity = now
-        if self._decoder.frames.buffered == 0:
+        if self._conn.buffered == 0:
             self._frame_started = None
         elif self._frame_started is None:
-            self._frame_started = now
+            self._frame_started = anyio.current_time()
 
     def _in_flight(self) -> int:
         return len(self._requests) + self._helpers
@@ -237,7 +197,7 @@ class Connection:
         if self._frame_started is not None:
             if now < self._frame_started + self.config.frame_timeout_s:
                 return False
-            self.log.info("frame_timeout", buffered=self._decoder.frames.buffered)
+            self.log.info("frame_timeout", buffered=self._conn.buffered)
             await self._reject(BadRequest(
                 f"frame not completed within {self.config.frame_timeout_s:g} s; "
                 "closing the connection"
@@ -255,17 +215,19 @@ class Connection:
     async def _handshake(self) -> bool:
         """The first frame must be a ``hello`` we speak; anything else closes."""
         with anyio.move_on_after(self.config.hello_timeout_s):
-            item = await self._first_item()
+            item = await self._next()
             if item is None:
                 return False
-            if isinstance(item, ProtocolError):
-                await self._reject(item)
+            if isinstance(item, Rejected):
+                # A proposer plugin's first frame is no request: the plugin host may
+                # take the connection over.
+                if (item.frame is not None and self._socket is not None
+                        and await self.service.plugin_ingress(item.frame, self._socket)):
+                    self.log.debug("plugin_connection")
+                    return False
+                await self._reject_frame(item)
                 return False
-            if not isinstance(item, Hello):
-                await self._reject(BadRequest(
-                    f"the first frame must be hello (got {item.OP})", request_id=item.id
-                ))
-                return False
+            assert isinstance(item, Hello), "the first request admitted is a hello"
             try:
                 welcome = self.service.welcome(item)
             except ProtocolError as exc:
@@ -281,16 +243,12 @@ class Connection:
         while (item := await self._next(bounded=True)) is not None:
             await self._dispatch(item, tg)
 
-    async def _dispatch(self, item: _Item, tg: anyio.abc.TaskGroup) -> None:
-        if isinstance(item, ProtocolError):
-            await self._reject(item)
+    async def _dispatch(self, item: Request | Rejected, tg: anyio.abc.TaskGroup) -> None:
+        if isinstance(item, Rejected):
+            # Malformed, a second hello, or a generate whose id is in flight.
+            await self._reject_frame(item)
         elif isinstance(item, Generate):
-            if item.id in self._requests:
-                await self._reject(BadRequest(
-                    f"request id {item.id!r} is already in flight on this connection",
-                    request_id=item.id,
-                ))
-            elif self._busy():
+            if self._busy():
                 await self._reject(self._too_many(item.id))
             else:
                 entry = InFlight(item.id)
@@ -319,9 +277,7 @@ class Connection:
             else:
                 self._helpers += 1
                 tg.start_soon(self._tokenizer_request, item)
-        elif isinstance(item, Hello):
-            await self._reject(BadRequest("hello was already received", request_id=item.id))
-        else:  # pragma: no cover - the decoder only yields the request types above
+        else:  # pragma: no cover - the connection only yields the request types above
             await self._reject(InternalError(f"unhandled {item.OP}", request_id=item.id))
 
     def _busy(self) -> bool:
@@ -407,11 +363,11 @@ class Connection:
                 final: Finished | Failed | None = None
                 for event in batch:
                     if isinstance(event, TokenEvent):
-                        frames.append(encode(token_message(request_id, event)))
+                        frames.append(self._conn.send(token_message(request_id, event)))
                     else:
                         final = event
                 if final is not None:
-                    frames.append(encode(self._final_message(
+                    frames.append(self._conn.send(self._final_message(
                         request_id, gen, handle, final, frames_sent + len(frames) > 0, entry
                     )))
                 if not await self._send_bytes(b"".join(frames)):
@@ -468,22 +424,37 @@ class Connection:
     # ------------------------------------------------------------------ writing
 
     async def _reject(self, error: ProtocolError) -> None:
-        """Answer a request (or an unparseable frame) with an ``error`` frame."""
+        """Answer a request in flight (or the connection, id null) with an ``error``."""
+        self._log_rejected(error)
+        await self._send(error_message(error))
+
+    async def _reject_frame(self, rejected: Rejected) -> None:
+        """Answer a frame the connection did not admit with an ``error`` frame."""
+        self._log_rejected(rejected.error)
+        await self._send_bytes(self._conn.reject(rejected))
+
+    def _log_rejected(self, error: ProtocolError) -> None:
         self._count_error(error)
         field = error.field if isinstance(error, BadRequest) else None
         self.log.info("request_rejected", id=error.request_id, code=error.code.value,
                       field=field)
         # The message may quote a value from the request, so it stays below info.
         self.log.debug("request_rejected_message", id=error.request_id, message=error.message)
-        await self._send(error_message(error))
 
     def _count_error(self, error: ProtocolError) -> None:
         self.service.counters[f"errors_{error.code.value}"] += 1
 
     async def _send(self, message: Response) -> bool:
         """Send one reply; one the peer could not read (above the announced frame limit)
-        is replaced by a ``too_large`` error for its request."""
-        data = encode(message)
+        is replaced by a ``too_large`` error for its request, which ends it just the
+        same."""
+        try:
+            data = self._conn.send(message)
+        except LocalProtocolError:
+            # A bug on this side (say, a second answer to one request): the peer must
+            # not see it, the daemon must not die of it.
+            self.log.exception("protocol_violation", id=message.id, op=message.OP)
+            return True
         limit = self.config.max_frame_size
         if len(data) - 1 > limit:
             error = FrameTooLarge(
@@ -497,23 +468,14 @@ class Connection:
 
     async def _send_bytes(self, data: bytes) -> bool:
         """Write whole frames; on a dead peer, stop the connection and return False."""
-        if self._lost:
-            return False
-        async with self._send_lock:
-            if self._lost:
-                return False
-            try:
-                with anyio.fail_after(self.config.send_timeout_s):
-                    await self._write_all(data)
-            except _TRANSPORT_ERRORS as exc:
-                self._lost = True
-                self.log.info("connection_lost", reason=type(exc).__name__)
-                self.close()
-                return False
-        return True
-
-    async def _write_all(self, data: bytes) -> None:
-        await write_all(self.stream, self._socket, data)
+        failure = await self._writer.write(data)
+        if failure is None:
+            return True
+        if not self._lost:
+            self._lost = True
+            self.log.info("connection_lost", reason=type(failure).__name__)
+            self.close()
+        return False
 
 
 def _finish_reason(finish: FinishReason, entry: InFlight) -> WireFinishReason:

@@ -1,15 +1,10 @@
 """``meshd demo``: the whole product in one command, for the README and for CI.
 
-Starts ``meshd serve`` as a child process on a private temporary socket, waits until it
-answers, sends one request through the socket with meshctl (in this process: the same
-code as the ``meshctl`` command), which prints the text and a stats line, then stops
-the daemon with SIGTERM and checks that it shut down cleanly and removed its socket.
-
-Why a real child process rather than an in-process server: this is what a user runs,
-so it exercises the real ``serve`` command line, signal handling and socket cleanup.
-
-Exit codes: meshctl's when the request fails, 1 when the daemon does not start or
-does not stop cleanly, else 0.
+This half is the ``meshd`` subcommand: it takes the same model, speculation and
+sampling options as ``serve``, checks them before anything starts, and builds the
+``meshd serve`` command line for a private temporary socket. The client half,
+:mod:`meshd.clients.demo`, runs that daemon as a child process, sends one request
+through its socket with meshctl and stops it (see there for why and for the exit codes).
 """
 
 from __future__ import annotations
@@ -17,17 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Final
 
+from meshd.clients.demo import run_demo
 from meshd.native.errors import NativeError
-from meshd.protocol import ConnectionClosed, connect_sync
 
-from . import ctl
 from . import options as opt
 from .checks import check_model_args
 from .sampling import SamplingParams
@@ -35,9 +26,6 @@ from .sampling import SamplingParams
 __all__ = ["add_parser", "run"]
 
 DEFAULT_PROMPT: Final = "Rewrite with type hints: def add(a, b): return a + b"
-START_TIMEOUT_S: Final = 300.0
-"""Loading plus first-time calibration of a large model can take minutes."""
-STOP_TIMEOUT_S: Final = 30.0
 DEMO_LOG_LEVEL: Final = "warning"
 """The demo shows the generated text; the daemon's info events would bury it."""
 
@@ -85,61 +73,18 @@ def run(args: argparse.Namespace) -> int:
         command += ["--fixed-k"]
     if args.proposer.startswith("draft:"):  # the demo's own request may name its draft
         command += ["--draft-model", args.proposer.partition(":")[2]]
-    daemon = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    request: list[str] = [
+        "generate" if args.raw else "chat",
+        "--max-tokens", str(args.max_tokens), "--proposer", args.proposer,
+        "--temperature", repr(args.temperature), "--top-k", str(args.top_k),
+        "--top-p", repr(args.top_p),
+    ]
+    if args.seed is not None:
+        request += ["--seed", str(args.seed)]
+    for stop in args.stop:
+        request += ["--stop", stop]
+    request += ["--", prompt]  # a prompt may start with '-'
     try:
-        if not _wait_ready(daemon, socket_path):
-            print("meshd demo: the daemon did not start", file=sys.stderr)
-            return 1
-        request: list[str] = [
-            "--socket", socket_path, "generate" if args.raw else "chat",
-            "--max-tokens", str(args.max_tokens), "--proposer", args.proposer,
-            "--temperature", repr(args.temperature), "--top-k", str(args.top_k),
-            "--top-p", repr(args.top_p),
-        ]
-        if args.seed is not None:
-            request += ["--seed", str(args.seed)]
-        for stop in args.stop:
-            request += ["--stop", stop]
-        request += ["--", prompt]  # a prompt may start with '-'
-        status = ctl.main(request)
-        stopped = _stop(daemon)
-        if status != 0:
-            return status
-        if not stopped:
-            print("meshd demo: the daemon did not shut down cleanly", file=sys.stderr)
-            return 1
-        if os.path.exists(socket_path):
-            print("meshd demo: the daemon left its socket behind", file=sys.stderr)
-            return 1
-        return 0
+        return run_demo(command, socket_path, request)
     finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def _wait_ready(daemon: subprocess.Popen[bytes], socket_path: str) -> bool:
-    """Poll until the daemon answers a handshake (or exits, or the timeout passes)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if daemon.poll() is not None:
-            return False
-        if os.path.exists(socket_path):
-            try:
-                with connect_sync(socket_path, client_name="meshd-demo", connect_timeout=5):
-                    return True
-            except ConnectionClosed:
-                pass
-        time.sleep(0.05)
-    return False
-
-
-def _stop(daemon: subprocess.Popen[bytes]) -> bool:
-    """SIGTERM, then wait; True if it exited 0 in time."""
-    daemon.send_signal(signal.SIGTERM)
-    try:
-        return daemon.wait(timeout=STOP_TIMEOUT_S) == 0
-    except subprocess.TimeoutExpired:
-        return False
-

@@ -1,4 +1,4 @@
-"""The generation engine: applies speculation's decisions to one runtime session.
+"""The generation engine: applies speculation's decisions to one sequence session.
 
 One token's walk: gate -> proposer.propose -> (checkpoint) -> session.verify ->
 decision.decide -> repair -> proposer.observe -> commit (events out). The gate and the
@@ -25,7 +25,7 @@ import attrs
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
-from meshd.native.session import RuntimeSession, verify_many
+from meshd.native.session import SequenceSession, verify_many
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
 from meshd.policy.costs import CostModel
@@ -135,10 +135,10 @@ class MtpHead:
     """
 
     def __init__(self) -> None:
-        self._session: RuntimeSession | None = None
+        self._session: SequenceSession | None = None
         self.last = -1
 
-    def bind(self, session: RuntimeSession) -> None:
+    def bind(self, session: SequenceSession) -> None:
         if session.mtp is None:
             raise ValueError("the session does not follow the MTP head")
         self._session = session
@@ -152,12 +152,12 @@ class MtpHead:
 
 
 class Generation:
-    """One request's generation on one runtime session."""
+    """One request's generation on one sequence session."""
 
     def __init__(
         self,
         *,
-        session: RuntimeSession,
+        session: SequenceSession,
         info: ModelInfo,
         tokenizer: Tokenizer,
         prompt: Sequence[int],
@@ -169,7 +169,7 @@ class Generation:
         settings: SpeculationSettings = SpeculationSettings(),
         mtp_head: MtpHead | None = None,
         show_special: bool = False,
-        on_release: Callable[[RuntimeSession, Sequence[int]], None] | None = None,
+        on_release: Callable[[SequenceSession, Sequence[int]], None] | None = None,
     ) -> None:
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -485,23 +485,6 @@ StepOutcome: TypeAlias = list[TokenEvent] | Exception
 """One generation's share of a step: the events it committed, or why it failed."""
 
 
-def steps_one_by_one(generations: Sequence[Generation]) -> bool:
-    """Whether these generations take their steps one after another, not in one forward.
-
-    Recurrent state and the MTP companion are kept per sequence by llama.cpp in ways a
-    mixed batch can break: a recurrent batch of several sequences is split into equal
-    per-sequence micro-batches, so a sequence's in-place rollback may reach past its last
-    micro-batch (the stale-snapshot trap), and a divergence was seen with several MTP
-    sessions in one forward. Until that is pinned down, such sessions (judged by the
-    first one: all share one model) step one after another, each window repaired right
-    after its own forward, which is exact. This predicate is the one switch for it.
-    """
-    if len(generations) < 2:
-        return False
-    first = generations[0].session
-    return first.recurrent or first.mtp is not None
-
-
 def step_many(generations: Sequence[Generation], *,
               on_forward: Callable[[float], None] | None = None) -> list[StepOutcome]:
     """One decode step for every generation, in order: plan each window, verify them in
@@ -511,14 +494,14 @@ def step_many(generations: Sequence[Generation], *,
     in its place and the others go on. ``on_forward(seconds)`` hears the wall time of
     every verify forward; the cost model (shared by generations of one runtime) records
     it by rows. Runs where the model's calls may block: a worker thread in the daemon.
+
+    Recurrent (hybrid) sessions and sessions that follow the MTP head share the forward
+    like any others: llama.cpp splits a forward of several sequences into micro-batches
+    that keep each sequence's last ``n_rs_seq + 1`` rows together (so its rollback
+    snapshots stay valid), keeps snapshots and pending rollbacks per sequence, and
+    returns the hidden rows the MTP head is caught up from in batch order, where each
+    session's window is contiguous.
     """
-    if steps_one_by_one(generations):
-        return [outcome for gen in generations for outcome in _step_together([gen], on_forward)]
-    return _step_together(generations, on_forward)
-
-
-def _step_together(generations: Sequence[Generation],
-                   on_forward: Callable[[float], None] | None) -> list[StepOutcome]:
     out: list[StepOutcome] = [[] for _ in generations]
     planned: list[tuple[int, Generation, Window]] = []
     for i, gen in enumerate(generations):

@@ -14,15 +14,9 @@ before any model is loaded or daemon started.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import textwrap
-from typing import Any, Final
+from typing import Final
 
-import attrs
-
-from meshd.native.context import DEFAULT_DRAFT_MAX
-
-from .argtypes import (
+from meshd.clients.argtypes import (
     gpu_layers,
     integer,
     non_negative,
@@ -30,10 +24,17 @@ from .argtypes import (
     positive,
     probability,
     weights,
-    workers,
 )
+from meshd.clients.options import (
+    HelpFormatter,
+    add_version,
+    sampling_options,
+    subparser,
+    version_string,
+)
+from meshd.native.context import DEFAULT_DRAFT_MAX
+
 from .logs import LEVELS
-from .sampling import SamplingParams
 
 __all__ = [
     "DEFAULT_CTX",
@@ -71,16 +72,15 @@ DEFAULT_STREAM_INTERVAL_MS: Final = 100
 DEFAULT_BACKEND: Final = "asyncio"
 DEFAULT_LOG_LEVEL: Final = "info"
 
-_SAMPLING = attrs.fields(SamplingParams)
 
+def workers(text: str) -> tuple[str, ...]:
+    """``HOST:PORT[,HOST:PORT...]``: remote workers (llama.cpp RPC servers)."""
+    from meshd.native.rpc import parse_endpoints
 
-def version_string(prog: str) -> str:
-    """``PROG VERSION`` from the installed distribution's metadata."""
     try:
-        version = importlib.metadata.version("meshd")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown (not installed)"
-    return f"{prog} {version}"
+        return tuple(str(ep) for ep in parse_endpoints(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def proposer_name(text: str) -> str:
@@ -104,22 +104,6 @@ def proposer_name(text: str) -> str:
 
 
 # ---------------------------------------------------------------------- help
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps descriptions as written and appends ``(default: X)`` to each option's help.
-
-    Options whose default is ``None``, ``False`` or empty say what happens in their own
-    help text instead (``(default: None)`` would tell a user nothing).
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if ("default" in text or default is None or default is False or default == []
-                or default is argparse.SUPPRESS or not action.option_strings):
-            return text
-        return f"{text} (default: %(default)s)"
 
 
 def _parent() -> argparse.ArgumentParser:
@@ -170,23 +154,6 @@ def speculation_options(*, proposer: bool = True, fixed_k: bool = True,
     return p
 
 
-def sampling_options() -> argparse.ArgumentParser:
-    """``--temperature``, ``--seed``, ``--top-k``, ``--top-p`` (the engine's defaults)."""
-    p = _parent()
-    g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", type=non_negative_float,
-                   default=_SAMPLING.temperature.default, metavar="T",
-                   help="0 is greedy decoding")
-    g.add_argument("--seed", type=integer, default=None, metavar="S",
-                   help="random seed for temperature > 0 (seeded sampling is reproducible "
-                        "and keeps speculation on)")
-    g.add_argument("--top-k", type=non_negative, default=_SAMPLING.top_k.default, metavar="K",
-                   help="sample among the K most likely tokens; 0 keeps all")
-    g.add_argument("--top-p", type=probability, default=_SAMPLING.top_p.default, metavar="P",
-                   help="sample among the most likely tokens whose probabilities add up to P")
-    return p
-
-
 def generation_options() -> argparse.ArgumentParser:
     """``--max-tokens`` and ``--stop`` (what one request asks for)."""
     p = _parent()
@@ -224,21 +191,3 @@ def daemon_options(*, log_level: str = DEFAULT_LOG_LEVEL) -> argparse.ArgumentPa
     g.add_argument("--log-level", choices=LEVELS, default=log_level,
                    help="least severe log events shown")
     return p
-
-
-def add_version(parser: argparse.ArgumentParser, prog: str) -> None:
-    """``--version``: the installed meshd version."""
-    parser.add_argument("--version", action="version", version=version_string(prog),
-                        help="print the version and exit")
-
-
-def subparser(sub: Any, name: str, *, help: str, description: str | None = None,
-              parents: list[argparse.ArgumentParser] | None = None,
-              ) -> argparse.ArgumentParser:
-    """A subcommand parser with the shared formatter (defaults shown in the help)."""
-    text = description or (help[:1].upper() + help[1:] + ".")
-    parser: argparse.ArgumentParser = sub.add_parser(
-        name, help=help, description=textwrap.fill(text, 88), parents=parents or [],
-        formatter_class=HelpFormatter,
-    )
-    return parser

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import attrs
 
 from meshd.native.context import TargetContext
-from meshd.native.session import RuntimeSession
+from meshd.native.session import SequenceSession
 
 #: Reusing fewer tokens than this is not worth holding a session for.
 MIN_REUSE = 8
@@ -38,7 +38,7 @@ class PrefixCacheStats:
 
 @attrs.define
 class _Entry:
-    session: RuntimeSession
+    session: SequenceSession
     history: list[int]
 
 
@@ -68,7 +68,7 @@ class PrefixCache:
     def tokens(self) -> int:
         return sum(len(e.history) for e in self._entries.values())
 
-    def store(self, session: RuntimeSession, history: Sequence[int]) -> None:
+    def store(self, session: SequenceSession, history: Sequence[int]) -> None:
         """Keep ``session`` (whose state holds exactly ``history``), or close it."""
         if (self.max_entries <= 0 or not session.usable or len(history) < MIN_REUSE
                 or len(history) != session.n_past or len(history) > self.max_tokens):
@@ -83,7 +83,7 @@ class PrefixCache:
                 self._evict_locked()
 
     def lookup(self, prompt: Sequence[int], *, need_mtp: bool = False,
-               ) -> tuple[RuntimeSession, int] | None:
+               ) -> tuple[SequenceSession, int] | None:
         """Take the session sharing the longest usable prefix with ``prompt``.
 
         Returns the session, already cut back to the reused prefix, and the number of

@@ -24,6 +24,7 @@ from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
 from meshd.native.rpc import parse_endpoint
 from meshd.native.rpc_workers import RemoteWorkers
+from meshd.native.session import SequenceSession
 from meshd.plugins.base import ModelDescription, Proposer, ProposerEnv
 from meshd.plugins.config import PluginConfig
 from meshd.plugins.hosts import PluginHosts
@@ -49,7 +50,7 @@ class PromptTooLong(RequestError):
 
 
 class StepProgress(Protocol):
-    """A slow step's progress display (``meshd.daemon.terminal.Progress`` on a terminal)."""
+    """A slow step's progress display (``meshd.clients.terminal.Progress`` on a terminal)."""
 
     def update(self, fraction: float) -> None: ...
 
@@ -555,7 +556,7 @@ class ModelRuntime:
             else:
                 if self.context.free_slots == 0:
                     self.prefix_cache.evict_one()
-                session = self.context.open_session(reserve=need, mtp=follow_mtp)
+                session = SequenceSession.open(self.context, reserve=need, mtp=follow_mtp)
         except BaseException:
             if prop is not None:
                 prop.close()

@@ -8,7 +8,7 @@ slots free up, and the queue is bounded (``Busy`` beyond it).
 
 The scheduler is purely async: it decides when to admit and when to step, hands the work
 to the model's worker thread and delivers what comes back; how a step is taken is the
-engine's, and it never touches a runtime session. Concurrency: the loop is one task owned
+engine's, and it never touches a sequence session. Concurrency: the loop is one task owned
 by the server's task group (structured concurrency). Every call that may reach llama.cpp
 (admission: making a proposer, loading a draft model, trimming or evicting cached
 sessions, the prefill; steps; closing) runs in a worker thread through one capacity

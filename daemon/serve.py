@@ -27,12 +27,13 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 
+from meshd.clients.argtypes import non_negative, positive, positive_seconds
+from meshd.clients.terminal import Progress
 from meshd.native.errors import NativeError
 
 from . import config as cfg
 from . import options as opt
 from .activation import ActivationError, InheritedSocket, listen_fds
-from .argtypes import non_negative, positive, positive_seconds
 from .checks import check_model_args
 from .http.tcp import check_http_address, open_http_listener
 from .listener import ListenerError, default_socket_path, open_listener, preflight
@@ -42,7 +43,6 @@ from .runtime import ModelRuntime, RequestError, RuntimeConfig
 from .server import Server
 from .service import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
 from .supervise import Supervisor, notifying_progress, pinging_while_starting
-from .terminal import Progress
 
 HTTP_FD_NAME: Final = "http"
 """``FileDescriptorName=`` of an inherited socket to serve HTTP on."""

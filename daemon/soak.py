@@ -34,7 +34,8 @@ from collections.abc import Sequence
 
 import anyio
 
-from .argtypes import integer, positive
+from meshd.clients.argtypes import integer, positive
+
 from .options import subparser
 from .soak_load import ACTIONS, Soak, SoakConfig
 from .soak_report import SoakReport, sample_process

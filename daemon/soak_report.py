@@ -1,4 +1,4 @@
-"""What a soak run measured, and the judgement on it (pure: no I/O but /proc reads).
+"""What a soak run measured, and the judgement on it (no I/O but ``sample_process``'s /proc reads).
 
 Why a separate module: the soak's verdict must be readable on its own. A run passes when
 no protocol rule was broken, every finished output equals the single-client reference,

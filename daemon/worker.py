@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from meshd.clients.argtypes import positive
 from meshd.native.errors import WorkerUnreachable
 from meshd.native.rpc import (
     DEFAULT_PORT,
@@ -35,8 +36,6 @@ from meshd.native.rpc import (
     parse_endpoint,
     serve_forever,
 )
-
-from .argtypes import positive
 
 __all__ = ["LoopbackWorkers", "add_parser", "free_port", "run"]
 

@@ -14,6 +14,7 @@ import time
 import attrs
 
 from .context import TargetContext
+from .session import SequenceSession
 
 
 def measure_row_costs(
@@ -27,7 +28,7 @@ def measure_row_costs(
     n_vocab = context.n_vocab
     filler = [(7 * i + 3) % n_vocab for i in range(context_tokens)]
     times: dict[int, list[float]] = {n: [] for n in range(1, k_max + 2)}
-    with context.open_session() as session:
+    with SequenceSession.open(context) as session:
         session.prefill(filler)
         base_pos = session.n_past
         for _ in range(reps):
@@ -73,7 +74,7 @@ def measure_mtp_costs(context: TargetContext, *, steps: int = 15, draft_len: int
     filler = [(7 * i + 3) % n_vocab for i in range(context_tokens + steps + 2)]
     overheads: list[float] = []
     draft_costs: list[float] = []
-    with context.open_session(mtp=True) as session:
+    with SequenceSession.open(context, mtp=True) as session:
         session.prefill(filler[:context_tokens])
         for t in filler[context_tokens:context_tokens + 2]:  # warm-up
             session.decode(t)

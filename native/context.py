@@ -1,7 +1,7 @@
-"""The target context: one llama.cpp context shared by many runtime sessions.
+"""The target context: one llama.cpp context shared by many sequence sessions.
 
 Why shared: the daemon puts the decode steps and verify windows of many requests into ONE
-forward (``forward_many``); each request is a sequence (``seq_id``) of the same context.
+forward (``forward``); each request is a sequence (``seq_id``) of the same context.
 Sequence slots are pooled and handed back on every exit path.
 
 Thread discipline (enforced, not just documented): llama.cpp contexts are not thread
@@ -15,90 +15,31 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
-import attrs
 import numpy as np
-import numpy.typing as npt
 
 from .cpus import usable_cpus
 from .errors import CapacityError, NativeError, RuntimeStateError
 from .llama import float_rows, lc, lcx
 from .model import Model
-
-if TYPE_CHECKING:
-    from .mtp import MtpContext
-    from .session import RuntimeSession
-
-FloatArray = npt.NDArray[np.float32]
-
-
-#: The longest draft meshd verifies by default. Long windows pay only for drafts that
-#: are nearly always right (prompt lookup while the output copies the input), but there
-#: they pay most: on SmolLM2 Q8_0 here 9 rows cost 3.9 decodes, 17 rows 5.2, 33 rows
-#: about 6-8.5 (Q4_1: 17 rows 8.5, 33 rows about 15). The cost model chooses shorter
-#: windows wherever acceptance does not carry the long ones.
-DEFAULT_DRAFT_MAX = 32
-
-#: The deepest in-place rollback of a recurrent state (``n_rs_seq``): each step of depth
-#: keeps one more copy of every recurrent layer's state per sequence.
-ROLLBACK_MAX = 8
+from .mtp import MtpContext
+from .primitives import DEFAULT_DRAFT_MAX as DEFAULT_DRAFT_MAX
+from .primitives import ROLLBACK_MAX as ROLLBACK_MAX
+from .primitives import ContextConfig as ContextConfig
+from .primitives import FloatArray, Row, context_params
 
 
-@attrs.frozen
-class ContextConfig:
-    """How to size the shared context.
+class SlotHolder(Protocol):
+    """What holds a sequence slot (a session): the context closes it when it closes."""
 
-    ``n_ctx_seq`` is the context length of each sequence (its KV is private to it: the
-    non-unified layout keeps a decode's attention over its own cells only), ``n_seq_max``
-    the number of concurrent sessions, ``draft_max`` the longest verify window minus one
-    (up to :data:`ROLLBACK_MAX` of it sets ``n_rs_seq``, the in-place rollback depth of
-    recurrent models; longer windows on them take a checkpoint).
-    """
-
-    n_ctx_seq: int = 4096
-    n_seq_max: int = 1
-    n_batch: int = 512
-    draft_max: int = DEFAULT_DRAFT_MAX
-    n_threads: int | None = None
-    use_mtp: bool = True
-    #: Let recurrent models roll back in place (``n_rs_seq``); off forces checkpoints.
-    in_place_rollback: bool = True
-
-    def __attrs_post_init__(self) -> None:
-        if self.n_ctx_seq < 16 or self.n_seq_max < 1 or self.draft_max < 0:
-            raise ValueError(f"invalid context config {self}")
-        if self.n_batch < self.draft_max + 1:
-            raise ValueError("n_batch must hold a whole verify window (draft_max + 1 rows)")
+    def close(self) -> None: ...
 
 
-@attrs.define
-class Row:
-    """One entry of a forward: token at position for sequence, with or without output."""
+Holder = TypeVar("Holder", bound=SlotHolder)
 
-    token: int
-    pos: int
-    seq_id: int
-    output: bool
-
-
-def context_params(config: ContextConfig, threads: int) -> Any:
-    """llama.cpp context parameters sized by ``config``.
-
-    One definition for the target context and its MTP companion: the companion must
-    hold the same sequences at the same positions, so their sizing may never drift apart.
-    """
-    params = lc.llama_context_default_params()
-    params.n_ctx = config.n_ctx_seq * config.n_seq_max
-    params.n_batch = config.n_batch
-    params.n_ubatch = config.n_batch
-    params.n_seq_max = config.n_seq_max
-    params.n_threads = threads
-    params.n_threads_batch = threads
-    params.kv_unified = False
-    params.no_perf = True
-    return params
+DEFAULT_CONFIG = ContextConfig()
 
 
 def _default_threads() -> int:
@@ -108,7 +49,7 @@ def _default_threads() -> int:
 class TargetContext:
     """The shared llama.cpp context of one model, plus its MTP companion when available."""
 
-    def __init__(self, model: Model, config: ContextConfig = ContextConfig()) -> None:
+    def __init__(self, model: Model, config: ContextConfig = DEFAULT_CONFIG) -> None:
         self.model = model
         self.config = config
         self.lock = threading.RLock()
@@ -140,17 +81,16 @@ class TargetContext:
         self.recurrent = info.has_recurrent_state
         self._batch = lc.llama_batch_init(config.n_batch, 0, 1)
         self._free_slots = list(range(config.n_seq_max - 1, -1, -1))
-        self.sessions: dict[int, RuntimeSession] = {}
+        #: The open sessions by sequence id (see :meth:`open_slot`).
+        self.sessions: dict[int, SlotHolder] = {}
         self.forward_id = 0
         #: Seconds the last forward spent catching the MTP head up (0 without one).
         self.last_mtp_s = 0.0
         self.mtp: MtpContext | None = None
         self._closed = False
         if config.use_mtp and info.has_mtp:
-            from .mtp import MtpContext
-
             lcx.llama_set_embeddings_nextn(ctx, True, False)
-            self.mtp = MtpContext(self, threads)
+            self.mtp = MtpContext(model, config, threads, self.lock)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -182,11 +122,10 @@ class TargetContext:
     def free_slots(self) -> int:
         return len(self._free_slots)
 
-    def open_session(self, *, reserve: int = 0, mtp: bool = True) -> RuntimeSession:
-        """A new session on a free sequence slot; ``reserve`` = tokens it will need;
-        ``mtp``: follow the MTP head (if the model has one) so it can draft."""
-        from .session import RuntimeSession
-
+    def open_slot(self, open_on: Callable[[int], Holder], *, reserve: int = 0) -> Holder:
+        """Take a free sequence slot and register what ``open_on(seq_id)`` opens on it
+        (a session, see ``SequenceSession.open``); the context closes it when it closes.
+        ``reserve`` = tokens it will need."""
         with self.lock:
             if reserve > self.config.n_ctx_seq:
                 raise CapacityError(
@@ -198,9 +137,13 @@ class TargetContext:
                     f"all {self.config.n_seq_max} session slots are in use"
                 )
             seq_id = self._free_slots.pop()
-            session = RuntimeSession(self, seq_id, mtp=mtp)
-            self.sessions[seq_id] = session
-            return session
+            try:
+                holder = open_on(seq_id)
+            except BaseException:
+                self._free_slots.append(seq_id)
+                raise
+            self.sessions[seq_id] = holder
+            return holder
 
     def release_slot(self, seq_id: int) -> None:
         """Clear a sequence everywhere and put its slot back in the pool."""

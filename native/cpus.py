@@ -3,12 +3,12 @@
 Why: llama.cpp's CPU threads meet at a barrier after every operation (OpenMP). Spinning
 there is fastest on an idle machine, but when another process competes for the cores a
 descheduled thread leaves the others spinning through whole time slices, and a decode
-collapses (measured: 19.3 s for 12 tokens with the defaults under a competing benchmark,
-0.35 s with one thread). meshd is a long-running daemon on machines it shares, so it
-defaults to threads that sleep at the barrier (``OMP_WAIT_POLICY=passive``) and to as many
-threads as the CPUs it may actually use: its affinity mask (``taskset``, systemd's
-``CPUAffinity=``, a cpuset) capped by its cgroup's CPU quota (``CPUQuota=``, container
-limits). ``meshd bench-threads`` measures the trade-off on a given machine.
+collapses (the README's section on threads gives a measurement). meshd is a long-running
+daemon on machines it shares, so it defaults to threads that sleep at the barrier
+(``OMP_WAIT_POLICY=passive``) and to as many threads as the CPUs it may actually use: its
+affinity mask (``taskset``, systemd's ``CPUAffinity=``, a cpuset) capped by its cgroup's
+CPU quota (``CPUQuota=``, container limits). ``meshd bench-threads`` measures the
+trade-off on a given machine.
 
 An explicit ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` in the environment always wins.
 """

@@ -18,7 +18,7 @@ import numpy as np
 from .context import ContextConfig, TargetContext
 from .errors import ModelLoadError
 from .model import Model
-from .session import RuntimeSession
+from .session import SequenceSession
 
 
 class VocabularyMismatch(ModelLoadError):
@@ -63,7 +63,7 @@ class DraftModel:
             raise
 
     def open_sequence(self) -> DraftSequence:
-        return DraftSequence(self.context.open_session())
+        return DraftSequence(SequenceSession.open(self.context))
 
     def close(self) -> None:
         self.context.close()
@@ -73,7 +73,7 @@ class DraftModel:
 class DraftSequence:
     """One request's sequence in the draft model's context."""
 
-    def __init__(self, session: RuntimeSession) -> None:
+    def __init__(self, session: SequenceSession) -> None:
         self.session = session
         self.fed: list[int] = []  # tokens in the draft KV, in order
 

@@ -16,17 +16,15 @@ drops non-output rows, so masked reads would return wrong rows otherwise.
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .context import context_params
 from .errors import NativeError, RuntimeStateError
 from .llama import float_rows, lc, lcx
-
-if TYPE_CHECKING:
-    from .context import FloatArray, Row, TargetContext
+from .model import Model
+from .primitives import ContextConfig, FloatArray, Row, context_params
 
 
 def _embd(row: FloatArray) -> lc.llama_embd:
@@ -50,7 +48,7 @@ class MtpSession:
 
     def trim(self, keep_to: int, kept_rows: int | None) -> None:
         """Follow a target repair: drop MTP KV >= keep_to and pick the carried hidden row."""
-        with self.owner.target.lock:
+        with self.owner.lock:
             lc.llama_memory_seq_rm(self.owner.memory, self.seq_id, keep_to, -1)
         if keep_to == 0:
             self.pending_h[:] = 0.0
@@ -71,7 +69,7 @@ class MtpSession:
         probs: list[float] = []
         h = self.pending_h
         tok = last
-        with owner.target.lock:
+        with owner.lock:
             try:
                 for i in range(k):
                     lc.llama_batch_ext_clear(owner.batch)
@@ -106,22 +104,24 @@ class MtpSession:
 
 
 class MtpContext:
-    """The MTP companion of a target context (same model, same sequences)."""
+    """The MTP companion of a target context (same model, same sequences, sized by the
+    same ``config``); ``lock`` is the target context's, held around every call."""
 
-    def __init__(self, target: TargetContext, threads: int) -> None:
-        self.target = target
-        params = context_params(target.config, threads)
+    def __init__(self, model: Model, config: ContextConfig, threads: int,
+                 lock: threading.RLock) -> None:
+        self.lock = lock
+        params = context_params(config, threads)
         params.n_rs_seq = 0
         params.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
-        ctx = lc.llama_init_from_model(target.model.handle, params)
+        ctx = lc.llama_init_from_model(model.handle, params)
         if not ctx:
             raise NativeError("llama.cpp could not create the MTP context")
         self.ctx = ctx
         lcx.llama_set_embeddings_nextn(ctx, True, True)
         self.memory = lc.llama_get_memory(ctx)
         self.batch = lc.llama_batch_ext_init(ctx)
-        self.n_embd = target.n_embd
-        self.n_vocab = target.n_vocab
+        self.n_embd = int(lc.llama_model_n_embd_out(model.handle))
+        self.n_vocab = model.info.n_vocab
         self._sessions: dict[int, MtpSession] = {}
         #: MTP forwards run (catch-ups and draft steps), for tests and stats.
         self.forwards = 0

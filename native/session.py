@@ -1,4 +1,4 @@
-"""A runtime session: one request's sequence in the shared target context.
+"""A sequence session: one request's sequence in the shared target context.
 
 The session knows positions and states, never requests: it offers prefill, decode,
 verify and the repair primitives the speculation state machine chooses between:
@@ -22,16 +22,14 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 import attrs
 
-from .context import FloatArray, Row, TargetContext
+from .context import TargetContext
 from .errors import CapacityError, RollbackRefused, RuntimeStateError, SessionUnusable
 from .llama import lc
-
-if TYPE_CHECKING:
-    from .mtp import MtpSession
+from .mtp import MtpSession
+from .primitives import FloatArray, Row
 
 
 @attrs.define
@@ -89,8 +87,18 @@ class _Checkpoint:
     n_past: int
 
 
-class RuntimeSession:
-    """One sequence of a ``TargetContext``. Not thread-safe by itself: the context lock is."""
+class SequenceSession:
+    """One sequence of a ``TargetContext``. Not thread-safe by itself: the context lock is.
+
+    Opened with :meth:`open`, which takes a free sequence slot of the context."""
+
+    @classmethod
+    def open(cls, context: TargetContext, *, reserve: int = 0,
+             mtp: bool = True) -> SequenceSession:
+        """A new session on a free sequence slot of ``context``; ``reserve`` = tokens it
+        will need; ``mtp``: follow the MTP head (if the model has one) so it can draft."""
+        return context.open_slot(lambda seq_id: cls(context, seq_id, mtp=mtp),
+                                 reserve=reserve)
 
     def __init__(self, context: TargetContext, seq_id: int, *, mtp: bool = True) -> None:
         self.context = context
@@ -162,7 +170,7 @@ class RuntimeSession:
         self._checkpoint = None
         self.context.release_slot(self.seq_id)
 
-    def __enter__(self) -> RuntimeSession:
+    def __enter__(self) -> SequenceSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -240,16 +248,37 @@ class RuntimeSession:
         return logits
 
     def _window(self, tokens: Sequence[int]) -> tuple[FloatArray, float]:
-        self._check()
-        self._ensure_room(len(tokens))
         t0 = time.perf_counter()
-        rows = self._rows(tokens, [True] * len(tokens))
+        rows = self.window_rows(tokens)
         try:
             logits, _ = self.context.forward(rows)
         except RuntimeStateError as exc:
-            raise self._fail(str(exc), (self.n_past, self.n_past + len(tokens))) from exc
+            raise self.window_failed(exc, len(tokens)) from exc
         self._note_forward(len(tokens))
         return logits, (time.perf_counter() - t0) * 1e3
+
+    # ------------------------------------------------------------------ batched windows
+    # A window may share its forward with other sessions' (``verify_many``): these are
+    # the session's side of it, before and after that forward.
+
+    def window_rows(self, tokens: Sequence[int]) -> list[Row]:
+        """The rows of a verify window (or decode step) over ``tokens``, every row an
+        output, at this session's next positions. Checks the session is usable and has
+        room; changes nothing."""
+        self._check()
+        self._ensure_room(len(tokens))
+        return self._rows(tokens, [True] * len(tokens))
+
+    def window_failed(self, exc: RuntimeStateError, n_rows: int) -> RuntimeStateError:
+        """The forward holding this session's window of ``n_rows`` failed: the session is
+        unusable from now on; returns the error naming its sequence and positions."""
+        return self._fail(str(exc), (self.n_past, self.n_past + n_rows))
+
+    def window_done(self, n_rows: int, ms: float) -> None:
+        """The forward holding this session's window of ``n_rows`` ran (``ms`` long): the
+        rows are in the state (until ``retire`` or a repair) and counted."""
+        self._note_forward(n_rows)
+        self.counters.note_window(n_rows, ms)
 
     # ------------------------------------------------------------------ repair
 
@@ -386,7 +415,7 @@ class RuntimeSession:
         return len(self._checkpoint.data) if self._checkpoint is not None else 0
 
 
-def verify_many(items: Sequence[tuple[RuntimeSession, Sequence[int]]]) -> list[FloatArray]:
+def verify_many(items: Sequence[tuple[SequenceSession, Sequence[int]]]) -> list[FloatArray]:
     """Verify windows (or single decode steps) of several sessions in ONE forward.
 
     Returns each session's logits rows, in the order given. Each session must be
@@ -402,15 +431,13 @@ def verify_many(items: Sequence[tuple[RuntimeSession, Sequence[int]]]) -> list[F
     t0 = time.perf_counter()
     rows: list[Row] = []
     for session, tokens in items:
-        session._check()
-        session._ensure_room(len(tokens))
-        rows += session._rows(tokens, [True] * len(tokens))
+        rows += session.window_rows(tokens)
     with ctx.lock:
         try:
             logits, _ = ctx.forward(rows)
         except RuntimeStateError as exc:
             for session, tokens in items:
-                session._fail(str(exc), (session.n_past, session.n_past + len(tokens)))
+                session.window_failed(exc, len(tokens))
             raise
         out = []
         start = 0
@@ -418,6 +445,5 @@ def verify_many(items: Sequence[tuple[RuntimeSession, Sequence[int]]]) -> list[F
         for session, tokens in items:
             out.append(logits[start:start + len(tokens)])
             start += len(tokens)
-            session._note_forward(len(tokens))
-            session.counters.note_window(len(tokens), dt)
+            session.window_done(len(tokens), dt)
     return out

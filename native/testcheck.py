@@ -19,6 +19,7 @@ import numpy as np
 from .calibrate import MtpCosts, measure_mtp_costs
 from .context import ContextConfig, TargetContext
 from .model import Model
+from .session import SequenceSession
 from .testrule import reference_continuation
 
 #: "Hello, w": the prompt the rule checks start from.
@@ -68,7 +69,8 @@ def check_rule(path: str | Path, *, seed: int = 0, n_tokens: int = 200,
     with Model.load(path) as model:
         config = ContextConfig(n_ctx_seq=len(prompt) + n_tokens + 8, n_threads=threads,
                                use_mtp=False, draft_max=1)
-        with TargetContext(model, config) as ctx, ctx.open_session(mtp=False) as session:
+        with (TargetContext(model, config) as ctx,
+              SequenceSession.open(ctx, mtp=False) as session):
             logits = session.prefill(list(prompt))
             for i, token in enumerate(expected):
                 margins.append(_margin(logits))

@@ -8,6 +8,10 @@ length ``L`` is accepted, given positions ``0..i-1`` were, exactly when the next
 continues a match of length ``L + i``. So one table, ``P(next token continues | match
 length L)``, gives the per-position acceptance of any draft: ``acc[i] = p(L + i)``.
 
+Evidence: the outcomes of real drafts (:meth:`MatchStats.update`) and positions judged
+without a draft (:meth:`MatchStats.record`: the proposer's shadow drafts, scored against
+the tokens committed after a step that drafted nothing).
+
 Estimates: counts per length class (lengths grouped on a roughly logarithmic scale,
 :data:`CLASS_STARTS`), with exponential decay, shrunk toward a prior curve whose odds
 grow with the square of the match length::
@@ -164,14 +168,24 @@ class MatchStats:
         """
         if proposed <= 0:
             return
-        self.updates += 1
-        for c in range(len(CLASS_STARTS)):
-            self._hits[c] *= DECAY
-            self._trials[c] *= DECAY
+        self.decay()
         for i in range(accepted):
             self._count(length + i, 1.0)
         if accepted < proposed and not censored:
             self._count(length + accepted, 0.0)
+        self.factor = copy_factor(self._hits, self._trials)
+
+    def decay(self) -> None:
+        """Age every count by one outcome (recent outcomes matter most)."""
+        self.updates += 1
+        for c in range(len(CLASS_STARTS)):
+            self._hits[c] *= DECAY
+            self._trials[c] *= DECAY
+
+    def record(self, length: int, hit: bool) -> None:
+        """One position judged without a draft: did the token after a match of
+        ``length`` continue it? (See the proposer's shadow drafts.)"""
+        self._count(length, 1.0 if hit else 0.0)
         self.factor = copy_factor(self._hits, self._trials)
 
     def _count(self, length: int, hit: float) -> None:

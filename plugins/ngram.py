@@ -8,10 +8,11 @@ nearly ``k + 1`` decodes, provided it drafts long only where the text is being c
 
 Rule: a :class:`~meshd.plugins.suffix_index.SuffixIndex` over prompt + committed tokens
 gives the longest suffix that occurred earlier (any length) and where. Matches shorter
-than ``min_n`` are ignored. The draft is what followed that occurrence, never past the
-current end of the sequence unless ``cycle`` (then a match at distance ``p`` repeats
-periodically, ``draft[i] = seq[e + i % p]``, which catches repetition loops), and it
-stops after an end-of-generation token.
+than ``min_n`` are ignored. The draft is what followed that occurrence; where that runs
+into the current end (a match at distance ``p``), it repeats periodically,
+``draft[i] = seq[e + i % p]``, so a repetition loop is drafted as far as the draft
+length allows rather than ``p`` tokens at a time (``cycle = false`` stops at the current
+end instead). It stops after an end-of-generation token.
 
 Draft length (``decides_length``): from the match length ``L`` and the acceptance
 measured at that length (:class:`~meshd.plugins.match_stats.MatchStats`: position
@@ -24,6 +25,13 @@ the curve allows. When the longest match offers little (its occurrence ends just
 the current end), the shorter matches on its suffix-link chain are weighed too and the
 best expected speedup wins. Without a cost curve the draft is at most ``per_match``
 tokens per matched token (a fixed rule; the engine's adaptive layer then decides).
+
+Shadow drafts: a step that drafts nothing keeps the draft it would have made and scores
+it against the tokens committed next (the target's tokens do not depend on drafting),
+so the acceptance by match length is measured for free where drafting does not yet pay:
+where a copy begins after a short match, or where short matches hold in this text (a
+table's repeated cells), drafting starts on evidence instead of waiting for long
+matches. A real draft replaces the pending shadow (its outcome is measured instead).
 
 When no match pays for a while, a one-token probe keeps the estimates alive
 (:class:`~meshd.policy.acceptance.Explorer`, its interval floored so probes cost at most
@@ -66,13 +74,14 @@ class NgramProposer:
         *,
         min_n: int = DEFAULT_MIN_N,
         max_len: int = DEFAULT_MAX_LEN,
-        cycle: bool = False,
+        cycle: bool = True,
         eog_tokens: frozenset[int] = frozenset(),
         per_match: int = DEFAULT_PER_MATCH,
         curve: CurveSource | None = None,
         shared: SharedMatchStats | None = None,
         margin: float = DEFAULT_MARGIN,
         explorer: Explorer | None = None,
+        shadow: bool = True,
     ) -> None:
         if min_n < 1:
             raise ValueError("min_n must be >= 1")
@@ -97,6 +106,10 @@ class NgramProposer:
         #: Match length the pending draft was taken at (None: nothing pending).
         self._pending: int | None = None
         self._probing = False
+        self.shadow = shadow
+        #: The shadow draft being judged: (match length, where its first token would
+        #: have gone, its tokens, positions judged so far); None when there is none.
+        self._shadow: tuple[int, int, list[int], int] | None = None
         #: Times the index had to be rebuilt because a request contradicted it.
         self.rebuilds = 0
 
@@ -114,6 +127,7 @@ class NgramProposer:
             # rare, so rebuild rather than support un-indexing.
             self.rebuilds += 1
             self.index = SuffixIndex()
+            self._shadow = None
             n_have = 0
         self.index.extend(tokens[i] for i in range(n_have, len(tokens)))
         self._confirmed = len(tokens)
@@ -136,6 +150,7 @@ class NgramProposer:
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
         self._sync(request.tokens)
+        self._judge_shadow()
         self._pending = None
         limit = min(self.max_len, request.max_len)
         if limit <= 0:
@@ -149,7 +164,36 @@ class NgramProposer:
             if self.per_match:
                 limit = min(limit, self.per_match * n)
             return self._proposal(n, self._draft(e, limit))
-        return self._costed(curve, candidates[:CANDIDATES], limit)
+        proposal = self._costed(curve, candidates[:CANDIDATES], limit)
+        if proposal is not None:
+            self._shadow = None  # the real draft's outcome is measured instead
+        elif self.shadow and self._shadow is None:
+            n, e = candidates[0]
+            self.stats.decay()
+            self._shadow = (n, len(self.index.tokens), self._draft(e, min(limit, curve.max_k)), 0)
+        return proposal
+
+    def _judge_shadow(self) -> None:
+        """Score the shadow draft against the tokens committed since it was taken.
+
+        Why: a step that drafts nothing still learns what a draft would have done, for
+        free, once the target's tokens are known (they do not depend on drafting). So
+        the acceptance by match length is measured where drafting does not yet pay:
+        a copy that begins after a short match, or a text where short matches continue
+        (a table's repeated cells), is found without spending a verify on it.
+        """
+        if self._shadow is None:
+            return
+        length, start, draft, judged = self._shadow
+        toks = self.index.tokens
+        while judged < len(draft) and start + judged < len(toks):
+            hit = toks[start + judged] == draft[judged]
+            self.stats.record(length + judged, hit)
+            judged += 1
+            if not hit:
+                self._shadow = None
+                return
+        self._shadow = None if judged >= len(draft) else (length, start, draft, judged)
 
     def _costed(self, curve: CostCurve, candidates: list[tuple[int, int]],
                 limit: int) -> Proposal | None:
@@ -201,6 +245,7 @@ class NgramProposer:
         self.stats.close()
         self.index = SuffixIndex()
         self._confirmed = 0
+        self._shadow = None
 
 
 @requires(Need.LIVE_COST_CURVE, Need.MATCH_STATS)
@@ -221,7 +266,7 @@ def ngram_factory(env: ProposerEnv) -> NgramProposer:
     return NgramProposer(
         min_n=int_option(opts, "min_n", DEFAULT_MIN_N, minimum=1),
         max_len=int_option(opts, "max_len", DEFAULT_MAX_LEN, minimum=1),
-        cycle=bool_option(opts, "cycle", False),
+        cycle=bool_option(opts, "cycle", True),
         eog_tokens=env.eog_tokens,
         per_match=int_option(opts, "per_match", DEFAULT_PER_MATCH, minimum=0),
         curve=curve,

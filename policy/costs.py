@@ -1,7 +1,7 @@
 """What speculation costs and what it buys: the cost curve and the objective.
 
 Why this exists: on a CPU a verify batch of ``k + 1`` rows costs nearly ``k + 1`` single
-decodes (measured on a 2-core x86 machine: SmolLM2 Q4_1, 2 rows cost 1.75x, 4 rows 3.40x).
+decodes at small ``k`` (the README's benchmark section gives measured costs).
 Speculation only pays when the tokens it is expected to commit outweigh that cost, and
 both sides move: acceptance depends on the text and the proposer, cost on the model's
 quantization and the machine. So the decision is made per step from two measured

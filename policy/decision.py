@@ -79,7 +79,7 @@ class RepairKind(enum.Enum):
 
 @frozen
 class RepairCaps:
-    """What the runtime session can do to undo a verify window.
+    """What the sequence session can do to undo a verify window.
 
     ``recurrent``: the model has recurrent (SSM / linear-attention) state that a KV
     trim cannot undo. ``rollback_window``: how many trailing tokens the runtime can

@@ -9,8 +9,11 @@ stops a connection handler while the client is still sending), the queued callba
 "Exception in callback Future.set_result(None) ... InvalidStateError". Nothing breaks,
 but the error is logged (and the anyio pytest plugin fails the test).
 ``anyio.wait_readable`` tolerates that race, so :class:`StreamReceiver` waits with it and
-reads the non-blocking socket itself, which is what the stream would do anyway. Both
-the client and the daemon's connection handlers can use it.
+reads the non-blocking socket itself, which is what the stream would do anyway;
+:func:`write_all` is its twin for writing. :class:`FrameWriter` adds what both ends need
+on top: one writer at a time (frames of different requests interleave but never mix
+bytes) and a bound on each write (a peer that stops reading cannot hang the writer).
+The client and the daemon's connection handlers both read and write through this module.
 """
 
 from __future__ import annotations
@@ -22,10 +25,19 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-__all__ = ["READ_SIZE", "StreamReceiver", "write_all"]
+__all__ = ["READ_SIZE", "TRANSPORT_ERRORS", "FrameWriter", "StreamReceiver", "write_all"]
 
 READ_SIZE: Final = 65536
 """Most bytes taken from the socket per read."""
+
+TRANSPORT_ERRORS: Final = (
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+    OSError,
+)
+"""What reading or writing a stream raises when the connection is gone (reset, closed
+by us or the peer); ``TimeoutError`` is an ``OSError``."""
 
 
 class StreamReceiver:
@@ -97,3 +109,44 @@ async def write_all(
         except OSError as exc:
             raise anyio.BrokenResourceError(str(exc)) from exc
         view = view[sent:]
+
+
+class FrameWriter:
+    """Writes whole frames to a stream: one write at a time, each within ``timeout``
+    seconds, and nothing more once one has failed.
+
+    ``shield`` protects a write from the writing task's cancellation, so a cancelled
+    task never leaves half a frame behind (the client, whose connection outlives the
+    task); the daemon's handlers write unshielded, since their cancellation ends the
+    connection anyway and must not wait for a stuck peer.
+    """
+
+    def __init__(self, stream: anyio.abc.ByteStream, *, timeout: float, shield: bool) -> None:
+        self.stream = stream
+        self._socket: socket.socket | None = stream.extra(
+            anyio.abc.SocketAttribute.raw_socket, None
+        )
+        self._timeout = timeout
+        self._shield = shield
+        self._lock = anyio.Lock()
+        self.failure: BaseException | None = None
+        """Why the connection broke (``TimeoutError`` if the peer stopped reading), or
+        ``None`` while it works."""
+
+    async def write(self, data: bytes) -> BaseException | None:
+        """Write ``data``; ``None`` once written, else the error that broke the
+        connection (returned at once for every later write)."""
+        if self.failure is not None:
+            return self.failure
+        async with self._lock:
+            if self.failure is not None:
+                return self.failure
+            with anyio.CancelScope(shield=self._shield) as scope:
+                scope.deadline = anyio.current_time() + self._timeout
+                try:
+                    await write_all(self.stream, self._socket, data)
+                except TRANSPORT_ERRORS as exc:
+                    self.failure = exc
+            if scope.cancelled_caught and self.failure is None:
+                self.failure = TimeoutError(f"write not completed within {self._timeout:g} s")
+        return self.failure

@@ -1,18 +1,22 @@
-"""The rooms keep their doors: protocol <- plugins <- daemon -> native, and policy (pure
-computation) below plugins and daemon."""
+"""The rooms keep their doors: protocol <- plugins <- daemon -> native, policy (pure
+computation) below plugins and daemon, and the clients (protocol <- clients <- daemon)
+talk to the daemon through its socket only."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = {
-    "protocol": ("meshd.native", "meshd.plugins", "meshd.daemon", "llama_cpp"),
-    "native": ("meshd.daemon", "meshd.plugins", "meshd.protocol"),
-    "plugins": ("meshd.native", "meshd.daemon", "llama_cpp"),
+    "protocol": ("meshd.native", "meshd.plugins", "meshd.daemon", "meshd.clients", "llama_cpp"),
+    "clients": ("meshd.native", "meshd.plugins", "meshd.daemon", "meshd.policy", "llama_cpp"),
+    "native": ("meshd.daemon", "meshd.plugins", "meshd.protocol", "meshd.clients"),
+    "plugins": ("meshd.native", "meshd.daemon", "meshd.clients", "llama_cpp"),
     # Speculation's decisions and economics: a leaf of plain computation, so it can be
     # tested exhaustively; times are handed in, never read.
     "policy": ("meshd.", "llama_cpp", "numpy", "threading", "time", "anyio", "trio",
@@ -44,9 +48,22 @@ def test_package_imports_respect_the_layering(package: str) -> None:
 def test_no_bare_top_level_imports() -> None:
     bare = [
         f"{path.relative_to(ROOT)}: {name}"
-        for pkg in ("daemon", "native", "plugins", "policy", "protocol", "tests")
+        for pkg in ("clients", "daemon", "native", "plugins", "policy", "protocol", "tests")
         for path in (ROOT / pkg).rglob("*.py")
         for name in imported_modules(path)
-        if name.split(".")[0] in {"daemon", "native", "plugins", "policy", "protocol"}
+        if name.split(".")[0] in {"clients", "daemon", "native", "plugins", "policy", "protocol"}
     ]
     assert bare == []
+
+
+def test_clients_load_without_the_daemon() -> None:
+    """meshctl starts without the model runtime: no daemon modules, numpy or llama.cpp."""
+    code = (
+        "import sys, meshd.clients.ctl, meshd.clients.demo\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'llama_cpp')\n"
+        "         or m.startswith(('meshd.daemon', 'meshd.native', 'meshd.plugins'))]\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    assert out.strip() == "[]"

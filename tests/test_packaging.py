@@ -29,7 +29,8 @@ def test_every_package_folder_is_listed_for_the_wheel() -> None:
 
 
 def test_import_names_live_under_one_namespace() -> None:
-    code = "import meshd.daemon, meshd.native, meshd.plugins, meshd.policy, meshd.protocol"
+    code = ("import meshd.clients, meshd.daemon, meshd.native, meshd.plugins, meshd.policy, "
+            "meshd.protocol")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
@@ -42,7 +43,7 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("meshd-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for pkg in ("daemon", "native", "plugins", "policy", "protocol"):
+    for pkg in ("clients", "daemon", "native", "plugins", "policy", "protocol"):
         assert f"meshd/{pkg}/__init__.py" in names
         assert f"meshd/{pkg}/py.typed" in names
     assert "meshd/__main__.py" in names  # python -m meshd
@@ -55,3 +56,4 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
     for name in ("mtp", "ngram", "composite", "draft"):
         assert f"{name} = meshd.plugins." in text
     assert "meshd = meshd.daemon.cli:main" in text
+    assert "meshctl = meshd.clients.ctl:main" in text

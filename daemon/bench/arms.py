@@ -29,12 +29,13 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
+from meshd.clients.terminal import Progress
 from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.native.llama import ensure_backend, lc
+from meshd.native.session import SequenceSession
 
 from ..runtime import ModelRuntime, RuntimeConfig
-from ..terminal import Progress
 from .workloads import BenchError, Workload
 
 #: MTP acceptance of a synthetic model named without one (``qwen35``, ``mimo2``): below 1
@@ -516,7 +517,7 @@ def divergence_margin(rt: ModelRuntime, prompt: Sequence[int], ref: Sequence[int
     """Prefill ``prompt + ref[:index]`` on a fresh meshd session and read the logits that
     chose token ``index`` (needs a free session slot)."""
     seq = [*prompt, *ref[:index]]
-    with rt.context.open_session(reserve=len(seq) + 1) as session:
+    with SequenceSession.open(rt.context, reserve=len(seq) + 1) as session:
         logits = np.asarray(session.prefill(seq), dtype=np.float64)
     top = np.argsort(-logits, kind="stable")[:2]
     ref_tok = ref[index] if index < len(ref) else None

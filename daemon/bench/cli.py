@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from meshd.clients.argtypes import positive
 from meshd.native.errors import NativeError
 
-from ..argtypes import positive
 from .arms import ARMS, REFERENCE_ARM
 from .format import format_report
 from .llama_server import NGRAM_MODES

@@ -87,7 +87,9 @@ def format_report(report: Mapping[str, Any]) -> str:
                 lim = s.get("limit")
                 if lim:
                     lines.append(f"  {'':<26} limit at measured acceptance: "
-                                 f"{lim['speedup']:.2f}x (k={lim['k']}), reached "
+                                 f"{lim['speedup']:.2f}x (k={lim['k']} where it drafted: "
+                                 f"{lim['drafting_speedup']:.2f}x; "
+                                 f"{lim['plain_steps']} plain steps), reached "
                                  f"{_fmt(lim['fraction'], '.0%')}")
                 if s.get("error"):
                     lines.append(f"  {'':<26} error: {s['error']}")

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from meshd.native.session import SequenceSession
+
 from ..runtime import ModelRuntime, RuntimeConfig
 from ..worker import LoopbackWorkers
 from .arms import render_prompt
@@ -79,7 +81,7 @@ def _draft_trips(rt: ModelRuntime, prompt: list[int], k: int) -> float:
     """Round trips of one MTP draft of ``k`` tokens after ``prompt`` (mean of a few;
     a draft drops its own MTP cache entries, so each starts from the same state)."""
     rt.prefix_cache.clear()  # hands back the slot a finished generation kept
-    session = rt.context.open_session(reserve=len(prompt) + k + 1)
+    session = SequenceSession.open(rt.context, reserve=len(prompt) + k + 1)
     try:
         last = int(np.argmax(session.prefill(prompt)))
         assert session.mtp is not None

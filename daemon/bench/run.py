@@ -30,7 +30,7 @@ JSON report (``--json FILE``), format 1::
      "models": [{"name", "path", "note", "synthetic", "has_mtp", "recurrent", "n_ctx",
                  "cost_curve", "runtime_curve", "draft_model", "limit": {"k", "speedup"},
                  "reference", "unavailable": {arm: reason},
-                 "workloads": [{"name", "prompt_tokens", "truncated",
+                 "workloads": [{"name", "copies", "prompt_tokens", "truncated",
                                 "arms": {arm: ArmSummary}}]}],
      "targets": [{"target", "model", "workload", "arm", "status", "value", "threshold",
                   "detail"}]}
@@ -40,7 +40,9 @@ where ArmSummary holds ``runs`` (one entry per repetition), ``error``, the media
 ``decode_ratio_vs_plain``, ``forwards_per_token``, ``acceptance`` and
 ``acceptance_per_position``, ``forward_ms`` and ``forward_cost_vs_plain`` (verify
 cost against the reference's decode cost), ``host_ms_per_token``, ``checkpoint_bytes``,
-``limit`` (at this arm's measured acceptance) and ``identical`` / ``first_divergence``
+``limit`` (``speedup``: the best this arm could do with the acceptance it measured where
+it drafted, ``drafting_speedup`` on those steps, its ``plain_steps`` held to plain
+decoding; ``fraction``: what it reached of that) and ``identical`` / ``first_divergence``
 / ``margin``.
 """
 
@@ -241,7 +243,7 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                         summary["margin"] = {"error": str(exc)}
                 arms_out[arm] = summary
             entry["workloads"].append({
-                "name": w.name, "prompt_tokens": len(prompts[w.name][0]),
+                "name": w.name, "copies": w.copies, "prompt_tokens": len(prompts[w.name][0]),
                 "truncated": prompts[w.name][1], "arms": arms_out,
             })
         return entry

@@ -169,9 +169,15 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
         out["draft_cost"] = draft_cost
         cond = conditional_acceptance(acc_pos, dr_pos)
         if curve is not None and cond:
-            k, speedup = speedup_limit(curve, cond, draft_cost=draft_cost)
+            k, drafting = speedup_limit(curve, cond, draft_cost=draft_cost)
+            # The acceptance was measured where the arm drafted; the steps it decoded
+            # plainly (a proposer that drafts only where drafts pay) are held to plain
+            # decoding, not to that acceptance, which they never had.
+            speedup = (decode_tokens / (plain_steps + spec_tokens / drafting)
+                       if spec_tokens > 0 else drafting)
             achieved = ratio_of(dec, ref_dec)
-            out["limit"] = {"k": k, "speedup": speedup,
+            out["limit"] = {"k": k, "speedup": speedup, "drafting_speedup": drafting,
+                            "plain_steps": plain_steps,
                             "fraction": achieved / speedup if achieved is not None else None}
         else:
             out["limit"] = None

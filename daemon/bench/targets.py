@@ -30,13 +30,16 @@ def _arm_na(summary: Mapping[str, Any] | None) -> str | None:
 
 
 def evaluate_targets(models: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's PASS/MISS lines (decode-rate ratios; not asserted anywhere).
+    """The benchmark's targets as PASS/MISS lines (decode-rate ratios; never asserted).
 
     * ``meshd-auto`` (the default) >= 0.98x plain on every workload and model;
     * ``meshd-off`` >= 0.97x plain;
     * ``meshd-auto`` >= 1.5x ``anchor-pld``;
     * ``meshd-auto`` reaches >= 90% of the limit from its measured acceptance and the
       measured cost curve;
+    * with ``--llama-server``, on a workload that copies its prompt: ``meshd-auto`` >=
+      1.1x llama-server's best n-gram mode; on the others ``meshd-auto`` is held to the
+      0.98x-plain line (and meshd's best arm >= llama-server's best n-gram mode);
     * code edit on Q8_0: ``meshd-ngram`` >= 1.25x plain;
     * synthetic MTP at acceptance 0.74: forwards per token within 2% of
       ``1 / (1 + mean accepted per verify)``.
@@ -82,14 +85,15 @@ def evaluate_targets(models: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
                                    na=_arm_na(ngram)))
             if name == "qwen35-0.74":
                 out.append(_mtp_forwards_target(name, wl, mtp))
-            out.extend(_llama_server_targets(name, wl, arms))
+            out.extend(_llama_server_targets(name, wl, arms, copies=bool(w.get("copies"))))
     return out
 
 
 def _llama_server_targets(name: str, wl: str, arms: Mapping[str, Mapping[str, Any]],
-                          ) -> list[dict[str, Any]]:
-    """With ``--llama-server``: meshd-off >= 0.95x its plain decoding, and meshd's best
-    arm >= its best n-gram mode (decode rates, both sides measured in this run)."""
+                          *, copies: bool = False) -> list[dict[str, Any]]:
+    """With ``--llama-server``: meshd-off >= 0.95x its plain decoding; on a workload that
+    copies its prompt, meshd-auto (the default) >= 1.1x its best n-gram mode, elsewhere
+    meshd's best arm >= that mode (decode rates, both sides measured in this run)."""
     def rate(arm: str) -> float | None:
         s = arms.get(arm)
         return None if s is None or s.get("error") else s.get("median_decode_tok_s")
@@ -104,14 +108,21 @@ def _llama_server_targets(name: str, wl: str, arms: Mapping[str, Mapping[str, An
         rates = [(a, r) for a in arms if a.startswith(prefix) and (r := rate(a))]
         return max(rates, key=lambda item: item[1], default=None)
 
-    ours, theirs = best("meshd-"), best(f"{ARM_PREFIX}-ngram")
+    theirs = best(f"{ARM_PREFIX}-ngram")
+    if copies:
+        label, arm, floor = "meshd-auto >= 1.1x llama-server best n-gram", "meshd-auto", 1.1
+        auto = rate(arm)
+        ours = (arm, auto) if auto else None
+        missing = _arm_na(arms.get(arm)) or "meshd-auto failed"
+    else:
+        label, arm, floor = "meshd best >= llama-server best n-gram", "meshd-*", 1.0
+        ours, missing = best("meshd-"), "no meshd arm ran"
     if ours is None or theirs is None:
-        out.append(_target("meshd best >= llama-server best n-gram", name, wl, "meshd-*",
-                           None, 1.0, na="no n-gram mode of llama-server ran"
-                           if theirs is None else "no meshd arm ran"))
+        out.append(_target(label, name, wl, arm, None, floor,
+                           na="no n-gram mode of llama-server ran" if theirs is None
+                           else missing))
         return out
-    out.append(_target("meshd best >= llama-server best n-gram", name, wl, ours[0],
-                       ours[1] / theirs[1], 1.0,
+    out.append(_target(label, name, wl, ours[0], ours[1] / theirs[1], floor,
                        f"{ours[0]} {ours[1]:.1f} vs {theirs[0]} {theirs[1]:.1f} tok/s"))
     out.extend(_draft_mtp_target(name, wl, best(f"{ARM_PREFIX}-draft-mtp"),
                                  rate("meshd-auto"), rate(ARM_PREFIX)))

@@ -9,7 +9,7 @@ it at the next step, and its slot goes back through the scheduler).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import anyio
 
@@ -32,9 +32,7 @@ from .openai_api import (
     timings,
     usage,
 )
-
-if TYPE_CHECKING:
-    from .routes import Responder, Routes
+from .responder import Responder, RouteContext
 
 __all__ = ["serve_completion"]
 
@@ -42,7 +40,7 @@ _MAX_EVENTS_PER_WRITE: Final = 256
 _SSE: Final = "text/event-stream"
 
 
-async def serve_completion(routes: Routes, req: CompletionRequest, out: Responder) -> None:
+async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Responder) -> None:
     """Run ``req`` and answer it; raises ApiError while nothing has been sent yet."""
     service = routes.service
     rid = req.generate.id
@@ -76,7 +74,7 @@ def _failure(final: Failed) -> ApiError:
                     kind="server_error")
 
 
-async def _collect(routes: Routes, req: CompletionRequest, handle: RequestHandle,
+async def _collect(routes: RouteContext, req: CompletionRequest, handle: RequestHandle,
                    out: Responder, prompt_tokens: int, seed: int | None,
                    entry: InFlight) -> None:
     parts: list[str] = []
@@ -98,7 +96,7 @@ async def _collect(routes: Routes, req: CompletionRequest, handle: RequestHandle
                    kind="server_error")
 
 
-async def _stream(routes: Routes, req: CompletionRequest, handle: RequestHandle,
+async def _stream(routes: RouteContext, req: CompletionRequest, handle: RequestHandle,
                   out: Responder, prompt_tokens: int, seed: int | None,
                   entry: InFlight) -> None:
     """SSE: a chunk per batch of committed text, the finish chunk (with ``timings`` and
@@ -167,7 +165,7 @@ def _finish_reason(final: Finished, entry: InFlight) -> str:
     return final.finish.value
 
 
-def _log_finished(routes: Routes, req: CompletionRequest, final: Finished, finish: str,
+def _log_finished(routes: RouteContext, req: CompletionRequest, final: Finished, finish: str,
                   prompt_tokens: int) -> None:
     st = final.stats
     routes.log.info(

@@ -25,7 +25,7 @@ import anyio.lowlevel
 import h11
 from structlog.typing import FilteringBoundLogger
 
-from meshd.protocol import StreamReceiver, write_all
+from meshd.protocol import FrameWriter, StreamReceiver
 
 from ..service import Service
 from .routes import Routes
@@ -65,7 +65,8 @@ class HttpConnection:
         self._lost = False
         self._refused = False
         self._on_gone: list[Callable[[], None]] = []
-        self._send_lock = anyio.Lock()
+        # One write at a time, each bounded (a peer that stops reading cannot hang us).
+        self._writer = FrameWriter(stream, timeout=service.config.send_timeout_s, shield=False)
         self._scope: anyio.CancelScope | None = None
         self._routes = Routes(service, self.log)
 
@@ -292,20 +293,13 @@ class HttpConnection:
             self.log.warning("http_send_refused", error=str(exc))
             self._lost = True
             return False
-        async with self._send_lock:
-            try:
-                with anyio.fail_after(self.service.config.send_timeout_s):
-                    await self._write_all(data)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError,
-                    TimeoutError) as exc:
-                self._lost = True
-                self.log.info("connection_lost", reason=type(exc).__name__)
-                self._peer_gone()
-                return False
+        failure = await self._writer.write(data)
+        if failure is not None:
+            self._lost = True
+            self.log.info("connection_lost", reason=type(failure).__name__)
+            self._peer_gone()
+            return False
         return True
-
-    async def _write_all(self, data: bytes) -> None:
-        await write_all(self.stream, self._socket, data)
 
 
 def _reason(status: int) -> bytes:

@@ -9,8 +9,8 @@ protocol's errors; the connection stays usable.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Final
 
 import attrs
 from structlog.typing import FilteringBoundLogger
@@ -22,24 +22,9 @@ from ..metrics import render_metrics
 from ..service import Service
 from .completions import serve_completion
 from .openai_api import JSON, ApiError, error_body, json_bytes, parse_request
+from .responder import Responder
 
-__all__ = ["Responder", "Routes"]
-
-class Responder(Protocol):
-    """How a route answers (the HTTP connection implements it)."""
-
-    async def send(self, status: int, body: bytes, content_type: str,
-                   headers: Sequence[tuple[str, str]] = ()) -> bool: ...
-
-    async def start(self, status: int, content_type: str,
-                    headers: Sequence[tuple[str, str]] = ()) -> bool: ...
-
-    async def write(self, data: bytes) -> bool: ...
-
-    async def end(self) -> bool: ...
-
-    def on_gone(self, callback: Callable[[], None]) -> None: ...
-
+__all__ = ["Routes"]
 
 _Handler = Callable[["Routes", bytes, Responder], Awaitable[None]]
 

@@ -165,6 +165,16 @@ def test_tiny_bench_report_structure(tmp_path: Path) -> None:
             assert arm["forwards_per_token"] is not None
     assert wl["arms"]["meshd-mtp-fixed"]["verify_calls"] > 0
     assert wl["arms"]["meshd-mtp-fixed"]["acceptance"] is not None
+    limits = [arm["limit"] | {"runs": arm["runs"]} for arm in wl["arms"].values()
+              if arm.get("limit")]
+    assert limits
+    for lim in limits:
+        # The steps an arm decoded plainly are held to plain decoding in its limit.
+        n = sum(r["tokens"] - 1 for r in lim["runs"])
+        plain = lim["plain_steps"]
+        assert 0 <= plain <= n
+        assert lim["speedup"] == pytest.approx(
+            n / (plain + (n - plain) / lim["drafting_speedup"]))
     statuses = {t["status"] for t in report["targets"]}
     assert statuses <= {"PASS", "MISS", "n/a"}
     assert any(t["target"].startswith("MTP @0.74") for t in report["targets"])

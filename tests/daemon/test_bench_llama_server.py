@@ -22,6 +22,7 @@ from meshd.daemon.bench.arms import BenchModel, resolve_model
 from meshd.daemon.bench.format import format_report
 from meshd.daemon.bench.llama_server import LlamaServerRunner, llama_server_arms
 from meshd.daemon.bench.run import BenchConfig, run_bench
+from meshd.daemon.bench.targets import evaluate_targets
 from meshd.daemon.bench.workloads import BenchError
 from meshd.daemon.cli import main
 from meshd.native import testmodels
@@ -144,3 +145,30 @@ def test_arm_without_a_server_arm_keeps_the_server_arms(fake_server: Path) -> No
     assert {"llama-server", "llama-server-ngram-mod"} <= set(arms)
     (wl,) = report["models"][0]["workloads"]
     assert wl["arms"]["llama-server-ngram-mod"]["error"] is None
+
+
+def test_copy_workloads_hold_meshd_auto_to_1_1x_the_best_ngram_mode() -> None:
+    """On a workload that copies its prompt the bar is meshd-auto at 1.1x llama-server's
+    best n-gram mode (another meshd arm being faster does not count); elsewhere
+    meshd's best arm at 1.0x."""
+    def arm(rate: float) -> dict[str, object]:
+        return {"median_decode_tok_s": rate, "decode_ratio_vs_plain": rate / 100.0,
+                "error": None}
+
+    arms = {"plain": arm(100.0), "meshd-auto": arm(120.0), "meshd-ngram": arm(150.0),
+            "llama-server": arm(100.0), "llama-server-ngram-simple": arm(105.0),
+            "llama-server-ngram-mod": arm(112.0)}
+    models = [{"name": "m", "workloads": [
+        {"name": "copy", "copies": True, "arms": arms},
+        {"name": "prose", "copies": False, "arms": arms}]}]
+    got = {(t["workload"], t["target"]): t for t in evaluate_targets(models)}
+    copy = got["copy", "meshd-auto >= 1.1x llama-server best n-gram"]
+    assert copy["value"] == pytest.approx(120 / 112) and copy["status"] == "MISS"
+    assert "llama-server-ngram-mod" in copy["detail"]
+    assert ("copy", "meshd best >= llama-server best n-gram") not in got
+    prose = got["prose", "meshd best >= llama-server best n-gram"]
+    assert prose["arm"] == "meshd-ngram" and prose["status"] == "PASS"
+    assert got["prose", "meshd-auto >= 0.98x plain"]["status"] == "PASS"
+    arms["meshd-auto"] = arm(125.0)
+    again = {(t["workload"], t["target"]): t for t in evaluate_targets(models)}
+    assert again["copy", "meshd-auto >= 1.1x llama-server best n-gram"]["status"] == "PASS"

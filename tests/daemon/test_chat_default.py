@@ -10,7 +10,7 @@ import anyio.to_thread
 import pytest
 from structlog.testing import capture_logs
 
-from meshd.daemon import ctl
+from meshd.clients import ctl
 from meshd.daemon.cli import main
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 

@@ -3,31 +3,35 @@
 A request that asks for a temperature but no seed gets a seed chosen by the daemon,
 reported in ``done``; drafts are verified by sample-and-match, so such a request
 speculates, and sending the reported seed back replays the same tokens, with
-speculation on or off, for every proposer.
+speculation on or off, for every installed proposer (and auto). A request that gives
+only a prompt (the wire's defaults throughout) drafts on a copy workload.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import GREEDY, SamplingParams, with_chosen_seed
+from meshd.daemon.service import ServerConfig
 from meshd.native import testmodels
+from meshd.plugins.config import parse_table
 from meshd.plugins.registry import default_registry
 from meshd.policy.costs import CostCurve
 from meshd.protocol import Client
 
 from .daemon_helpers import running_daemon, wait_idle
 
-#: Proposers each synthetic model can run (draft: the synthetic llama drafts for it).
-PROPOSERS = {"llama": ["ngram", "composite"],
-             "qwen35": ["mtp", "ngram", "composite", "draft"],
-             "mimo2": ["mtp", "ngram", "composite", "draft"]}
+#: What each proposer needs besides the model: a draft model (the synthetic llama drafts
+#: for every synthetic model, itself included) or an MTP head (qwen35, mimo2).
+NEEDS_MTP = {"mtp"}
 #: Synthetic models rarely repeat a bigram: single-token matches make n-gram drafts.
 OPTIONS: dict[str, dict[str, object]] = {"ngram": {"min_n": 1},
-                                         "composite": {"ngram": {"min_n": 1}}}
+                                         "composite": {"ngram": {"min_n": 1}},
+                                         "snippets": {"min_match": 1}}
 
 #: A prompt whose continuation copies it: six identical blocks, the model writes more.
 COPY_PROMPT = "".join(
@@ -37,10 +41,19 @@ COPY_PROMPT = "".join(
 )
 
 
-def _synthetic(kind: str) -> ModelRuntime:
+def _proposers(kind: str) -> list[str]:
+    """Every installed proposer that can run on ``kind``, and ``auto``."""
+    names = sorted(e.name for e in default_registry().entries() if e.loaded)
+    return ["auto", *(n for n in names if n not in NEEDS_MTP or kind != "llama")]
+
+
+def _synthetic(kind: str, corpus: str | None = None) -> ModelRuntime:
     path = str(testmodels.test_model_path(kind, acceptance=0.9))
+    plugins = {} if corpus is None else {
+        "snippets": parse_table("snippets", {"files": [corpus], "allow_prompt_text": True})}
     rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=2,
-                                    draft_max=6, calibrate=False, threads=1),
+                                    draft_max=6, calibrate=False, threads=1,
+                                    plugins=plugins),
                       registry=default_registry())
     # A cheap-verify cost curve (like F32/F16 models) so the composite speculates.
     rt.curve = CostCurve.sanitized([1.0 + 0.15 * k for k in range(7)])
@@ -65,16 +78,24 @@ def test_greedy_and_seeded_parameters_are_kept() -> None:
     assert with_chosen_seed(seeded) is seeded
 
 
-@pytest.mark.parametrize("kind", sorted(PROPOSERS))
-def test_a_chosen_seed_replays_with_and_without_speculation(kind: str) -> None:
-    rt = _synthetic(kind)
+@pytest.mark.parametrize("kind", ["llama", "mimo2", "qwen35"])
+def test_a_chosen_seed_replays_with_and_without_speculation(kind: str,
+                                                             tmp_path: Path) -> None:
+    text = "sampled by a chosen seed"
+    # The snippets plugin drafts from files: give it one that holds the prompt.
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text * 4)
+    rt = _synthetic(kind, str(corpus))
     try:
-        prompt = rt.tokenize_prompt("sampled by a chosen seed", chat=False)
+        prompt = rt.tokenize_prompt(text, chat=False)
         sampling = with_chosen_seed(SamplingParams(temperature=0.8, top_k=40, top_p=0.95))
         assert sampling.seed is not None and sampling.exact_verifiable
         ref, _, _ = _run(rt, prompt, sampling, "off")
         assert len(ref) == 60
-        for proposer in PROPOSERS[kind]:
+        proposers = _proposers(kind)
+        assert {"auto", "ngram", "composite", "draft"} <= set(proposers)
+        assert ("mtp" in proposers) == (kind != "llama")
+        for proposer in proposers:
             got, verifies, refusals = _run(rt, prompt, sampling, proposer)
             assert got == ref, proposer
             assert verifies > 0 and "unseeded_sampling" not in refusals, proposer
@@ -104,6 +125,23 @@ async def test_an_unseeded_sampled_request_drafts(smollm2_runtime: ModelRuntime)
     assert None not in seeds and len(seeds) == 3  # chosen per request: samples still vary
     stats = [run.done.speculation for run in runs]
     assert all("unseeded_sampling" not in sp.refusals for sp in stats)
+    assert sum(sp.drafted for sp in stats) > 0 and sum(sp.accepted for sp in stats) > 0
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_a_request_that_gives_only_a_prompt_drafts(smollm2_runtime: ModelRuntime,
+                                                        ) -> None:
+    """A plain API request (a prompt and nothing else: the wire's sampling defaults, the
+    daemon's default proposer and length) on a copy workload speculates."""
+    rt = smollm2_runtime
+    config = ServerConfig(max_tokens_default=48)
+    async with running_daemon(rt, config) as (server, path), Client.connect(path) as client:
+        runs = [await client.generate(COPY_PROMPT).collect() for _ in range(2)]
+        await wait_idle(server)
+    assert all(0 < len(run.token_ids) <= 48 for run in runs)
+    stats = [run.done.speculation for run in runs]
+    assert all(not sp.refusals.get("unseeded_sampling") for sp in stats)
     assert sum(sp.drafted for sp in stats) > 0 and sum(sp.accepted for sp in stats) > 0
 
 

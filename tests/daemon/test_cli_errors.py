@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from meshd.daemon import ctl
+from meshd.clients import ctl
 from meshd.daemon.cli import main
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native import testmodels

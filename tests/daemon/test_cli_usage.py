@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon import cli, ctl
+from meshd.clients import ctl
+from meshd.daemon import cli
 from meshd.native import testmodels
 
 from .daemon_helpers import short_tempdir

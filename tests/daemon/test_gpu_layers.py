@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
+from meshd.clients.argtypes import gpu_layers
 from meshd.daemon import config as cfg
-from meshd.daemon.argtypes import gpu_layers
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native import testmodels
 from meshd.native.rpc import local_gpus

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.terminal import Progress, format_count, stats_line
+from meshd.clients.terminal import Progress, format_count, stats_line
 from meshd.native import testmodels
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from meshd.daemon import ctl
+from meshd.clients import ctl
 from meshd.daemon.cli import main
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native import testmodels

@@ -11,7 +11,7 @@ import anyio.to_thread
 import pytest
 from structlog.testing import capture_logs
 
-from meshd.daemon import ctl
+from meshd.clients import ctl
 from meshd.daemon.engine import GenerationStats
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native import testmodels

@@ -22,6 +22,7 @@ from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.worker import LoopbackWorkers
 from meshd.native import testmodels
 from meshd.native.rpc_workers import RemoteWorkers
+from meshd.native.session import SequenceSession
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 
@@ -97,7 +98,7 @@ def test_mtp_head_output_and_cache_are_on_this_machine(
 def test_mtp_drafting_never_crosses_the_network(workers: LoopbackWorkers) -> None:
     with ModelRuntime(_config(rpc_workers=workers.addresses)) as split:
         prompt = split.tokenize_prompt(PROMPT, chat=False)
-        with split.context.open_session(reserve=len(prompt) + 8) as session:
+        with SequenceSession.open(split.context, reserve=len(prompt) + 8) as session:
             before = _trips(split.remote)
             last = int(np.argmax(session.prefill(prompt)))
             after_prefill = _trips(split.remote)

@@ -17,7 +17,7 @@ from meshd.native import testmodels
 from meshd.native.context import ContextConfig, TargetContext
 from meshd.native.errors import RollbackRefused
 from meshd.native.model import Model
-from meshd.native.session import RuntimeSession, verify_many
+from meshd.native.session import SequenceSession, verify_many
 from meshd.policy.decision import RepairCaps, RepairKind, decide, needs_checkpoint
 
 K = 4
@@ -44,7 +44,7 @@ def reference(n: int) -> list[int]:
     return testmodels.reference_continuation(prompt(), n)
 
 
-def repair_window(s: RuntimeSession, last: int, draft: list[int]) -> tuple[RepairKind, int]:
+def repair_window(s: SequenceSession, last: int, draft: list[int]) -> tuple[RepairKind, int]:
     """Verify [last, *draft], decide greedily, apply the repair; returns kind and n."""
     caps0 = RepairCaps(s.recurrent, s.rollback_window, False)
     if needs_checkpoint(len(draft), caps0):
@@ -72,7 +72,7 @@ def test_repair_leaves_no_trace(ctx: TargetContext, accepted: int) -> None:
     ref = reference(K + 8)
     # Window [ref1, d0..d3]: `accepted` right drafts (ref2...), then wrong ones.
     draft = ref[2:2 + accepted] + [(t + 7) % 256 for t in ref[2 + accepted:2 + K]]
-    with ctx.open_session() as s, ctx.open_session() as fresh:
+    with SequenceSession.open(ctx) as s, SequenceSession.open(ctx) as fresh:
         assert int(s.prefill(prompt()).argmax()) == ref[0]
         assert int(s.decode(ref[0]).argmax()) == ref[1]  # a serial decode first
         kind, n = repair_window(s, ref[1], draft)
@@ -98,7 +98,7 @@ def test_stale_rollback_is_refused(ctx: TargetContext) -> None:
     if not ctx.recurrent or not ctx.rollback_window:
         pytest.skip("only recurrent models with in-place rollback have the trap")
     ref = reference(6)
-    with ctx.open_session() as s:
+    with SequenceSession.open(ctx) as s:
         s.prefill(prompt())
         s.decode(ref[0])
         s.decode(ref[1])
@@ -119,7 +119,7 @@ def test_two_sessions_in_one_forward(ctx: TargetContext) -> None:
     ref = reference(6)
     other = [testmodels.BOS_ID, *b"another prompt entirely"]
     ref2 = testmodels.reference_continuation(other, 6)
-    with ctx.open_session() as a, ctx.open_session() as b:
+    with SequenceSession.open(ctx) as a, SequenceSession.open(ctx) as b:
         a.prefill(prompt())
         b.prefill(other)
         la, lb = verify_many([(a, ref[:4]), (b, ref2[:3])])
@@ -131,7 +131,7 @@ def test_mtp_drafts_match_a_fresh_mtp_context(ctx: TargetContext) -> None:
     if ctx.mtp is None:
         pytest.skip("no MTP head")
     ref = reference(K + 12)
-    with ctx.open_session() as s:
+    with SequenceSession.open(ctx) as s:
         s.prefill(prompt())
         s.decode(ref[0])
         assert s.mtp is not None
@@ -140,7 +140,7 @@ def test_mtp_drafts_match_a_fresh_mtp_context(ctx: TargetContext) -> None:
         _, n = repair_window(s, ref[1], draft)
         committed = [ref[0], ref[1], ref[2], ref[3]][: 1 + n]
         got = s.mtp.draft(committed[-1], s.n_past, K)
-    with ctx.open_session() as fresh:
+    with SequenceSession.open(ctx) as fresh:
         fresh.prefill([*prompt(), *committed[:-1]])
         assert fresh.mtp is not None
         want = fresh.mtp.draft(committed[-1], fresh.n_past, K)

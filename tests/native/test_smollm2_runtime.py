@@ -8,12 +8,12 @@ import pytest
 from meshd.native.context import TargetContext
 from meshd.native.errors import CapacityError, RuntimeStateError
 from meshd.native.model import Model
-from meshd.native.session import verify_many
+from meshd.native.session import SequenceSession, verify_many
 from meshd.native.tokenizer import Utf8Assembler
 
 
 def greedy(ctx: TargetContext, prompt: list[int], n: int) -> list[int]:
-    with ctx.open_session() as s:
+    with SequenceSession.open(ctx) as s:
         tok = int(s.prefill(prompt).argmax())
         out = [tok]
         for _ in range(n - 1):
@@ -72,7 +72,7 @@ def _incomplete_utf8(data: bytes) -> bool:
 def test_verify_rows_match_serial_decoding(smollm2: Model, smol_ctx: TargetContext) -> None:
     prompt = smollm2.tokenizer.tokenize("def fibonacci(n):\n    ")
     ref = greedy(smol_ctx, prompt, 9)
-    with smol_ctx.open_session() as s:
+    with SequenceSession.open(smol_ctx) as s:
         first = int(s.prefill(prompt).argmax())
         assert first == ref[0]
         rows = s.verify(ref[:8])  # [last, d0..d6] with drafts = the true continuation
@@ -83,7 +83,7 @@ def test_trim_leaves_no_trace(smollm2: Model, smol_ctx: TargetContext) -> None:
     """After a verify with rejected drafts and a trim, logits equal a fresh context's."""
     prompt = smollm2.tokenizer.tokenize("The quick brown fox")
     ref = greedy(smol_ctx, prompt, 4)
-    with smol_ctx.open_session() as s, smol_ctx.open_session() as fresh:
+    with SequenceSession.open(smol_ctx) as s, SequenceSession.open(smol_ctx) as fresh:
         s.prefill(prompt)
         s.verify([ref[0], ref[1], 1234, 999, 4321])  # two right, three wrong
         s.trim(len(prompt) + 2)
@@ -100,7 +100,7 @@ def test_two_sessions_in_one_forward_match_each_alone(
     tok = smollm2.tokenizer
     pa, pb = tok.tokenize("Once upon a time"), tok.tokenize("import numpy as np\n")
     ra, rb = greedy(smol_ctx, pa, 5), greedy(smol_ctx, pb, 5)
-    with smol_ctx.open_session() as a, smol_ctx.open_session() as b:
+    with SequenceSession.open(smol_ctx) as a, SequenceSession.open(smol_ctx) as b:
         a.prefill(pa)
         b.prefill(pb)
         la, lb = verify_many([(a, ra[:4]), (b, rb[:3])])
@@ -109,28 +109,28 @@ def test_two_sessions_in_one_forward_match_each_alone(
 
 
 def test_slots_are_pooled_and_capacity_is_refused(smol_ctx: TargetContext) -> None:
-    sessions = [smol_ctx.open_session() for _ in range(smol_ctx.config.n_seq_max)]
+    sessions = [SequenceSession.open(smol_ctx) for _ in range(smol_ctx.config.n_seq_max)]
     try:
         with pytest.raises(CapacityError, match="slots"):
-            smol_ctx.open_session()
+            SequenceSession.open(smol_ctx)
     finally:
         for s in sessions:
             s.close()
     with pytest.raises(CapacityError, match="context"):
-        smol_ctx.open_session(reserve=smol_ctx.config.n_ctx_seq + 1)
-    with smol_ctx.open_session() as s, pytest.raises(CapacityError):
+        SequenceSession.open(smol_ctx, reserve=smol_ctx.config.n_ctx_seq + 1)
+    with SequenceSession.open(smol_ctx) as s, pytest.raises(CapacityError):
         s.prefill([1] * (smol_ctx.config.n_ctx_seq + 1))
 
 
 def test_bad_token_is_a_clear_error(smol_ctx: TargetContext) -> None:
-    with smol_ctx.open_session() as s, pytest.raises(ValueError, match="vocabulary"):
+    with SequenceSession.open(smol_ctx) as s, pytest.raises(ValueError, match="vocabulary"):
         s.prefill([10**7])
 
 
 def test_trim_on_attention_model_and_rollback_refused(
     smollm2: Model, smol_ctx: TargetContext
 ) -> None:
-    with smol_ctx.open_session() as s:
+    with SequenceSession.open(smol_ctx) as s:
         s.prefill(smollm2.tokenizer.tokenize("abc def"))
         s.verify([1, 2, 3])
         # No recurrent state here: in-place rollback is not a thing, trim is.

@@ -10,6 +10,7 @@ from meshd.protocol import (
     PROTOCOL_VERSION,
     BadRequest,
     ConnectionClosed,
+    Detokenize,
     Done,
     ErrorCode,
     ErrorMessage,
@@ -25,6 +26,8 @@ from meshd.protocol import (
     SamplingParams,
     ServerBusy,
     SpeculationStats,
+    SpeculativeOverrides,
+    StatsReply,
     Token,
     UnsupportedVersion,
     Usage,
@@ -61,6 +64,32 @@ def test_local_construction_validates(build: object, field: str) -> None:
     assert info.value.field == field
     assert info.value.message.startswith(field)
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("build", "field", "detail"),
+    [
+        (lambda: StatsReply(id="1", uptime_s=0, counters={"x": -1}), "counters['x']",
+         "must be a finite number >= 0 (got -1)"),
+        (lambda: StatsReply(id="1", uptime_s=0, counters={1: 2}), "counters[1]",
+         "must be a finite number >= 0 (got 2)"),
+        (lambda: StatsReply(id="1", uptime_s=0, proposers={"a": 1}), "proposers['a']",
+         "must be a ProposerStats (got 1)"),
+        (lambda: Detokenize(id="1", tokens=(1, True)), "tokens[1]",
+         "must be an integer >= 0 (got True)"),
+        (lambda: SpeculativeOverrides(options={1: 2}), "options", "must be an object"),
+        (lambda: Generate(id="1", messages=()), "messages",
+         "must be a non-empty array of chat messages (got ())"),
+        (lambda: Token(id="1", text="a", token_ids=(1,) * 100 + (-1,)), "token_ids[100]",
+         "must be an integer >= 0 (got -1)"),
+    ],
+)
+def test_item_errors_name_the_item(build: object, field: str, detail: str) -> None:
+    """The one validator wrapper names the offending item of an array or object."""
+    with pytest.raises(BadRequest) as info:
+        build()  # type: ignore[operator]
+    assert info.value.field == field
+    assert info.value.message.startswith(f"{field}: {detail}")
 
 
 def test_generate_needs_exactly_one_input() -> None:

@@ -47,8 +47,8 @@ from meshd.protocol import (
 )
 
 from .argtypes import integer, non_negative, positive
-from .listener import default_socket_path
 from .options import HelpFormatter, add_version, sampling_options, subparser
+from .socket_path import default_socket_path
 from .terminal import format_count, stats_line
 
 __all__ = ["main"]

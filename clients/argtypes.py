@@ -73,16 +73,6 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def workers(text: str) -> tuple[str, ...]:
-    """``HOST:PORT[,HOST:PORT...]``: remote workers (llama.cpp RPC servers)."""
-    from meshd.native.rpc import parse_endpoints
-
-    try:
-        return tuple(str(ep) for ep in parse_endpoints(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def gpu_layers(text: str) -> int:
     """``N|all``: layers to offload to accelerators; ``all`` is llama.cpp's -1."""
     if text.strip().lower() == "all":

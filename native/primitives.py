@@ -1,0 +1,86 @@
+"""What the target context, its sessions and its MTP companion share: the row of a
+forward, the logits array type and the context's sizing.
+
+Why a module of its own: :mod:`.context`, :mod:`.session` and :mod:`.mtp` all need these,
+and keeping them here lets those three import each other in one direction only (session
+-> context -> mtp -> here), with no import hidden inside a function to break a circle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from .llama import lc
+
+FloatArray = npt.NDArray[np.float32]
+
+
+#: The longest draft meshd verifies by default. Long windows pay only for drafts that
+#: are nearly always right (prompt lookup while the output copies the input), but there
+#: they pay most, as a long window costs far less per row than a short one (the README's
+#: benchmark section gives measured costs). The cost model chooses shorter windows
+#: wherever acceptance does not carry the long ones.
+DEFAULT_DRAFT_MAX = 32
+
+#: The deepest in-place rollback of a recurrent state (``n_rs_seq``): each step of depth
+#: keeps one more copy of every recurrent layer's state per sequence.
+ROLLBACK_MAX = 8
+
+
+@attrs.frozen
+class ContextConfig:
+    """How to size the shared context.
+
+    ``n_ctx_seq`` is the context length of each sequence (its KV is private to it: the
+    non-unified layout keeps a decode's attention over its own cells only), ``n_seq_max``
+    the number of concurrent sessions, ``draft_max`` the longest verify window minus one
+    (up to :data:`ROLLBACK_MAX` of it sets ``n_rs_seq``, the in-place rollback depth of
+    recurrent models; longer windows on them take a checkpoint).
+    """
+
+    n_ctx_seq: int = 4096
+    n_seq_max: int = 1
+    n_batch: int = 512
+    draft_max: int = DEFAULT_DRAFT_MAX
+    n_threads: int | None = None
+    use_mtp: bool = True
+    #: Let recurrent models roll back in place (``n_rs_seq``); off forces checkpoints.
+    in_place_rollback: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.n_ctx_seq < 16 or self.n_seq_max < 1 or self.draft_max < 0:
+            raise ValueError(f"invalid context config {self}")
+        if self.n_batch < self.draft_max + 1:
+            raise ValueError("n_batch must hold a whole verify window (draft_max + 1 rows)")
+
+
+@attrs.define
+class Row:
+    """One entry of a forward: token at position for sequence, with or without output."""
+
+    token: int
+    pos: int
+    seq_id: int
+    output: bool
+
+
+def context_params(config: ContextConfig, threads: int) -> Any:
+    """llama.cpp context parameters sized by ``config``.
+
+    One definition for the target context and its MTP companion: the companion must
+    hold the same sequences at the same positions, so their sizing may never drift apart.
+    """
+    params = lc.llama_context_default_params()
+    params.n_ctx = config.n_ctx_seq * config.n_seq_max
+    params.n_batch = config.n_batch
+    params.n_ubatch = config.n_batch
+    params.n_seq_max = config.n_seq_max
+    params.n_threads = threads
+    params.n_threads_batch = threads
+    params.kv_unified = False
+    params.no_perf = True
+    return params

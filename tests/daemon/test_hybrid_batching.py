@@ -1,0 +1,100 @@
+"""Concurrent requests on the hybrid qwen35 model with its MTP head share ONE forward per
+step, and each gets exactly the tokens it gets alone (and with speculation off).
+
+Why it needs its own test: every session's recurrent state, rollback snapshots and MTP
+hidden rows are per sequence in llama.cpp, and a forward of several sequences is split
+into micro-batches; a mistake in any of that changes tokens only when several hybrid
+sessions verify and repair in the same forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.sampling import GREEDY, SamplingParams
+from meshd.native import testmodels
+from meshd.protocol import Client, Completion
+
+from .daemon_helpers import reference, running_daemon, wait_idle
+
+pytestmark = pytest.mark.anyio
+
+SLOTS = 4
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module", params=["rollback", "checkpoint"])
+def qwen35(request: pytest.FixtureRequest) -> Iterator[ModelRuntime]:
+    """Hybrid model + MTP head; windows undone in place, or (with in-place rollback off)
+    by restoring a checkpoint and replaying, which decodes between two steps."""
+    path = str(testmodels.test_model_path("qwen35", acceptance=0.74))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=SLOTS,
+                                    draft_max=6, calibrate=False, threads=1,
+                                    in_place_rollback=request.param == "rollback"))
+    yield rt
+    assert rt.idle_slots == SLOTS
+    rt.close()
+
+
+#: (prompt, max_tokens, sampling, draft_max): different prompts, lengths, draft lengths,
+#: greedy and seeded sampling.
+REQUESTS = [
+    ("The quick brown fox", 70, GREEDY, 3),
+    ("abc def ghi jkl", 61, SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=7), 3),
+    ("hello world, hello", 80, GREEDY, 2),
+    ("x", 55, SamplingParams(temperature=1.2, top_k=20, top_p=0.9, seed=12345), 6),
+    ("request number five", 66, GREEDY, 1),
+    ("mtp mtp mtp", 48, SamplingParams(temperature=0.5, top_k=40, top_p=0.95, seed=99), 4),
+]
+
+
+async def _generate(client: Client, i: int) -> Completion:
+    prompt, max_tokens, sp, k = REQUESTS[i]
+    return await client.generate(
+        prompt, max_tokens=max_tokens, temperature=sp.temperature, top_k=sp.top_k,
+        top_p=sp.top_p, seed=sp.seed, proposer="mtp", draft_max=k).collect()
+
+
+async def test_concurrent_mtp_requests_equal_single_client_runs(qwen35: ModelRuntime) -> None:
+    off = [reference(qwen35, qwen35.tokenize_prompt(p, chat=False), max_tokens=n,
+                     sampling=sp)[0] for p, n, sp, _ in REQUESTS]
+    async with running_daemon(qwen35) as (server, path):
+        alone: list[Completion] = []
+        async with Client.connect(path) as client:
+            for i in range(len(REQUESTS)):
+                alone.append(await _generate(client, i))
+        assert [list(c.token_ids) for c in alone] == off  # speculation changes nothing
+        for c in alone:
+            assert c.done.speculation.proposer == "mtp" and c.done.speculation.drafted > 0
+
+        together: dict[int, Completion] = {}
+        forwards = qwen35.context.forward_id
+
+        async def one(i: int) -> None:
+            async with Client.connect(path) as client:
+                together[i] = await _generate(client, i)
+
+        async with anyio.create_task_group() as tg:  # 6 requests on 4 slots: 2 wait
+            for i in range(len(REQUESTS)):
+                tg.start_soon(one, i)
+        await wait_idle(server)
+        forwards = qwen35.context.forward_id - forwards
+    assert [list(together[i].token_ids) for i in range(len(REQUESTS))] == \
+        [list(c.token_ids) for c in alone]
+    # The sessions shared their verify forwards: each prompt's prefill and each replay
+    # after a restore is a forward of its own, every decode step is shared.
+    def steps(c: Completion) -> int:
+        sp = c.done.speculation
+        return sp.target_forwards - sp.restores - 1  # one prefill forward per prompt
+
+    solo = [together[i].done.speculation.restores + 1 for i in range(len(REQUESTS))]
+    shared = forwards - sum(solo)
+    assert shared <= 0.5 * sum(steps(c) for c in alone), (shared, [steps(c) for c in alone])

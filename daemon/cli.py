@@ -167,8 +167,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 st = gen.stats
                 print(stats_line(
                     finish=gen.finish.value, tokens=st.emitted, prompt=st.prompt_tokens,
-                    wall_ms=st.wall_ms, proposer=proposer_name, forwards=st.target_forwards
-                    - st.prefill_forwards, drafted=st.drafted, accepted=st.accepted,
+                    wall_ms=st.wall_ms, proposer=proposer_name, forwards=st.session.target_forwards
+                    - st.session.prefill_forwards, drafted=st.drafted, accepted=st.accepted,
                     refusals=st.refusals, extra={"chat": "yes" if chat else "no",
                            **({} if sampling.greedy else {"seed": str(sampling.seed)})},
                 ), file=sys.stderr)

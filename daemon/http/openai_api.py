@@ -24,7 +24,7 @@ import attrs
 from meshd.protocol import BadRequest, ChatMessage, Generate, ProtocolError
 from meshd.protocol import messages as wire
 
-from ..engine import GenerationStats
+from ..generation_stats import GenerationStats
 from ..mapping import speculation_stats
 
 __all__ = [
@@ -279,9 +279,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 def timings(stats: GenerationStats) -> dict[str, float | int]:
     """llama-server's ``timings`` block (prompt and generation times, rates, drafts)."""
     prompt_n = max(0, stats.prompt_tokens - stats.reused_prompt_tokens)
-    prompt_ms = max(0.0, stats.prefill_ms)
+    prompt_ms = max(0.0, stats.session.prefill_ms)
     predicted_n = stats.emitted
-    predicted_ms = max(0.0, stats.wall_ms - stats.prefill_ms)
+    predicted_ms = max(0.0, stats.wall_ms - stats.session.prefill_ms)
     return {
         "cache_n": stats.reused_prompt_tokens,
         "prompt_n": prompt_n,

@@ -13,7 +13,8 @@ reads the non-blocking socket itself, which is what the stream would do anyway;
 :func:`write_all` is its twin for writing. :class:`FrameWriter` adds what both ends need
 on top: one writer at a time (frames of different requests interleave but never mix
 bytes) and a bound on each write (a peer that stops reading cannot hang the writer).
-The client and the daemon's connection handlers both read and write through this module.
+The client, the daemon's connection handlers and its HTTP TCP stream all read and
+write sockets through this module (:func:`receive_some`, :func:`send_all`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-__all__ = ["READ_SIZE", "TRANSPORT_ERRORS", "FrameWriter", "StreamReceiver", "write_all"]
+__all__ = [
+    "READ_SIZE",
+    "TRANSPORT_ERRORS",
+    "FrameWriter",
+    "StreamReceiver",
+    "receive_some",
+    "send_all",
+    "write_all",
+]
 
 READ_SIZE: Final = 65536
 """Most bytes taken from the socket per read."""
@@ -65,17 +74,7 @@ class StreamReceiver:
         if sock is None:
             return await self.stream.receive(self._read_size)
         await anyio.lowlevel.checkpoint()
-        while True:
-            try:
-                data = sock.recv(self._read_size)
-            except BlockingIOError:
-                await anyio.wait_readable(sock)
-                continue
-            except OSError as exc:  # includes EBADF once the socket has been closed
-                raise anyio.BrokenResourceError(str(exc)) from exc
-            if not data:
-                raise anyio.EndOfStream
-            return data
+        return await receive_some(sock, self._read_size)
 
     async def aclose(self) -> None:
         """Close the stream, first waking a task blocked in :meth:`receive`.
@@ -99,6 +98,29 @@ async def write_all(
         await stream.send(data)
         return
     await anyio.lowlevel.checkpoint_if_cancelled()
+    await send_all(sock, data)
+
+
+async def receive_some(sock: socket.socket, max_bytes: int) -> bytes:
+    """Bytes from a non-blocking socket (at least one), waiting with
+    ``anyio.wait_readable``. Raises ``anyio.EndOfStream`` when the peer closed its side,
+    ``anyio.BrokenResourceError`` on a socket error (EBADF once the socket was closed)."""
+    while True:
+        try:
+            data = sock.recv(max_bytes)
+        except BlockingIOError:
+            await anyio.wait_readable(sock)
+            continue
+        except OSError as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+
+async def send_all(sock: socket.socket, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to a non-blocking socket, waiting with
+    ``anyio.wait_writable``; a socket error raises ``anyio.BrokenResourceError``."""
     view = memoryview(data)
     while view:
         try:

@@ -15,6 +15,8 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
+from meshd.protocol.transport import receive_some, send_all
+
 from ..listener import BindSpec, Listener, ListenerError, _inherited_socket, system_backlog
 
 __all__ = ["TcpListener", "open_http_listener", "parse_tcp"]
@@ -54,28 +56,11 @@ class SocketByteStream(anyio.abc.SocketStream):
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         await anyio.lowlevel.checkpoint()
-        while True:
-            try:
-                data = self._sock.recv(max_bytes)
-            except BlockingIOError:
-                await anyio.wait_readable(self._sock)
-                continue
-            except OSError as exc:
-                raise anyio.BrokenResourceError(str(exc)) from exc
-            if not data:
-                raise anyio.EndOfStream
-            return data
+        return await receive_some(self._sock, max_bytes)
 
     async def send(self, item: bytes) -> None:
         await anyio.lowlevel.checkpoint()
-        view = memoryview(item)
-        while view:
-            try:
-                view = view[self._sock.send(view):]
-            except BlockingIOError:
-                await anyio.wait_writable(self._sock)
-            except OSError as exc:
-                raise anyio.BrokenResourceError(str(exc)) from exc
+        await send_all(self._sock, item)
 
     async def send_eof(self) -> None:
         self._sock.shutdown(socket.SHUT_WR)

@@ -48,7 +48,7 @@ def _generate(rt: ModelRuntime, proposer: str) -> tuple[list[int], tuple[int, in
                         proposer=proposer, adaptive=False)
     list(gen.run())
     st = gen.stats
-    return list(gen.committed), (st.drafted, st.accepted, st.target_forwards)
+    return list(gen.committed), (st.drafted, st.accepted, st.session.target_forwards)
 
 
 def _trips(remote: RemoteWorkers | None) -> tuple[int, int, int]:

@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_version(parser, "meshd")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
-    from . import demo, plugins_cmd, serve, soak, worker
+    from . import demo, plugins_cmd, serve, worker
+    from .soak import run as soak
 
     serve.add_parser(sub)
     demo.add_parser(sub)
@@ -241,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return worker.run(args)
     if args.command == "soak":
-        from . import soak
+        from .soak import run as soak
 
         return soak.run(args)
     if args.command == "bench-rpc":

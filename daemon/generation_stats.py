@@ -1,6 +1,6 @@
 """What one generation did: its own figures, and its session's counters over its life.
 
-Why the session's counters are embedded rather than copied: the runtime session already
+Why the session's counters are embedded rather than copied: the sequence session already
 counts forwards, repairs, checkpoints and their times; a request's share of them is one
 difference of two snapshots (``SessionCounters.since``), kept whole here (``session``),
 and read from there by the ``done`` frame, the HTTP answers and ``meshd generate --json``.

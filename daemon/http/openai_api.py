@@ -1,12 +1,13 @@
 """OpenAI's completion and chat-completion shapes, mapped onto meshd's ``generate``.
 
-Why pure functions: a request body becomes the same ``Generate`` message a native
+Why functions without I/O: a request body becomes the same ``Generate`` message a native
 client would send (so both paths share validation, chat rendering, tokenization and the
 engine, and give the same tokens), and the engine's results become OpenAI's response,
-chunk and error objects, all testable without a socket. Fields OpenAI clients commonly
-send and meshd ignores (``user``, ``presence_penalty`` of 0 ...) are accepted; fields
-that would change the answer in a way meshd cannot honour (``n`` > 1, ``logprobs``) are
-refused with a 400 naming the field, never silently dropped.
+chunk and error objects, all testable without a socket (a response's id and ``created``
+time come from ``uuid4`` and the clock, the only inputs not passed in). Fields OpenAI
+clients commonly send and meshd ignores (``user``, ``presence_penalty`` of 0 ...) are
+accepted; fields that would change the answer in a way meshd cannot honour (``n`` > 1,
+``logprobs``) are refused with a 400 naming the field, never silently dropped.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ from meshd.plugins.hosts import PluginHosts
 from meshd.plugins.match_stats import SharedMatchStats
 from meshd.plugins.registry import Registry, default_registry
 from meshd.plugins.resources import Need, Resources
-from meshd.policy.costs import CostCurve, CostModel, is_plausible
+from meshd.policy.acceptance import PooledAcceptance
+from meshd.policy.costs import CostCurve, CostModel, RepairCost, is_plausible
 from meshd.policy.gate import mtp_head_pays
 
 from .chat_template import ChatTemplate, ChatTemplateError
@@ -198,6 +199,8 @@ class ModelRuntime:
         self.costs: CostModel | None = None
         #: The MTP head's measured costs (None: no head, or not calibrated).
         self.mtp_costs: MtpCosts | None = None
+        #: The head's acceptance over the requests that drafted with it (``auto``).
+        self.mtp_acceptance = PooledAcceptance()
         if config.calibrate and config.draft_max > 0:
             try:
                 self.costs = CostModel(self._load_or_measure_costs(path, ctx_config))
@@ -266,13 +269,23 @@ class ModelRuntime:
 
     @property
     def mtp_head_pays(self) -> bool:
-        """Whether drafting with the MTP head can pay on this model and machine, even at
-        acceptance 1 (decides what ``auto`` means; True until measured)."""
+        """Whether drafting with the MTP head can pay here, at acceptance 1 and at the pooled
+        acceptance of requests that drafted with it (``auto``'s choice; True until measured)."""
         m, curve = self.mtp_costs, self.curve
         if m is None or curve is None:
             return True
+        ctx = self.context
         return mtp_head_pays(curve, overhead=m.overhead, draft_cost=m.draft_cost,
-                             k_max=curve.max_k)
+                             k_max=curve.max_k, acceptances=self.mtp_acceptance.estimates(),
+                             repair=RepairCost(ctx.rollback_window) if ctx.recurrent else None)
+
+    def _pooling(self, gen: Generation) -> Callable[[SequenceSession, Sequence[int]], None]:
+        """``gen``'s release: its head acceptance into the pool, its session cached."""
+        def release(session: SequenceSession, tokens: Sequence[int]) -> None:
+            self.mtp_acceptance.add(gen.stats.accepted_per_position,
+                                    gen.stats.drafted_per_position)
+            self.prefix_cache.store(session, tokens)
+        return release
 
     @property
     def curve(self) -> CostCurve | None:
@@ -567,7 +580,7 @@ class ModelRuntime:
             else:
                 session.detach_mtp()
                 head = None
-            return Generation(
+            gen = Generation(
                 session=session, info=self.model.info, tokenizer=self.model.tokenizer,
                 prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=stop,
                 proposer=prop, costs=self.costs,
@@ -577,6 +590,9 @@ class ModelRuntime:
                 ),
                 mtp_head=head, on_release=self.prefix_cache.store,
             )
+            if follow_mtp:
+                gen.on_release = self._pooling(gen)
+            return gen
         except Exception:
             if prop is not None:
                 prop.close()

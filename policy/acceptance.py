@@ -19,6 +19,7 @@ they keep failing.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 #: The most a probe may cost on average per step, in decodes.
 PROBE_BUDGET = 0.03
@@ -157,3 +158,59 @@ class Explorer:
         """Regular speculation happened: the estimates are live again, reset everything."""
         self.idle = 0
         self.interval = self.every
+
+
+class PooledAcceptance:
+    """One proposer's per-position acceptance pooled over the requests that used it.
+
+    Why: a request measures its own acceptance only after drafting for a while, and on
+    a model whose drafts cannot pay that costs every request the same losing start.
+    Pooled across the requests of one model (what ``auto`` decides from), the first
+    requests measure and the later ones choose. Each finished request's totals are
+    added after the older ones decay by ``decay``, so the pool follows a change in what
+    the model is asked (prompts) within a few requests.
+    """
+
+    def __init__(self, *, decay: float = 0.7, min_drafts: float = 32.0) -> None:
+        if not 0.0 < decay <= 1.0:
+            raise ValueError("decay must be in (0, 1]")
+        self.decay = decay
+        #: Drafts the pool must hold before :meth:`estimates` offers it.
+        self.min_drafts = min_drafts
+        self._accepted: list[float] = []
+        self._drafted: list[float] = []
+
+    @property
+    def drafted(self) -> float:
+        """Drafted tokens in the pool (decayed): how much evidence it holds."""
+        return sum(self._drafted)
+
+    def add(self, accepted: Sequence[int], drafted: Sequence[int]) -> None:
+        """One request's totals per position: windows that drafted position ``i`` and
+        windows that accepted it (so positions ``0..i`` were all accepted)."""
+        if not any(drafted):
+            return
+        n = max(len(self._drafted), len(drafted))
+        for values in (self._accepted, self._drafted):
+            values[:] = [v * self.decay for v in values] + [0.0] * (n - len(values))
+        for i, (a, d) in enumerate(zip(accepted, drafted, strict=False)):
+            self._accepted[i] += a
+            self._drafted[i] += d
+
+    def conditional(self) -> list[float]:
+        """``P(position i accepted | 0..i-1 accepted)`` for the positions drafted so far
+        (empty before any draft)."""
+        out: list[float] = []
+        prev = 1.0
+        for a, d in zip(self._accepted, self._drafted, strict=False):
+            if d <= 0.0:
+                break
+            u = a / d
+            out.append(min(1.0, u / prev) if prev > 0.0 else 0.0)
+            prev = u
+        return out
+
+    def estimates(self) -> list[list[float]]:
+        """``[conditional()]`` once the pool holds ``min_drafts`` drafts, else ``[]`` (the
+        shape :func:`meshd.policy.gate.mtp_head_pays` takes)."""
+        return [self.conditional()] if self.drafted >= self.min_drafts else []

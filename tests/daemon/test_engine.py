@@ -393,3 +393,27 @@ def test_auto_uses_the_head_only_where_it_can_pay() -> None:
         assert rt.mtp_head_pays and rt.resolve_proposer("auto") == "mtp"
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize(("acceptance", "auto"), [(0.0, "ngram"), (1.0, "mtp")])
+def test_auto_follows_the_heads_acceptance_pooled_over_requests(
+        acceptance: float, auto: str) -> None:
+    """With a head cheap enough to pay at acceptance 1, ``auto`` drafts with it until
+    requests have measured its acceptance; then it keeps the head only where that
+    acceptance pays (the costs are set by hand, as above; the acceptance is measured)."""
+    path = str(testmodels.test_model_path("qwen35", acceptance=acceptance))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=1,
+                                    calibrate=True, draft_max=4))
+    try:
+        rt.curve = CostCurve.sanitized([1.0 + 0.1 * k for k in range(5)])
+        rt.mtp_costs = MtpCosts(overhead=0.05, draft_cost=0.1)
+        assert rt.resolve_proposer("auto") == "mtp"
+        prompt = prompt_for(rt, "pooled acceptance")
+        gen = rt.generation(prompt, max_tokens=64, proposer="mtp", adaptive=False)
+        for _ in gen.run():
+            pass
+        assert gen.stats.drafted >= rt.mtp_acceptance.min_drafts
+        assert rt.resolve_proposer("auto") == auto
+        assert rt.resolve_proposer("mtp") == "mtp"
+    finally:
+        rt.close()

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshd.policy.acceptance import PooledAcceptance
 from meshd.policy.costs import (
     MIN_SAMPLES,
     REBUILD_EVERY,
@@ -91,3 +92,19 @@ def test_repairs_keep_a_recurrent_model_from_drafting_past_its_rollback() -> Non
     rc = ratios(HYBRID_1B, 0.9, 32, repair=RepairCost(rollback_window=8, checkpoint=0.1))
     assert all(c <= f for c, f in zip(rc, rf, strict=True))
     assert rc[:9] == rf[:9]
+
+
+def test_pooled_acceptance_is_conditional_and_forgets_old_requests() -> None:
+    pool = PooledAcceptance(decay=0.5, min_drafts=10)
+    assert pool.conditional() == [] and pool.estimates() == []
+    pool.add([0, 0], [0, 0])  # a request that drafted nothing adds nothing
+    assert pool.drafted == 0
+    # 8 windows drafted 2 tokens: 6 accepted the first, 3 of those the second too.
+    pool.add([6, 3], [8, 8])
+    assert pool.conditional() == pytest.approx([0.75, 0.5])
+    assert pool.estimates() == [pool.conditional()]
+    # A later request that accepted everything weighs twice as much as the old one.
+    pool.add([8, 8, 8], [8, 8, 8])
+    assert pool.drafted == pytest.approx(8 + 24)
+    u0, u1 = (3 + 8) / (4 + 8), (1.5 + 8) / (4 + 8)
+    assert pool.conditional() == pytest.approx([u0, u1 / u0, 1.0])

@@ -77,8 +77,11 @@ class DraftSequence:
         self.session = session
         self.fed: list[int] = []  # tokens in the draft KV, in order
 
-    def draft(self, tokens: Sequence[int], k: int) -> tuple[list[int], list[float]]:
-        """Greedy ``k`` tokens continuing ``tokens`` (prompt + committed)."""
+    def draft(self, tokens: Sequence[int], k: int, *, probs: bool = False,
+              ) -> tuple[list[int], list[float]]:
+        """Greedy ``k`` tokens continuing ``tokens`` (prompt + committed), and with
+        ``probs`` the draft model's probability of each (else an empty list: each is a
+        softmax over the whole vocabulary)."""
         s = self.session
         if k <= 0 or not tokens:
             return [], []
@@ -95,16 +98,16 @@ class DraftSequence:
         logits = s.prefill(list(tokens[c:]))
         self.fed.extend(tokens[c:])
         out: list[int] = []
-        probs: list[float] = []
+        chances: list[float] = []
         for i in range(k):
             t = int(np.argmax(logits))
-            z = logits - logits[t]
             out.append(t)
-            probs.append(float(1.0 / np.exp(z).sum()))
+            if probs:
+                chances.append(float(1.0 / np.exp(logits - logits[t]).sum()))
             if i + 1 < k:
                 logits = s.decode(t)
         s.trim(len(self.fed))
-        return out, probs
+        return out, chances
 
     def close(self) -> None:
         self.session.close()

@@ -52,7 +52,8 @@ class Need(enum.Enum):
 class DraftSequenceLike(Protocol):
     """One request's sequence in a shared draft model."""
 
-    def draft(self, tokens: Sequence[int], k: int) -> tuple[list[int], list[float]]: ...
+    def draft(self, tokens: Sequence[int], k: int, *, probs: bool = False,
+              ) -> tuple[list[int], list[float]]: ...
 
     def close(self) -> None: ...
 

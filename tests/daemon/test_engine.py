@@ -417,3 +417,21 @@ def test_auto_follows_the_heads_acceptance_pooled_over_requests(
         assert rt.resolve_proposer("mtp") == "mtp"
     finally:
         rt.close()
+
+
+def test_a_draft_models_probabilities_are_computed_only_on_request() -> None:
+    path = str(testmodels.test_model_path("llama"))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=256, n_seq_max=1,
+                                    calibrate=False))
+    try:
+        sequence = rt.draft_model(path).open_sequence()
+        try:
+            prompt = prompt_for(rt, "the draft and its odds")
+            tokens, probs = sequence.draft(prompt, 4)
+            again, odds = sequence.draft(prompt, 4, probs=True)
+        finally:
+            sequence.close()
+        assert tokens == again == testmodels.reference_continuation(prompt, 4)
+        assert probs == [] and len(odds) == 4 and all(0.0 < p <= 1.0 for p in odds)
+    finally:
+        rt.close()

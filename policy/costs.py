@@ -186,10 +186,12 @@ class RepairCost:
     Attention-only models drop rejected rows for free (a KV trim), and so do recurrent
     ones for windows of up to ``rollback_window`` drafts (llama.cpp's in-place
     rollback). A longer window needs a state checkpoint before the forward
-    (``checkpoint`` decodes, measured) and, unless every draft is accepted, a restore
-    and a replay forward of the kept rows: the window ``[last, d0..dk-1]`` with ``a``
-    drafts accepted replays ``a + 1`` rows, costing ``c(a)``. Left out, a long window
-    looks far cheaper than it is exactly where acceptance is high enough to tempt it.
+    (``checkpoint`` decodes, measured) and, when more rows are rejected than the
+    in-place rollback can undo, a restore and a replay forward of the kept rows: the
+    window ``[last, d0..dk-1]`` with ``a`` drafts accepted drops ``k - a`` rows (rolled
+    back in place up to ``rollback_window``) or else replays ``a + 1`` rows, ``c(a)``.
+    Left out, a long window looks far cheaper than it is exactly where acceptance is
+    high enough to tempt it.
     """
 
     rollback_window: int
@@ -201,7 +203,7 @@ class RepairCost:
             return 0.0
         extra = self.checkpoint
         reach = 1.0
-        for a in range(k):
+        for a in range(k - self.rollback_window):
             p = _acc_at(acc, a)
             extra += reach * (1.0 - p) * curve.cost(a)
             reach *= p

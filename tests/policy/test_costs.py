@@ -70,12 +70,16 @@ def test_windows_within_the_in_place_rollback_repair_for_free() -> None:
     repair = RepairCost(rollback_window=8, checkpoint=0.3)
     for k in range(9):
         assert repair.expected(HYBRID_1B, 0.7, k) == 0.0
-    # Beyond it: the checkpoint always, plus a replay of the kept rows unless all hit.
+    # Beyond it: the checkpoint always, plus a replay of the kept rows where more rows
+    # are rejected than the in-place rollback undoes (k - a > 8: a < 4 of 12 accepted).
     assert repair.expected(HYBRID_1B, 1.0, 12) == pytest.approx(0.3)
     assert repair.expected(HYBRID_1B, 0.0, 12) == pytest.approx(0.3 + HYBRID_1B.cost(0))
     acc = 0.9
-    want = 0.3 + sum(acc ** a * (1 - acc) * HYBRID_1B.cost(a) for a in range(12))
+    want = 0.3 + sum(acc ** a * (1 - acc) * HYBRID_1B.cost(a) for a in range(4))
     assert repair.expected(HYBRID_1B, acc, 12) == pytest.approx(want)
+    # Without an in-place rollback every rejection replays.
+    want = sum(acc ** a * (1 - acc) * HYBRID_1B.cost(a) for a in range(12))
+    assert RepairCost(rollback_window=0).expected(HYBRID_1B, acc, 12) == pytest.approx(want)
 
 
 def test_repairs_keep_a_recurrent_model_from_drafting_past_its_rollback() -> None:

@@ -167,8 +167,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 st = gen.stats
                 print(stats_line(
                     finish=gen.finish.value, tokens=st.emitted, prompt=st.prompt_tokens,
-                    wall_ms=st.wall_ms, proposer=proposer_name, forwards=st.target_forwards
-                    - st.prefill_forwards, drafted=st.drafted, accepted=st.accepted,
+                    wall_ms=st.wall_ms, proposer=proposer_name, forwards=st.session.target_forwards
+                    - st.session.prefill_forwards, drafted=st.drafted, accepted=st.accepted,
                     refusals=st.refusals, extra={"chat": "yes" if chat else "no",
                            **({} if sampling.greedy else {"seed": str(sampling.seed)})},
                 ), file=sys.stderr)
@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_version(parser, "meshd")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
-    from . import demo, plugins_cmd, serve, soak, worker
+    from . import demo, plugins_cmd, serve, worker
+    from .soak import run as soak
 
     serve.add_parser(sub)
     demo.add_parser(sub)
@@ -241,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return worker.run(args)
     if args.command == "soak":
-        from . import soak
+        from .soak import run as soak
 
         return soak.run(args)
     if args.command == "bench-rpc":

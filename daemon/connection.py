@@ -69,10 +69,11 @@ from meshd.protocol import (
 )
 from meshd.protocol import FinishReason as WireFinishReason
 
-from .engine import GenerationStats, TokenEvent
+from .engine import TokenEvent
+from .generation_stats import GenerationStats
 from .mapping import done_message, token_message
-from .scheduler import Failed, Finished, GenRequest, RequestHandle
-from .service import InFlight, Service
+from .scheduler import Failed, Finished, GenerationHandle, GenerationRequest
+from .service import InFlightGeneration, Service
 
 __all__ = ["Connection"]
 
@@ -100,7 +101,7 @@ class Connection:
         self._conn = ServerConnection(self.config.max_frame_size)
         self._writer = FrameWriter(stream, timeout=self.config.send_timeout_s, shield=False)
         self._lost = False
-        self._requests: dict[str, InFlight] = {}
+        self._requests: dict[str, InFlightGeneration] = {}
         self._helpers = 0  # tokenizer requests running
         self._scope: anyio.CancelScope | None = None
         self._last_activity = anyio.current_time()
@@ -251,7 +252,7 @@ class Connection:
             if self._busy():
                 await self._reject(self._too_many(item.id))
             else:
-                entry = InFlight(item.id)
+                entry = InFlightGeneration(item.id)
                 self._requests[item.id] = entry
                 self.service.register(entry)
                 tg.start_soon(self._generate, item, entry)
@@ -312,7 +313,7 @@ class Connection:
             self._helpers -= 1
             self._last_activity = anyio.current_time()
 
-    async def _generate(self, request: Generate, entry: InFlight) -> None:
+    async def _generate(self, request: Generate, entry: InFlightGeneration) -> None:
         """Serve one ``generate``: prepare, submit, stream, finish. Never raises."""
         try:
             try:
@@ -335,7 +336,8 @@ class Connection:
             self.service.unregister(entry)
             self._last_activity = anyio.current_time()
 
-    async def _finish_early(self, request_id: str, gen: GenRequest, entry: InFlight) -> None:
+    async def _finish_early(self, request_id: str, gen: GenerationRequest,
+                            entry: InFlightGeneration) -> None:
         """A request cancelled before it reached the scheduler still ends with ``done``."""
         stats = GenerationStats(prompt_tokens=len(gen.prompt))
         finish = _finish_reason(FinishReason.CANCELLED, entry)
@@ -343,8 +345,8 @@ class Connection:
                                       prompt_tokens=len(gen.prompt), sampling=gen.sampling))
         self._log_finished(request_id, finish.value, stats, None, gen)
 
-    async def _stream(self, request_id: str, gen: GenRequest, handle: RequestHandle,
-                      entry: InFlight) -> None:
+    async def _stream(self, request_id: str, gen: GenerationRequest, handle: GenerationHandle,
+                      entry: InFlightGeneration) -> None:
         """Forward the scheduler's events as frames, coalescing what is already there."""
         frames_sent = 0
         async with handle.events:
@@ -376,8 +378,9 @@ class Connection:
                 if final is not None:
                     return
 
-    def _final_message(self, request_id: str, gen: GenRequest, handle: RequestHandle,
-                       final: Finished | Failed, streamed: bool, entry: InFlight) -> Response:
+    def _final_message(self, request_id: str, gen: GenerationRequest, handle: GenerationHandle,
+                       final: Finished | Failed, streamed: bool,
+                       entry: InFlightGeneration) -> Response:
         """``done`` for a finished generation; for a failed one, ``error`` if nothing was
         streamed yet, else ``done`` with ``finish_reason: error`` (PROTOCOL.md)."""
         if isinstance(final, Finished):
@@ -395,8 +398,7 @@ class Connection:
             self.log.info("request_rejected", id=request_id, code=error.code.value)
             self.log.debug("request_rejected_message", id=request_id, message=error.message)
             return error_message(error)
-        generation = handle.generation
-        stats = generation.stats if generation is not None else GenerationStats()
+        stats = final.stats or GenerationStats()
         ran = stats.proposer_that_ran(handle.proposer)
         self._log_finished(request_id, "error", stats, ran, gen)
         return done_message(request_id, WireFinishReason.ERROR, stats, ran,
@@ -405,7 +407,7 @@ class Connection:
                             sampling=gen.sampling)
 
     def _log_finished(self, request_id: str, finish: str, stats: GenerationStats,
-                      proposer: str | None, gen: GenRequest) -> None:
+                      proposer: str | None, gen: GenerationRequest) -> None:
         wall_s = stats.wall_ms / 1e3
         self.log.info(
             "request_finished",
@@ -416,7 +418,7 @@ class Connection:
             proposer=proposer or "off",
             drafted=stats.drafted,
             accepted=stats.accepted,
-            target_forwards=stats.target_forwards,
+            target_forwards=stats.session.target_forwards,
             wall_ms=round(stats.wall_ms, 2),
             tokens_per_s=round(stats.emitted / wall_s, 2) if wall_s > 0 else None,
         )
@@ -478,7 +480,7 @@ class Connection:
         return False
 
 
-def _finish_reason(finish: FinishReason, entry: InFlight) -> WireFinishReason:
+def _finish_reason(finish: FinishReason, entry: InFlightGeneration) -> WireFinishReason:
     """The wire's finish reason: a cancellation by the daemon's shutdown says so."""
     if finish is FinishReason.CANCELLED and entry.shutdown:
         return WireFinishReason.SHUTDOWN

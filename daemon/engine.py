@@ -39,66 +39,12 @@ from meshd.policy.decision import (
 )
 from meshd.policy.gate import HeadLoad, StepFacts, StepGate
 
+from .generation_stats import GenerationStats
 from .sampling import GREEDY, FloatArray, Sampler, SamplingParams
 from .stopping import StopMatcher
 
 #: How long a proposer may take to answer before its draft counts as late.
 PROPOSER_DEADLINE_S = 0.050
-
-
-@attrs.define
-class GenerationStats:
-    """What one request did; the ``done`` frame and ``meshd generate --json`` carry it.
-
-    Every figure describes this request alone, also when its session came from the
-    prefix cache (the session's own counters run over its whole life). Forwards include
-    the prefill's (``prefill_forwards`` of them); ``decode_ms`` is the forward time after
-    the prefill (plain decodes and verify windows), ``verify_ms`` the part of it spent in
-    forwards over a draft (``verify_calls`` of them).
-    """
-
-    emitted: int = 0
-    prompt_tokens: int = 0
-    reused_prompt_tokens: int = 0
-    target_forwards: int = 0
-    prefill_forwards: int = 0
-    verify_calls: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    accepted_per_position: list[int] = attrs.field(factory=list)
-    drafted_per_position: list[int] = attrs.field(factory=list)
-    rollbacks_in_place: int = 0
-    trims: int = 0
-    checkpoints: int = 0
-    checkpoint_bytes: int = 0
-    restores: int = 0
-    state_bytes: int = 0  # KV + recurrent state of the session when it finished
-    wall_ms: float = 0.0
-    prefill_ms: float = 0.0
-    decode_ms: float = 0.0
-    verify_ms: float = 0.0
-    propose_ms: float = 0.0
-    proposals: int = 0  # times the proposer was asked for a draft
-    refusals: dict[str, int] = attrs.field(factory=dict)
-    proposer_faults: dict[str, int] = attrs.field(factory=dict)
-
-    def refuse(self, reason: str) -> None:
-        self.refusals[reason] = self.refusals.get(reason, 0) + 1
-
-    def fault(self, kind: str) -> None:
-        self.proposer_faults[kind] = self.proposer_faults.get(kind, 0) + 1
-
-    def as_dict(self) -> dict[str, object]:
-        return attrs.asdict(self)
-
-    def proposer_that_ran(self, proposer: str | None) -> str | None:
-        """``proposer`` if it was asked for at least one draft, else ``None``.
-
-        Why: a request whose every step was refused speculation (unseeded sampling, the
-        cost model, no room) decoded plainly; reporting the proposer it was configured
-        with would claim speculation ran. ``refusals`` says why it did not.
-        """
-        return proposer if self.proposals > 0 else None
 
 
 @attrs.frozen
@@ -278,17 +224,7 @@ class Generation:
             return
         self._released = True
         self.stats.wall_ms = (time.perf_counter() - self._t0) * 1e3
-        c = self.session.counters.since(self._counters_base)
-        self.stats.target_forwards = c.target_forwards
-        self.stats.prefill_forwards = c.prefill_forwards
-        self.stats.rollbacks_in_place = c.rollbacks_in_place
-        self.stats.trims = c.trims
-        self.stats.checkpoints = c.checkpoints
-        self.stats.checkpoint_bytes = c.checkpoint_bytes
-        self.stats.restores = c.restores
-        self.stats.prefill_ms = c.prefill_ms
-        self.stats.decode_ms = c.decode_ms + c.verify_ms
-        self.stats.verify_ms = c.verify_ms
+        self.stats.session = self.session.counters.since(self._counters_base)
         if self.session.usable:
             self.stats.state_bytes = self.session.state_bytes()
         if self.on_release is not None and self.session.usable:

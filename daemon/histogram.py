@@ -2,9 +2,9 @@
 
 Why not prometheus_client's own Histogram: the scheduler's statistics are the one source
 of truth that both the ``stats`` op and ``/metrics`` read; keeping the buckets here
-(plain numbers, no registry) lets both report the same observations, and the worker
-thread that times a verify forward can observe while the event loop reads (a lock makes
-each snapshot consistent).
+(plain numbers, no registry) lets both report the same observations. Readers get a
+:class:`HistogramSnapshot`, never the live counts (a lock makes each snapshot
+consistent from any thread).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from pathlib import Path
 from meshd.policy.decision import FinishReason
 from meshd.protocol import messages as wire
 
-from .engine import GenerationStats, TokenEvent
+from .engine import TokenEvent
+from .generation_stats import GenerationStats
 from .runtime import ModelRuntime
 from .sampling import SamplingParams
 
@@ -56,8 +57,8 @@ def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.Spec
     wire has no field for travel in ``extra``.
     """
     extra: dict[str, float] = {
-        "prefill_forwards": stats.prefill_forwards,
-        "trims": stats.trims,
+        "prefill_forwards": stats.session.prefill_forwards,
+        "trims": stats.session.trims,
         "propose_ms": stats.propose_ms,
         "proposals": stats.proposals,
     }
@@ -66,19 +67,19 @@ def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.Spec
     return wire.SpeculationStats(
         proposer=proposer,
         emitted=stats.emitted,
-        target_forwards=max(0, stats.target_forwards - stats.prefill_forwards),
+        target_forwards=max(0, stats.session.target_forwards - stats.session.prefill_forwards),
         verify_calls=stats.verify_calls,
         drafted=stats.drafted,
         accepted=stats.accepted,
         accepted_per_position=list(stats.accepted_per_position),
-        rollbacks_in_place=stats.rollbacks_in_place,
-        checkpoints=stats.checkpoints,
-        checkpoint_bytes=stats.checkpoint_bytes,
-        restores=stats.restores,
+        rollbacks_in_place=stats.session.rollbacks_in_place,
+        checkpoints=stats.session.checkpoints,
+        checkpoint_bytes=stats.session.checkpoint_bytes,
+        restores=stats.session.restores,
         wall_ms=max(0.0, stats.wall_ms),
-        prefill_ms=max(0.0, stats.prefill_ms),
+        prefill_ms=max(0.0, stats.session.prefill_ms),
         decode_ms=max(0.0, stats.decode_ms),
-        verify_ms=max(0.0, stats.verify_ms),
+        verify_ms=max(0.0, stats.session.verify_ms),
         refusals=dict(stats.refusals),
         extra=extra,
     )

@@ -1,16 +1,16 @@
 """Prometheus metrics (``GET /metrics``), read from the daemon's own statistics.
 
 Why a collector and not prometheus_client's Counter objects: the scheduler's statistics
-(``SchedulerStats``) and the service's error counters are the one source of truth that
-the ``stats`` op also reads; a collector turns them into metric families at scrape time,
-so the two can never disagree and nothing is counted twice. Names follow vLLM's
-``spec_decode_*`` counters with the ``meshd_`` prefix; label ``proposer`` where it
-applies.
+(``Scheduler.statistics()``, a frozen snapshot) and the service's error counters are the
+one source of truth that the ``stats`` op also reads; a collector turns them into metric
+families at scrape time, so the two can never disagree and nothing is counted twice.
+Names follow vLLM's ``spec_decode_*`` counters with the ``meshd_`` prefix; label
+``proposer`` where it applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -24,7 +24,8 @@ from prometheus_client.registry import Collector
 
 from meshd.protocol import Stats
 
-from .histogram import Histogram
+from .histogram import HistogramSnapshot
+from .statistics import ProposerStatistics
 
 if TYPE_CHECKING:
     from .service import Service
@@ -45,8 +46,8 @@ class DaemonCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         svc = self.service
-        st = svc.scheduler.stats
-        yield from self._speculation()
+        st = svc.scheduler.statistics()
+        yield from self._speculation(st.proposers)
         forwards = CounterMetricFamily(
             "meshd_target_forwards", "Forwards of the target model (prefill and decode).")
         forwards.add_metric([], st.forwards)
@@ -80,19 +81,18 @@ class DaemonCollector(Collector):
                          "Between tokens handed to a request's caller.",
                          st.inter_token_latency_seconds)
         for name, doc, value in (
-            ("meshd_requests_active", "Requests decoding now.", svc.scheduler.active),
-            ("meshd_requests_queued", "Requests waiting for a slot.", svc.scheduler.queued),
+            ("meshd_requests_active", "Requests decoding now.", st.active),
+            ("meshd_requests_queued", "Requests waiting for a slot.", st.queued),
             ("meshd_prefix_cache_tokens", "Tokens held by the prefix cache.",
-             svc.runtime.prefix_cache.tokens),
+             st.runtime.prefix_cache_tokens),
             ("meshd_checkpoint_bytes", "State checkpoints held by active sessions.",
-             svc.scheduler.checkpoint_bytes),
+             st.runtime.checkpoint_bytes),
         ):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], value)
             yield gauge
 
-    def _speculation(self) -> Iterator[Metric]:
-        proposers = self.service.scheduler.stats.proposers
+    def _speculation(self, proposers: Mapping[str, ProposerStatistics]) -> Iterator[Metric]:
         drafts = CounterMetricFamily(
             "meshd_spec_decode_num_drafts", "Verify windows that carried a draft.",
             labels=["proposer"])
@@ -115,8 +115,7 @@ class DaemonCollector(Collector):
         yield from (drafts, draft_tokens, accepted, per_pos)
 
 
-def _histogram(name: str, doc: str, hist: Histogram) -> HistogramMetricFamily:
-    snap = hist.snapshot()
+def _histogram(name: str, doc: str, snap: HistogramSnapshot) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, doc)
     family.add_metric(
         [], [(_bound(le), n) for le, n in snap.buckets], sum_value=snap.sum)

@@ -34,11 +34,17 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from meshd.native.errors import CapacityError, NativeError
 from meshd.policy.decision import FinishReason
 
-from .engine import Generation, GenerationStats, StepOutcome, TokenEvent, step_many
-from .histogram import Histogram
+from .engine import Generation, StepOutcome, TokenEvent, step_many
+from .generation_stats import GenerationStats
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
 from .runtime import ModelRuntime, RequestError
 from .sampling import GREEDY, SamplingParams
+from .statistics import (
+    ProposerStatistics,
+    RuntimeFigures,
+    SchedulerCounters,
+    SchedulerStatistics,
+)
 
 
 class Busy(Exception):
@@ -46,8 +52,15 @@ class Busy(Exception):
 
 
 @attrs.frozen
-class GenRequest:
-    """A generation request in engine terms (token ids, not text)."""
+class GenerationRequest:
+    """What to generate, in engine terms (token ids, not text).
+
+    One request is one *generation* throughout the daemon: the wire's ``generate``
+    message becomes a :class:`GenerationRequest`, a connection tracks it as an
+    :class:`~meshd.daemon.service.InFlightGeneration`, its caller holds a
+    :class:`GenerationHandle`, and the engine runs it as a
+    :class:`~meshd.daemon.engine.Generation`.
+    """
 
     prompt: tuple[int, ...]
     max_tokens: int
@@ -74,15 +87,17 @@ class Failed:
 
     kind: str
     message: str
+    stats: GenerationStats | None = None
+    """What the generation did before it failed (None: it never started)."""
 
 
 Event = TokenEvent | Finished | Failed
 
 
-class RequestHandle:
-    """The caller's side of one request: an event stream plus cancel()."""
+class GenerationHandle:
+    """The caller's side of one generation: its event stream, plus cancel()."""
 
-    def __init__(self, request: GenRequest, send: MemoryObjectSendStream[Event],
+    def __init__(self, request: GenerationRequest, send: MemoryObjectSendStream[Event],
                  receive: MemoryObjectReceiveStream[Event]) -> None:
         self.request = request
         self.events = receive
@@ -101,37 +116,6 @@ class RequestHandle:
             self.generation.cancel()
 
 
-@attrs.define
-class ProposerTotals:
-    requests: int = 0
-    drafts: int = 0
-    """Verify windows that carried at least one drafted token."""
-    drafted: int = 0
-    accepted: int = 0
-    accepted_per_position: list[int] = attrs.field(factory=list)
-
-
-@attrs.define
-class SchedulerStats:
-    requests: int = 0
-    completed: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    rejected_busy: int = 0
-    tokens: int = 0
-    forwards: int = 0
-    steps: int = 0
-    proposers: dict[str, ProposerTotals] = attrs.field(factory=dict)
-    #: Requests that ended, by finish reason (``error`` for failed ones).
-    finish_reasons: collections.Counter[str] = attrs.field(factory=collections.Counter)
-    #: One batched verify forward (every active session's window), in seconds.
-    verify_seconds: Histogram = attrs.field(factory=Histogram)
-    #: From submission to the first token handed to the request's caller.
-    time_to_first_token_seconds: Histogram = attrs.field(factory=Histogram)
-    #: Between tokens handed to the caller (tokens handed over together share the gap).
-    inter_token_latency_seconds: Histogram = attrs.field(factory=Histogram)
-
-
 class Scheduler:
     """Owns one ModelRuntime's sessions; ``run`` is the engine loop."""
 
@@ -147,10 +131,11 @@ class Scheduler:
         #: token is never held back; later ones arrive at most this far apart.
         self.step_budget_s = step_budget_s
         self.limiter = anyio.CapacityLimiter(1)
-        self._waiting: collections.deque[RequestHandle] = collections.deque()
-        self._active: list[RequestHandle] = []
+        self._waiting: collections.deque[GenerationHandle] = collections.deque()
+        self._active: list[GenerationHandle] = []
         self._wakeup = anyio.Event()
-        self.stats = SchedulerStats()
+        self._counters = SchedulerCounters()
+        self._figures = self._runtime_figures()
         self.started = time.monotonic()
         self._native_since: float | None = None
 
@@ -164,21 +149,31 @@ class Scheduler:
     def queued(self) -> int:
         return len(self._waiting)
 
-    @property
-    def checkpoint_bytes(self) -> int:
-        """State checkpoints held by the active sessions right now."""
-        return sum(h.generation.checkpoint_held_bytes
-                   for h in list(self._active) if h.generation is not None)
+    def statistics(self) -> SchedulerStatistics:
+        """The scheduler's figures now, frozen: safe to keep and to read anywhere."""
+        return SchedulerStatistics.of(self._counters, active=len(self._active),
+                                      queued=len(self._waiting), runtime=self._figures)
 
-    def submit(self, request: GenRequest) -> RequestHandle:
+    def _runtime_figures(self) -> RuntimeFigures:
+        """Read the runtime's state; only where nothing else changes it (the worker
+        thread, holding the limiter, or before the loop runs)."""
+        rt = self.runtime
+        return RuntimeFigures(
+            idle_slots=rt.idle_slots, cached_sessions=len(rt.prefix_cache),
+            prefix_cache_tokens=rt.prefix_cache.tokens,
+            checkpoint_bytes=sum(h.generation.checkpoint_held_bytes
+                                 for h in list(self._active) if h.generation is not None),
+        )
+
+    def submit(self, request: GenerationRequest) -> GenerationHandle:
         """Queue a request; raises Busy when the queue is full."""
         if len(self._waiting) >= self.max_queue:
-            self.stats.rejected_busy += 1
+            self._counters.rejected_busy += 1
             raise Busy(f"{len(self._waiting)} requests are already waiting")
         send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=math.inf)
-        handle = RequestHandle(request, send, receive)
+        handle = GenerationHandle(request, send, receive)
         self._waiting.append(handle)
-        self.stats.requests += 1
+        self._counters.requests += 1
         self._wakeup.set()
         return handle
 
@@ -190,6 +185,7 @@ class Scheduler:
                 return fn(*args)
             finally:
                 self._native_since = None
+                self._figures = self._runtime_figures()
 
         return await anyio.to_thread.run_sync(timed, limiter=self.limiter)
 
@@ -197,7 +193,8 @@ class Scheduler:
         """How long the llama.cpp call running now has been running (0 when none).
 
         The watchdog's measure of a wedged engine: one call is bounded by the step
-        budget plus one forward, so a call that runs far longer is stuck.
+        budget plus one forward, or by one admission (a prefill, perhaps a draft
+        model's load), so a call that runs far longer is stuck.
         """
         since = self._native_since
         return time.monotonic() - since if since is not None else 0.0
@@ -221,9 +218,11 @@ class Scheduler:
         finally:
             with anyio.CancelScope(shield=True):
                 for handle in [*self._active, *self._waiting]:
-                    if handle.generation is not None:
-                        await self.run_sync(handle.generation.close)  # idempotent
-                    self._finish(handle, Failed("model", "the server is shutting down"))
+                    gen = handle.generation
+                    if gen is not None:
+                        await self.run_sync(gen.close)  # idempotent
+                    self._finish(handle, Failed("model", "the server is shutting down",
+                                                gen.stats if gen is not None else None))
                 self._active.clear()
                 self._waiting.clear()
 
@@ -246,7 +245,7 @@ class Scheduler:
             gen, handle.proposer, events = admitted
             handle.generation = gen
             self._active.append(handle)
-            self.stats.forwards += 1
+            self._counters.forwards += 1
             self._deliver(handle, events)
             if handle.cancelled:
                 gen.cancel()
@@ -259,46 +258,46 @@ class Scheduler:
         assert len(gens) == len(active)
         ran = await self.run_sync(_run_steps, gens, self.step_budget_s,
                                   lambda: bool(self._waiting))
-        self.stats.steps += ran.steps
-        self.stats.forwards += ran.steps
+        self._counters.steps += ran.steps
+        self._counters.forwards += ran.steps
         for seconds in ran.forward_seconds:
-            self.stats.verify_seconds.observe(seconds)
+            self._counters.verify_seconds.observe(seconds)
         for handle, result in zip(active, ran.outcomes, strict=True):
             if isinstance(result, Exception):
                 gen = handle.generation
                 assert gen is not None
                 await self.run_sync(gen.close)
                 self._active.remove(handle)
-                self._finish(handle, Failed("model", str(result)))
+                self._finish(handle, Failed("model", str(result), gen.stats))
                 continue
             self._deliver(handle, result)
             if await self._maybe_done(handle):
                 self._active.remove(handle)
 
-    def _deliver(self, handle: RequestHandle, events: Sequence[TokenEvent]) -> None:
+    def _deliver(self, handle: GenerationHandle, events: Sequence[TokenEvent]) -> None:
         self._time_tokens(handle, sum(len(ev.tokens) for ev in events))
         for ev in events:
-            self.stats.tokens += len(ev.tokens)
+            self._counters.tokens += len(ev.tokens)
             try:
                 handle._send.send_nowait(ev)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 handle.cancel()  # nobody is listening any more
                 return
 
-    def _time_tokens(self, handle: RequestHandle, n: int) -> None:
+    def _time_tokens(self, handle: GenerationHandle, n: int) -> None:
         """Time to first token and inter-token latency, as the caller receives them."""
         if n <= 0:
             return
         now = time.monotonic()
         if handle.last_token_at is None:
-            self.stats.time_to_first_token_seconds.observe(now - handle.submitted)
+            self._counters.time_to_first_token_seconds.observe(now - handle.submitted)
             handle.last_token_at = now
             n -= 1
-        self.stats.inter_token_latency_seconds.observe((now - handle.last_token_at) / max(n, 1),
+        self._counters.inter_token_latency_seconds.observe((now - handle.last_token_at) / max(n, 1),
                                                        times=n)
         handle.last_token_at = now
 
-    async def _maybe_done(self, handle: RequestHandle) -> bool:
+    async def _maybe_done(self, handle: GenerationHandle) -> bool:
         gen = handle.generation
         assert gen is not None
         if not gen.done:
@@ -313,26 +312,19 @@ class Scheduler:
     def _account(self, proposer: str | None, st: GenerationStats) -> None:
         if proposer is None:
             return
-        tot = self.stats.proposers.setdefault(proposer, ProposerTotals())
-        tot.requests += 1
-        tot.drafts += st.drafted_per_position[0] if st.drafted_per_position else 0
-        tot.drafted += st.drafted
-        tot.accepted += st.accepted
-        for i, n in enumerate(st.accepted_per_position):
-            if i >= len(tot.accepted_per_position):
-                tot.accepted_per_position.append(0)
-            tot.accepted_per_position[i] += n
+        totals = self._counters.proposers
+        totals[proposer] = totals.get(proposer, ProposerStatistics()).plus(st)
 
-    def _finish(self, handle: RequestHandle, event: Finished | Failed) -> None:
+    def _finish(self, handle: GenerationHandle, event: Finished | Failed) -> None:
         if isinstance(event, Failed):
-            self.stats.failed += 1
-            self.stats.finish_reasons["error"] += 1
+            self._counters.failed += 1
+            self._counters.finish_reasons["error"] += 1
         elif event.finish is FinishReason.CANCELLED:
-            self.stats.cancelled += 1
-            self.stats.finish_reasons[event.finish.value] += 1
+            self._counters.cancelled += 1
+            self._counters.finish_reasons[event.finish.value] += 1
         else:
-            self.stats.completed += 1
-            self.stats.finish_reasons[event.finish.value] += 1
+            self._counters.completed += 1
+            self._counters.finish_reasons[event.finish.value] += 1
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             handle._send.send_nowait(event)
         handle._send.close()
@@ -341,7 +333,7 @@ class Scheduler:
 Admitted = tuple[Generation, str | None, list[TokenEvent]]
 
 
-def _admit(runtime: ModelRuntime, request: GenRequest) -> Admitted | Failed:
+def _admit(runtime: ModelRuntime, request: GenerationRequest) -> Admitted | Failed:
     """Open a generation for ``request`` and start it (prefill, first token): the
     generation, the proposer it was given and its first events, or why it failed.
     Runs on the worker thread: the runtime may load a draft model, trim or evict cached
@@ -358,7 +350,7 @@ def _admit(runtime: ModelRuntime, request: GenRequest) -> Admitted | Failed:
         events = gen.start()
     except NativeError as exc:
         gen.close()
-        return Failed("model", str(exc))
+        return Failed("model", str(exc), gen.stats)
     except BaseException:
         gen.close()
         raise

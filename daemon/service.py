@@ -56,10 +56,10 @@ from .options import DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS, DEFAULT_STREAM_INTER
 from .peercred import PeerPolicy, peer_credentials
 from .runtime import ModelRuntime, RequestError
 from .sampling import with_chosen_seed
-from .scheduler import Busy, GenRequest, RequestHandle, Scheduler
+from .scheduler import Busy, GenerationHandle, GenerationRequest, Scheduler
 
-__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SHUTDOWN_GRACE_S", "InFlight", "ServerConfig", "Service",
-           "server_version"]
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SHUTDOWN_GRACE_S", "InFlightGeneration", "ServerConfig",
+           "Service", "server_version"]
 
 
 
@@ -116,7 +116,7 @@ class ServerConfig:
     """Limits and timeouts of HTTP connections (Unix socket and ``--http``)."""
 
 
-class InFlight:
+class InFlightGeneration:
     """One generation a connection is serving: its id and (once admitted) its handle.
 
     A ``cancel`` may arrive before the request reached the scheduler (while the prompt
@@ -125,12 +125,12 @@ class InFlight:
 
     def __init__(self, request_id: str) -> None:
         self.id = request_id
-        self.handle: RequestHandle | None = None
+        self.handle: GenerationHandle | None = None
         self.cancelled = False
         #: Cancelled because the daemon is shutting down (``done`` says ``shutdown``).
         self.shutdown = False
 
-    def attach(self, handle: RequestHandle) -> None:
+    def attach(self, handle: GenerationHandle) -> None:
         self.handle = handle
         if self.cancelled:
             handle.cancel()
@@ -156,7 +156,7 @@ class Service:
         self.counters: collections.Counter[str] = collections.Counter()
         self.open_connections = 0
         self._model_info = model_info(runtime)
-        self._inflight: dict[str, list[InFlight]] = {}
+        self._inflight: dict[str, list[InFlightGeneration]] = {}
         self._n_inflight = 0
         self._idle = anyio.Event()
         self._idle.set()
@@ -232,7 +232,7 @@ class Service:
         )
 
     def stats(self, request: Stats) -> StatsReply:
-        st = self.scheduler.stats
+        st = self.scheduler.statistics()
         counters: dict[str, float] = {
             "requests_total": st.requests,
             "requests_completed": st.completed,
@@ -241,23 +241,22 @@ class Service:
             "tokens_generated": st.tokens,
             "forwards": st.forwards,
             "steps": st.steps,
-            "active_requests": self.scheduler.active,
-            "queued_requests": self.scheduler.queued,
-            "idle_slots": self.runtime.idle_slots,
-            "cached_sessions": len(self.runtime.prefix_cache),
+            "active_requests": st.active,
+            "queued_requests": st.queued,
+            "idle_slots": st.runtime.idle_slots,
+            "cached_sessions": st.runtime.cached_sessions,
             "connections_open": self.open_connections,
             # Every busy refusal is counted where its answer is sent (the connection),
             # the scheduler's queue-full ones included.
             "errors_busy": 0,
-            "prefix_cache_tokens": self.runtime.prefix_cache.tokens,
-            "checkpoint_bytes": self.scheduler.checkpoint_bytes,
+            "prefix_cache_tokens": st.runtime.prefix_cache_tokens,
+            "checkpoint_bytes": st.runtime.checkpoint_bytes,
         }
         for reason, n in st.finish_reasons.items():
             counters[f"finish_{reason}"] = n
-        for name, hist in (("verify_seconds", st.verify_seconds),
+        for name, snap in (("verify_seconds", st.verify_seconds),
                            ("time_to_first_token_seconds", st.time_to_first_token_seconds),
                            ("inter_token_latency_seconds", st.inter_token_latency_seconds)):
-            snap = hist.snapshot()
             counters[f"{name}_count"] = snap.count
             counters[f"{name}_sum"] = snap.sum
         for key, value in sorted(self.counters.items()):
@@ -314,7 +313,7 @@ class Service:
 
     # ------------------------------------------------------------------ generate
 
-    async def prepare(self, request: Generate) -> GenRequest:
+    async def prepare(self, request: Generate) -> GenerationRequest:
         """Check a ``generate`` and turn it into an engine request.
 
         Raises BadRequest (limits, unknown proposer, no chat template) or ModelError
@@ -350,7 +349,7 @@ class Service:
             raise BadRequest("generate.prompt: tokenizes to no tokens", request_id=rid)
         if len(prompt) + 1 > n_ctx:
             raise ModelError(self.runtime.prompt_too_long(len(prompt)), request_id=rid)
-        return GenRequest(
+        return GenerationRequest(
             prompt=tuple(prompt), max_tokens=max_tokens, sampling=sampling,
             stop=tuple(request.stop), proposer=proposer,
             draft_max=request.speculative.draft_max,
@@ -367,7 +366,7 @@ class Service:
         assert request.prompt is not None
         return rt.tokenize_prompt(request.prompt, chat=False)
 
-    def submit(self, request: GenRequest, request_id: str) -> RequestHandle:
+    def submit(self, request: GenerationRequest, request_id: str) -> GenerationHandle:
         """Queue an engine request; raises ServerBusy when draining or the queue is full."""
         if self.draining:
             raise ServerBusy("the server is shutting down", request_id=request_id)
@@ -378,14 +377,14 @@ class Service:
 
     # ------------------------------------------------------------------ in-flight
 
-    def register(self, entry: InFlight) -> None:
+    def register(self, entry: InFlightGeneration) -> None:
         """Track a generation until :meth:`unregister` (for shutdown and cancel)."""
         self._inflight.setdefault(entry.id, []).append(entry)
         self._n_inflight += 1
         if self._idle.is_set():
             self._idle = anyio.Event()
 
-    def unregister(self, entry: InFlight) -> None:
+    def unregister(self, entry: InFlightGeneration) -> None:
         entries = self._inflight.get(entry.id, [])
         if entry in entries:
             entries.remove(entry)
@@ -408,7 +407,7 @@ class Service:
         entries[0].cancel()
         return True
 
-    def inflight(self) -> Iterator[InFlight]:
+    def inflight(self) -> Iterator[InFlightGeneration]:
         for entries in list(self._inflight.values()):
             yield from list(entries)
 

@@ -1,4 +1,4 @@
-"""Stop strings that straddle tokens: a pure, incremental matcher.
+"""Stop strings that straddle tokens: an incremental matcher with no I/O.
 
 The engine pushes the text of each committed token (already cut on UTF-8 boundaries)
 and gets back the text that is now safe to stream. A stop string may arrive split over

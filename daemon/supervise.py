@@ -199,7 +199,7 @@ class Supervisor:
     def _serving_status(self) -> str:
         sched = self.server.scheduler
         now = time.monotonic()
-        tokens = sched.stats.tokens
+        tokens = sched.statistics().tokens
         rate = (tokens - self._tokens) / max(now - self._tokens_at, 1e-9)
         self._tokens, self._tokens_at = tokens, now
         return (f"serving: {sched.active} active, {sched.queued} queued, "

@@ -251,6 +251,7 @@ class NgramProposer:
 @requires(Need.LIVE_COST_CURVE, Need.MATCH_STATS)
 def ngram_factory(env: ProposerEnv) -> NgramProposer:
     """Entry point ``ngram``. Options: ``min_n``, ``max_len``, ``cycle``, ``per_match``,
+    ``shadow`` (default true: steps that draft nothing score their shadow draft),
     ``adaptive`` (default true: choose the draft length from the cost curve when the
     daemon hands one over). Declared resources: the live cost curve (without it, e.g.
     inside a composite that chooses lengths itself, drafts follow the fixed rule) and
@@ -271,4 +272,5 @@ def ngram_factory(env: ProposerEnv) -> NgramProposer:
         per_match=int_option(opts, "per_match", DEFAULT_PER_MATCH, minimum=0),
         curve=curve,
         shared=shared if isinstance(shared, SharedMatchStats) else None,
+        shadow=bool_option(opts, "shadow", True),
     )

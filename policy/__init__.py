@@ -1,1 +1,1 @@
-"""meshd.policy: speculation's decisions and economics, pure (no llama.cpp, threads, clocks)."""
+"""meshd.policy: speculation's decisions and economics, no I/O (no llama.cpp, threads, clocks)."""

@@ -1,7 +1,8 @@
 """The house's rules that a reader relies on: modules that do not import each other in
-circles, and modules small enough to read in one sitting.
+circles, modules small enough to read in one sitting, and a scheduler that leaves every
+step of a generation to the engine.
 
-Both read the real source files; the cycle check parses them with ``ast``, so an import
+All read the real source files; the cycle check parses them with ``ast``, so an import
 hidden inside a function (the usual way to break a cycle at run time without removing
 it) still counts.
 """
@@ -105,3 +106,40 @@ def test_no_product_module_over_600_lines() -> None:
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def session_methods() -> set[str]:
+    """The public methods of ``SequenceSession`` (from its source; not its properties)
+    plus ``verify_many``; ``open``/``close`` are too generic a name to tell."""
+    path = ROOT / "native" / "session.py"
+    (cls,) = [node for node in ast.parse(path.read_text(), str(path)).body
+              if isinstance(node, ast.ClassDef) and node.name == "SequenceSession"]
+    methods = {node.name for node in cls.body
+               if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+               and not any(isinstance(d, ast.Name) and d.id == "property"
+                           for d in node.decorator_list)}
+    return (methods - {"open", "close"}) | {"verify_many"}
+
+
+def _is_anyio(node: ast.expr) -> bool:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "anyio"
+
+
+def test_scheduler_never_calls_a_session() -> None:
+    """The scheduler admits, delivers and counts; a step of a generation (forwards,
+    verification, repairs) belongs to the engine alone."""
+    methods = session_methods()
+    assert {"prefill", "verify", "trim", "restore_and_replay"} <= methods
+    path = ROOT / "daemon" / "scheduler.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("native.session"):
+            found.append(f"line {node.lineno}: imports {node.module}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in methods and not _is_anyio(node.func.value)):
+            found.append(f"line {node.lineno}: .{node.func.attr}()")
+        elif isinstance(node, ast.Name) and node.id in methods:
+            found.append(f"line {node.lineno}: {node.id}")
+    assert found == []

@@ -67,3 +67,13 @@ def test_clients_load_without_the_daemon() -> None:
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_scheduler_never_touches_a_runtime_session() -> None:
+    """How a step is taken is the engine's (``step_many``): the scheduler admits, delivers
+    and counts. It names no session, and of native it imports only the error types."""
+    path = ROOT / "daemon" / "scheduler.py"
+    tree = ast.parse(path.read_text(), str(path))
+    assert "session" not in {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    native = {name for name in imported_modules(path) if name.startswith("meshd.native")}
+    assert native <= {"meshd.native.errors"}

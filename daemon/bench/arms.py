@@ -331,8 +331,9 @@ class MeshdRunner:
         return RunResult(
             tokens=tuple(gen.committed), wall_s=end - t0,
             ttft_s=(first if first is not None else end) - t0,
-            prefill_s=st.prefill_ms / 1e3, forward_s=st.decode_ms / 1e3,
-            decode_forwards=st.target_forwards - st.prefill_forwards, stats=st.as_dict(),
+            prefill_s=st.session.prefill_ms / 1e3, forward_s=st.decode_ms / 1e3,
+            decode_forwards=st.session.target_forwards - st.session.prefill_forwards,
+            stats=st.as_dict(),
         )
 
     def close(self) -> None:

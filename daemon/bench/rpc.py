@@ -68,7 +68,7 @@ def _run(rt: ModelRuntime, prompt: list[int], arm: str, tokens: int) -> dict[str
     finally:
         gen.close()
     st = gen.stats
-    forwards = max(1, st.target_forwards - st.prefill_forwards)
+    forwards = max(1, st.session.target_forwards - st.session.prefill_forwards)
     return {"tok_s": st.emitted / wall if wall else 0.0,
             "tokens": st.emitted, "forwards": forwards,
             "rows_per_forward": (forwards + st.drafted) / forwards,

@@ -16,9 +16,10 @@ import anyio
 from meshd.policy.decision import FinishReason
 from meshd.protocol import ProtocolError
 
-from ..engine import GenerationStats, TokenEvent
-from ..scheduler import Failed, Finished, RequestHandle
-from ..service import InFlight
+from ..engine import TokenEvent
+from ..generation_stats import GenerationStats
+from ..scheduler import Failed, Finished, GenerationHandle
+from ..service import InFlightGeneration
 from . import sse
 from .openai_api import (
     JSON,
@@ -44,7 +45,7 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
     """Run ``req`` and answer it; raises ApiError while nothing has been sent yet."""
     service = routes.service
     rid = req.generate.id
-    entry = InFlight(rid)
+    entry = InFlightGeneration(rid)
     service.register(entry)
     out.on_gone(entry.cancel)
     try:
@@ -74,9 +75,9 @@ def _failure(final: Failed) -> ApiError:
                     kind="server_error")
 
 
-async def _collect(routes: RouteContext, req: CompletionRequest, handle: RequestHandle,
+async def _collect(routes: RouteContext, req: CompletionRequest, handle: GenerationHandle,
                    out: Responder, prompt_tokens: int, seed: int | None,
-                   entry: InFlight) -> None:
+                   entry: InFlightGeneration) -> None:
     parts: list[str] = []
     async with handle.events:
         async for event in handle.events:
@@ -96,9 +97,9 @@ async def _collect(routes: RouteContext, req: CompletionRequest, handle: Request
                    kind="server_error")
 
 
-async def _stream(routes: RouteContext, req: CompletionRequest, handle: RequestHandle,
+async def _stream(routes: RouteContext, req: CompletionRequest, handle: GenerationHandle,
                   out: Responder, prompt_tokens: int, seed: int | None,
-                  entry: InFlight) -> None:
+                  entry: InFlightGeneration) -> None:
     """SSE: a chunk per batch of committed text, the finish chunk (with ``timings`` and
     ``meshd``), the usage chunk if asked, then ``data: [DONE]``."""
     model = routes.service.model.name
@@ -157,7 +158,7 @@ def _closing(req: CompletionRequest, model: str, finish: str, stats: GenerationS
     return data + sse.DONE
 
 
-def _finish_reason(final: Finished, entry: InFlight) -> str:
+def _finish_reason(final: Finished, entry: InFlightGeneration) -> str:
     """As the native ``done`` says it: a cancellation by the daemon's shutdown is
     ``shutdown``."""
     if final.finish is FinishReason.CANCELLED and entry.shutdown:
@@ -172,5 +173,5 @@ def _log_finished(routes: RouteContext, req: CompletionRequest, final: Finished,
         "request_finished", id=req.generate.id, finish_reason=finish,
         prompt_tokens=prompt_tokens, completion_tokens=st.emitted,
         proposer=final.proposer or "off", drafted=st.drafted, accepted=st.accepted,
-        target_forwards=st.target_forwards, wall_ms=round(st.wall_ms, 2),
+        target_forwards=st.session.target_forwards, wall_ms=round(st.wall_ms, 2),
     )

@@ -1,12 +1,13 @@
 """OpenAI's completion and chat-completion shapes, mapped onto meshd's ``generate``.
 
-Why pure functions: a request body becomes the same ``Generate`` message a native
+Why functions without I/O: a request body becomes the same ``Generate`` message a native
 client would send (so both paths share validation, chat rendering, tokenization and the
 engine, and give the same tokens), and the engine's results become OpenAI's response,
-chunk and error objects, all testable without a socket. Fields OpenAI clients commonly
-send and meshd ignores (``user``, ``presence_penalty`` of 0 ...) are accepted; fields
-that would change the answer in a way meshd cannot honour (``n`` > 1, ``logprobs``) are
-refused with a 400 naming the field, never silently dropped.
+chunk and error objects, all testable without a socket (a response's id and ``created``
+time come from ``uuid4`` and the clock, the only inputs not passed in). Fields OpenAI
+clients commonly send and meshd ignores (``user``, ``presence_penalty`` of 0 ...) are
+accepted; fields that would change the answer in a way meshd cannot honour (``n`` > 1,
+``logprobs``) are refused with a 400 naming the field, never silently dropped.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import attrs
 from meshd.protocol import BadRequest, ChatMessage, Generate, ProtocolError
 from meshd.protocol import messages as wire
 
-from ..engine import GenerationStats
+from ..generation_stats import GenerationStats
 from ..mapping import speculation_stats
 
 __all__ = [
@@ -278,9 +279,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 def timings(stats: GenerationStats) -> dict[str, float | int]:
     """llama-server's ``timings`` block (prompt and generation times, rates, drafts)."""
     prompt_n = max(0, stats.prompt_tokens - stats.reused_prompt_tokens)
-    prompt_ms = max(0.0, stats.prefill_ms)
+    prompt_ms = max(0.0, stats.session.prefill_ms)
     predicted_n = stats.emitted
-    predicted_ms = max(0.0, stats.wall_ms - stats.prefill_ms)
+    predicted_ms = max(0.0, stats.wall_ms - stats.session.prefill_ms)
     return {
         "cache_n": stats.reused_prompt_tokens,
         "prompt_n": prompt_n,

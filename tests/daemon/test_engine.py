@@ -165,7 +165,7 @@ def test_mtp_forwards_at_full_acceptance() -> None:
     n = 120
     gen = generate(rt, prompt_for(rt, "full acceptance"), proposer="mtp", k=3, max_tokens=n)
     assert len(gen.committed) == n
-    decode_forwards = gen.stats.target_forwards - gen.stats.prefill_forwards
+    decode_forwards = gen.stats.session.target_forwards - gen.stats.session.prefill_forwards
     assert decode_forwards <= math.ceil(n / 4) + 1
     assert gen.stats.accepted >= 0.9 * gen.stats.drafted
 
@@ -180,12 +180,13 @@ def test_mtp_zero_acceptance_commits_one_token_per_step(kind: str) -> None:
     st = gen.stats
     assert st.accepted == 0 and st.verify_calls > 20
     # Every window committed exactly one token: one decode forward per token.
-    assert st.target_forwards - st.prefill_forwards - st.restores == len(gen.committed) - 1
+    c = st.session
+    assert c.target_forwards - c.prefill_forwards - c.restores == len(gen.committed) - 1
     # ... and every rejected window was undone, in place or from a checkpoint.
     if kind == "qwen35":
-        assert st.rollbacks_in_place == st.verify_calls and st.checkpoints == 0
+        assert st.session.rollbacks_in_place == st.verify_calls and st.session.checkpoints == 0
     else:
-        assert st.restores == st.verify_calls == st.checkpoints
+        assert st.session.restores == st.verify_calls == st.session.checkpoints
 
 
 def test_max_tokens_inside_a_window() -> None:

@@ -317,7 +317,7 @@ async def test_client_disconnect_cancels_its_generation(smol: ModelRuntime) -> N
     body = json.dumps({"prompt": PROMPT, "max_tokens": 400, "temperature": 0,
                        "stream": True, "speculative": {"proposer": "ngram"}}).encode()
     async with http_daemon(smol) as (server, path, _http):
-        cancelled = server.scheduler.stats.cancelled
+        cancelled = server.scheduler.statistics().cancelled
         for stream_it in (True, False):
             data = body if stream_it else body.replace(b'"stream": true', b'"stream": false')
             stream = await anyio.connect_unix(path)
@@ -333,7 +333,7 @@ async def test_client_disconnect_cancels_its_generation(smol: ModelRuntime) -> N
                         await anyio.sleep(0.01)
             await receiver.aclose()
             await wait_idle(server, timeout=30)
-        assert server.scheduler.stats.cancelled == cancelled + 2
+        assert server.scheduler.statistics().cancelled == cancelled + 2
         assert_no_leaks(server)
         await assert_serves(path)
 

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from meshd.clients import ctl
-from meshd.daemon.engine import GenerationStats
+from meshd.daemon.generation_stats import GenerationStats
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native import testmodels
 
@@ -57,15 +57,26 @@ def test_a_prefix_cache_hit_reports_only_its_own_work(smol: ModelRuntime) -> Non
     runs = [generate(smol, "Say hi", proposer="off") for _ in range(3)]
     assert runs[0].reused_prompt_tokens == 0
     assert runs[1].reused_prompt_tokens > 0 and runs[2].reused_prompt_tokens > 0
-    assert runs[1].target_forwards == runs[2].target_forwards
-    assert runs[1].prefill_forwards == runs[2].prefill_forwards == 1
+    assert runs[1].session.target_forwards == runs[2].session.target_forwards
+    assert runs[1].session.prefill_forwards == runs[2].session.prefill_forwards == 1
     for st in runs:
         assert st.emitted == 8
         # One forward per token after the first (which the prefill's logits give).
-        assert st.target_forwards - st.prefill_forwards == st.emitted - 1
-        assert st.prefill_ms + st.decode_ms <= st.wall_ms
+        assert st.session.target_forwards - st.session.prefill_forwards == st.emitted - 1
+        assert st.session.prefill_ms + st.decode_ms <= st.wall_ms
         assert st.decode_ms > 0
-        assert st.verify_calls == 0 and st.verify_ms == 0  # no drafts, no verify steps
+        assert st.verify_calls == 0 and st.session.verify_ms == 0  # no drafts, no verify steps
+
+
+def test_the_record_reads_the_sessions_own_counters(smol: ModelRuntime) -> None:
+    """The request's figures are its session's counters over the request, embedded, and
+    ``meshd generate --json``'s record says the same under the wire's names."""
+    st = generate(smol, "Say hi", proposer="off")
+    record = st.as_dict()
+    assert record["target_forwards"] == st.session.target_forwards > 0
+    assert record["prefill_ms"] == st.session.prefill_ms > 0
+    assert record["decode_ms"] == st.session.decode_ms + st.session.verify_ms
+    assert record["emitted"] == 8 and isinstance(record["refusals"], dict)
 
 
 def test_verify_time_is_the_drafted_part_of_decode_time() -> None:
@@ -79,13 +90,13 @@ def test_verify_time_is_the_drafted_part_of_decode_time() -> None:
             for _ in gen.run():
                 pass
             runs.append(gen.stats)
-    assert runs[0].target_forwards == runs[1].target_forwards  # no running totals
+    assert runs[0].session.target_forwards == runs[1].session.target_forwards  # no running totals
     for st in runs:
         assert st.verify_calls > 0 and st.drafted > 0 and st.accepted > 0
-        assert 0 < st.verify_ms <= st.decode_ms
-        assert st.prefill_ms + st.decode_ms <= st.wall_ms
+        assert 0 < st.session.verify_ms <= st.decode_ms
+        assert st.session.prefill_ms + st.decode_ms <= st.wall_ms
         # Accepted drafts save forwards: fewer decode-phase forwards than tokens.
-        assert st.target_forwards - st.prefill_forwards < st.emitted
+        assert st.session.target_forwards - st.session.prefill_forwards < st.emitted
 
 
 async def test_meshctl_json_stats_do_not_add_up(llama: ModelRuntime,

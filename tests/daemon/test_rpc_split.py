@@ -45,7 +45,7 @@ def _generate(rt: ModelRuntime, proposer: str, max_tokens: int = 48,
                         proposer=proposer, adaptive=False)
     list(gen.run())
     st = gen.stats
-    return list(gen.committed), (st.drafted, st.accepted, st.target_forwards)
+    return list(gen.committed), (st.drafted, st.accepted, st.session.target_forwards)
 
 
 @pytest.mark.slow

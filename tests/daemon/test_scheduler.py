@@ -7,11 +7,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 from meshd.daemon.engine import Generation
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.scheduler import Busy, Failed, Finished, GenRequest, RequestHandle, Scheduler
+from meshd.daemon.scheduler import (
+    Busy,
+    Failed,
+    Finished,
+    GenerationHandle,
+    GenerationRequest,
+    Scheduler,
+)
 from meshd.native import testmodels
 from meshd.policy.decision import FinishReason
 
@@ -33,7 +41,7 @@ def runtime(request: pytest.FixtureRequest) -> Iterator[ModelRuntime]:
     rt.close()
 
 
-async def collect(handle: RequestHandle) -> tuple[list[int], Finished | Failed]:
+async def collect(handle: GenerationHandle) -> tuple[list[int], Finished | Failed]:
     tokens: list[int] = []
     async with handle.events:
         async for ev in handle.events:
@@ -49,7 +57,7 @@ def prompts(rt: ModelRuntime, n: int) -> list[tuple[int, ...]]:
 
 
 async def test_concurrent_requests_match_sequential(runtime: ModelRuntime) -> None:
-    reqs = [GenRequest(p, max_tokens=40 + 7 * i, proposer=["off", "ngram", "auto"][i % 3],
+    reqs = [GenerationRequest(p, max_tokens=40 + 7 * i, proposer=["off", "ngram", "auto"][i % 3],
                        draft_max=3)
             for i, p in enumerate(prompts(runtime, 6))]
     sched = Scheduler(runtime)
@@ -64,7 +72,7 @@ async def test_concurrent_requests_match_sequential(runtime: ModelRuntime) -> No
         together = [await collect(h) for h in handles]
         tg.cancel_scope.cancel()
     assert [t for t, _ in together] == alone
-    assert sched.stats.steps > 0
+    assert sched.statistics().steps > 0
     assert runtime.idle_slots == 4
 
 
@@ -73,7 +81,7 @@ async def test_cancel_and_busy(runtime: ModelRuntime) -> None:
     p = prompts(runtime, 1)[0]
     async with anyio.create_task_group() as tg:
         await tg.start(sched.run)
-        h = sched.submit(GenRequest(p, max_tokens=400, proposer="ngram"))
+        h = sched.submit(GenerationRequest(p, max_tokens=400, proposer="ngram"))
         first: list[int] = []
         async for ev in h.events:
             assert not isinstance(ev, (Finished, Failed))
@@ -87,7 +95,7 @@ async def test_cancel_and_busy(runtime: ModelRuntime) -> None:
         # A full queue answers Busy at once instead of growing without bound.
         with pytest.raises(Busy):
             for _ in range(10):
-                sched.submit(GenRequest(p, max_tokens=5))
+                sched.submit(GenerationRequest(p, max_tokens=5))
         tg.cancel_scope.cancel()
     assert runtime.idle_slots == 4
 
@@ -96,11 +104,12 @@ async def test_bad_request_fails_cleanly(runtime: ModelRuntime) -> None:
     sched = Scheduler(runtime)
     async with anyio.create_task_group() as tg:
         await tg.start(sched.run)
-        _, fin = await collect(sched.submit(GenRequest((1,) * 600, max_tokens=5)))
+        _, fin = await collect(sched.submit(GenerationRequest((1,) * 600, max_tokens=5)))
         assert isinstance(fin, Failed) and fin.kind == "request"
-        _, fin = await collect(sched.submit(GenRequest((1, 2), max_tokens=5, proposer="nope")))
+        _, fin = await collect(sched.submit(GenerationRequest((1, 2), max_tokens=5,
+                                                              proposer="nope")))
         assert isinstance(fin, Failed) and "unknown proposer" in fin.message
-        toks, fin = await collect(sched.submit(GenRequest((1, 2), max_tokens=5)))
+        toks, fin = await collect(sched.submit(GenerationRequest((1, 2), max_tokens=5)))
         assert isinstance(fin, Finished) and len(toks) == 5
         tg.cancel_scope.cancel()
 
@@ -123,10 +132,34 @@ async def test_admission_runs_on_the_worker_thread(
     sched = Scheduler(runtime)
     async with anyio.create_task_group() as tg:
         await tg.start(sched.run)
-        handles = [sched.submit(GenRequest(p, max_tokens=6, proposer="ngram"))
+        handles = [sched.submit(GenerationRequest(p, max_tokens=6, proposer="ngram"))
                    for p in prompts(runtime, 3)]
         for h in handles:
             toks, fin = await collect(h)
             assert isinstance(fin, Finished) and len(toks) == 6
         tg.cancel_scope.cancel()
     assert len(threads) == 3 and loop_thread not in threads
+
+
+async def test_statistics_are_frozen_snapshots(runtime: ModelRuntime) -> None:
+    """What ``statistics()`` returns never changes under its reader: a later call sees
+    the requests that ran since, an earlier snapshot still says what it said."""
+    sched = Scheduler(runtime)
+    before = sched.statistics()
+    assert before.runtime.idle_slots == 4 and before.active == before.queued == 0
+    async with anyio.create_task_group() as tg:
+        await tg.start(sched.run)
+        for p in prompts(runtime, 2):
+            request = GenerationRequest(p, max_tokens=8, proposer="ngram")
+            _, fin = await collect(sched.submit(request))
+            assert isinstance(fin, Finished)
+        tg.cancel_scope.cancel()
+    after = sched.statistics()
+    assert (before.requests, before.completed, before.tokens) == (0, 0, 0)
+    assert before.finish_reasons == {} and before.verify_seconds.count == 0
+    assert (after.requests, after.completed, after.tokens) == (2, 2, 16)
+    assert sum(after.finish_reasons.values()) == 2
+    assert after.verify_seconds.count == after.steps > 0
+    assert after.runtime.idle_slots == 4 and after.runtime.checkpoint_bytes == 0
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        after.tokens = 0  # type: ignore[misc]

@@ -285,7 +285,8 @@ def test_factory_reads_options_and_resources() -> None:
         vocab_size=10, eog_tokens=frozenset({9}), options={"min_n": 1, "max_len": 3}
     )
     prop = ngram_factory(env)
-    assert (prop.min_n, prop.max_len) == (1, 3)
+    assert (prop.min_n, prop.max_len) == (1, 3) and prop.cycle and prop.shadow
+    assert not ngram_factory(ProposerEnv(10, frozenset(), options={"shadow": False})).shadow
     assert prop.eog_tokens == {9} and prop.capabilities.max_len == 3
     assert not prop.capabilities.decides_length  # no cost curve: the engine decides
     shared = SharedMatchStats()
@@ -300,7 +301,8 @@ def test_factory_reads_options_and_resources() -> None:
                                     resources=Resources(cost_curve_now=lambda: Q4_1),
                                     options={"adaptive": False}))
     assert off.curve is None
-    for bad in ({"min_n": 0}, {"max_len": "8"}, {"cycle": 1}, {"adaptive": "yes"}):
+    for bad in ({"min_n": 0}, {"max_len": "8"}, {"cycle": 1}, {"adaptive": "yes"},
+                {"shadow": "no"}):
         with pytest.raises(ValueError):
             ngram_factory(ProposerEnv(vocab_size=10, eog_tokens=frozenset(), options=bad))
 

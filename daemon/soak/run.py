@@ -9,8 +9,8 @@ proposers; greedy, seeded and unseeded sampling; draft lengths that make the hyb
 model's repairs checkpoint and restore), cancels (the ``cancel`` op and dropped
 connections), tokenize/detokenize, stats/health/models, garbage frames, replies too
 large for a frame, stalled partial frames and idle connections. Every generation's
-frames are checked (:mod:`.soak_probe`), every finished output is compared with its
-reference, and at the end nothing may still be held. See :mod:`.soak_report`.
+frames are checked (:mod:`.probe`), every finished output is compared with its
+reference, and at the end nothing may still be held. See :mod:`.report`.
 
 The default model is the synthetic hybrid qwen35 with an MTP head (attention + recurrent
 layers: long drafts checkpoint and restore its state; clear logit margins, so outputs
@@ -36,9 +36,9 @@ import anyio
 
 from meshd.clients.argtypes import integer, positive
 
-from .options import subparser
-from .soak_load import ACTIONS, Soak, SoakConfig
-from .soak_report import SoakReport, sample_process
+from ..options import subparser
+from .load import ACTIONS, Soak, SoakConfig
+from .report import SoakReport, sample_process
 
 __all__ = ["SoakConfig", "add_parser", "run", "run_soak"]
 

@@ -34,8 +34,8 @@ from meshd.protocol import (
     encode,
 )
 
-from .soak_probe import ProbeConnection, Record, Refused
-from .soak_report import SoakReport, sample_process
+from .probe import ProbeConnection, Record, Refused
+from .report import SoakReport, sample_process
 
 __all__ = ["ACTIONS", "Soak", "SoakConfig"]
 

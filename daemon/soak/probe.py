@@ -46,7 +46,7 @@ from meshd.protocol import (
     encode,
 )
 
-from .soak_report import SoakReport
+from .report import SoakReport
 
 __all__ = ["ProbeConnection", "Record", "Refused"]
 

@@ -1,0 +1,94 @@
+"""What one generation did: its own figures, and its session's counters over its life.
+
+Why the session's counters are embedded rather than copied: the sequence session already
+counts forwards, repairs, checkpoints and their times; a request's share of them is one
+difference of two snapshots (``SessionCounters.since``), kept whole here (``session``),
+and read from there by the ``done`` frame, the HTTP answers and ``meshd generate --json``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from meshd.native.session import SessionCounters
+
+__all__ = ["GenerationStats"]
+
+
+@attrs.define
+class GenerationStats:
+    """What one request did; the ``done`` frame and ``meshd generate --json`` carry it.
+
+    Every figure describes this request alone, also when its session came from the
+    prefix cache (the session's own counters run over its whole life). Forwards include
+    the prefill's (``prefill_forwards`` of them); ``decode_ms`` is the forward time after
+    the prefill (plain decodes and verify windows), ``verify_ms`` the part of it spent in
+    forwards over a draft (``verify_calls`` of them). Written by the engine while the
+    request runs; read by others only once it has finished.
+    """
+
+    emitted: int = 0
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0
+    verify_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = attrs.field(factory=list)
+    drafted_per_position: list[int] = attrs.field(factory=list)
+    state_bytes: int = 0  # KV + recurrent state of the session when it finished
+    wall_ms: float = 0.0
+    propose_ms: float = 0.0
+    proposals: int = 0  # times the proposer was asked for a draft
+    refusals: dict[str, int] = attrs.field(factory=dict)
+    proposer_faults: dict[str, int] = attrs.field(factory=dict)
+    session: SessionCounters = attrs.field(factory=SessionCounters)
+    """The session's counters over this request alone (set when the request ends)."""
+
+    @property
+    def decode_ms(self) -> float:
+        """Forward time after the prefill: plain decodes and verify windows."""
+        return self.session.decode_ms + self.session.verify_ms
+
+    def refuse(self, reason: str) -> None:
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
+    def fault(self, kind: str) -> None:
+        self.proposer_faults[kind] = self.proposer_faults.get(kind, 0) + 1
+
+    def as_dict(self) -> dict[str, object]:
+        """The flat record ``meshd generate --json`` prints (one key per figure)."""
+        return {
+            "emitted": self.emitted,
+            "prompt_tokens": self.prompt_tokens,
+            "reused_prompt_tokens": self.reused_prompt_tokens,
+            "target_forwards": self.session.target_forwards,
+            "prefill_forwards": self.session.prefill_forwards,
+            "verify_calls": self.verify_calls,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "accepted_per_position": list(self.accepted_per_position),
+            "drafted_per_position": list(self.drafted_per_position),
+            "rollbacks_in_place": self.session.rollbacks_in_place,
+            "trims": self.session.trims,
+            "checkpoints": self.session.checkpoints,
+            "checkpoint_bytes": self.session.checkpoint_bytes,
+            "restores": self.session.restores,
+            "state_bytes": self.state_bytes,
+            "wall_ms": self.wall_ms,
+            "prefill_ms": self.session.prefill_ms,
+            "decode_ms": self.decode_ms,
+            "verify_ms": self.session.verify_ms,
+            "propose_ms": self.propose_ms,
+            "proposals": self.proposals,
+            "refusals": dict(self.refusals),
+            "proposer_faults": dict(self.proposer_faults),
+        }
+
+    def proposer_that_ran(self, proposer: str | None) -> str | None:
+        """``proposer`` if it was asked for at least one draft, else ``None``.
+
+        Why: a request whose every step was refused speculation (unseeded sampling, the
+        cost model, no room) decoded plainly; reporting the proposer it was configured
+        with would claim speculation ran. ``refusals`` says why it did not.
+        """
+        return proposer if self.proposals > 0 else None

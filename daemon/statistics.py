@@ -1,0 +1,123 @@
+"""The scheduler's statistics: counted on the event loop, read as frozen snapshots.
+
+Why snapshots (as trio's ``statistics()`` methods): the ``stats`` op, ``/metrics``, the
+health answer and the watchdog read these figures while requests run. Handing them the
+live, mutable counters (or letting them reach into sessions that the model's worker
+thread is changing) would let a reader see half an update. So the scheduler keeps its
+counters (:class:`SchedulerCounters`) on the event loop only, the runtime's figures are
+taken on the worker thread at the end of each call it runs there
+(:class:`RuntimeFigures`), and :meth:`Scheduler.statistics` returns one frozen
+:class:`SchedulerStatistics` of both, safe to keep and read anywhere.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+
+import attrs
+
+from .generation_stats import GenerationStats
+from .histogram import Histogram, HistogramSnapshot
+
+__all__ = ["ProposerStatistics", "RuntimeFigures", "SchedulerCounters", "SchedulerStatistics"]
+
+
+@attrs.frozen
+class ProposerStatistics:
+    """One proposer's totals over the requests it ran for."""
+
+    requests: int = 0
+    drafts: int = 0
+    """Verify windows that carried at least one drafted token."""
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+
+    def plus(self, st: GenerationStats) -> ProposerStatistics:
+        """These totals with one more finished request's figures added."""
+        per_position = list(self.accepted_per_position)
+        for i, n in enumerate(st.accepted_per_position):
+            if i >= len(per_position):
+                per_position.append(0)
+            per_position[i] += n
+        return ProposerStatistics(
+            requests=self.requests + 1,
+            drafts=self.drafts + (st.drafted_per_position[0] if st.drafted_per_position else 0),
+            drafted=self.drafted + st.drafted,
+            accepted=self.accepted + st.accepted,
+            accepted_per_position=tuple(per_position),
+        )
+
+
+@attrs.frozen
+class RuntimeFigures:
+    """The model runtime's state as the worker thread last left it."""
+
+    idle_slots: int = 0
+    cached_sessions: int = 0
+    prefix_cache_tokens: int = 0
+    checkpoint_bytes: int = 0
+    """State checkpoints held by the active sessions."""
+
+
+@attrs.define
+class SchedulerCounters:
+    """What the scheduler counts; changed and read on the event loop only."""
+
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    rejected_busy: int = 0
+    tokens: int = 0
+    forwards: int = 0
+    steps: int = 0
+    proposers: dict[str, ProposerStatistics] = attrs.field(factory=dict)
+    #: Requests that ended, by finish reason (``error`` for failed ones).
+    finish_reasons: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    #: One batched verify forward (every active session's window), in seconds.
+    verify_seconds: Histogram = attrs.field(factory=Histogram)
+    #: From submission to the first token handed to the request's caller.
+    time_to_first_token_seconds: Histogram = attrs.field(factory=Histogram)
+    #: Between tokens handed to the caller (tokens handed over together share the gap).
+    inter_token_latency_seconds: Histogram = attrs.field(factory=Histogram)
+
+
+@attrs.frozen
+class SchedulerStatistics:
+    """The scheduler's figures at one moment (see the module docstring)."""
+
+    requests: int
+    completed: int
+    cancelled: int
+    failed: int
+    rejected_busy: int
+    tokens: int
+    forwards: int
+    steps: int
+    active: int
+    """Requests decoding now."""
+    queued: int
+    """Requests waiting for a slot."""
+    proposers: Mapping[str, ProposerStatistics]
+    finish_reasons: Mapping[str, int]
+    verify_seconds: HistogramSnapshot
+    time_to_first_token_seconds: HistogramSnapshot
+    inter_token_latency_seconds: HistogramSnapshot
+    runtime: RuntimeFigures
+
+    @classmethod
+    def of(cls, counters: SchedulerCounters, *, active: int, queued: int,
+           runtime: RuntimeFigures) -> SchedulerStatistics:
+        c = counters
+        return cls(
+            requests=c.requests, completed=c.completed, cancelled=c.cancelled,
+            failed=c.failed, rejected_busy=c.rejected_busy, tokens=c.tokens,
+            forwards=c.forwards, steps=c.steps, active=active, queued=queued,
+            proposers=dict(c.proposers), finish_reasons=dict(c.finish_reasons),
+            verify_seconds=c.verify_seconds.snapshot(),
+            time_to_first_token_seconds=c.time_to_first_token_seconds.snapshot(),
+            inter_token_latency_seconds=c.inter_token_latency_seconds.snapshot(),
+            runtime=runtime,
+        )

@@ -28,7 +28,7 @@ from meshd.native.model import ModelInfo
 from meshd.native.session import SequenceSession, verify_many
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
-from meshd.policy.costs import CostModel
+from meshd.policy.costs import CostModel, RepairCost
 from meshd.policy.decision import (
     Decision,
     FinishReason,
@@ -89,12 +89,12 @@ class MtpHead:
             raise ValueError("the session does not follow the MTP head")
         self._session = session
 
-    def draft(self, k: int) -> tuple[list[int], list[float]]:
+    def draft(self, k: int, *, probs: bool = False) -> tuple[list[int], list[float]]:
         session = self._session
         if session is None or session.mtp is None:
             raise RuntimeError("the MTP head was used by a proposer that does not declare "
                                "needs_mtp_head")
-        return session.mtp.draft(self.last, session.n_past, k)
+        return session.mtp.draft(self.last, session.n_past, k, probs=probs)
 
 
 class Generation:
@@ -244,12 +244,28 @@ class Generation:
             exact_verifiable=self.sampler.params.exact_verifiable,
             k_max=min(self.settings.draft_max, remaining - 1, room),
             head=self._head_load() if self.mtp_head is not None else None,
+            repair=self._repair_cost() if self.session.recurrent else None,
         ))
         if verdict.drop_head:
             self._drop_mtp_head()
         if verdict.refusal is not None:
             self.stats.refuse(verdict.refusal.value)
         return verdict.k
+
+    def _repair_cost(self) -> RepairCost:
+        """What a window beyond the in-place rollback costs this session: its measured
+        checkpoint time in decodes (0 until both are measured) and a replay forward."""
+        c = self.session.counters
+        decode_s = self.costs.decode_seconds() if self.costs is not None else None
+        checkpoint = (c.checkpoint_ms / c.checkpoints / 1e3 / decode_s
+                      if c.checkpoints and decode_s else 0.0)
+        return RepairCost(self.session.rollback_window, checkpoint)
+
+    @property
+    def decode_head_ms(self) -> float:
+        """Milliseconds of MTP catch-up forwards since the prefill (part of the forward
+        time; 0 for a request that does not follow the head)."""
+        return self.session.counters.mtp_ms - self._decode_base[1]
 
     def _head_load(self) -> HeadLoad:
         """What following the MTP head has cost since the prefill."""

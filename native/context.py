@@ -88,8 +88,10 @@ class TargetContext:
         self.last_mtp_s = 0.0
         self.mtp: MtpContext | None = None
         self._closed = False
+        #: Whether the target's forwards output the hidden rows the MTP head reads
+        #: (switched per forward by :meth:`_hidden_rows_for`).
+        self._nextn_on = False
         if config.use_mtp and info.has_mtp:
-            lcx.llama_set_embeddings_nextn(ctx, True, False)
             self.mtp = MtpContext(model, config, threads, self.lock)
 
     # ------------------------------------------------------------------ lifecycle
@@ -181,6 +183,7 @@ class TargetContext:
                 b.logits[i] = r.output
                 n_out += r.output
             b.n_tokens = n
+            follow = self._hidden_rows_for(rows)
             self.model.check_devices()
             rc = lc.llama_decode(self.ctx, b)
             self.forward_id += 1
@@ -198,7 +201,7 @@ class TargetContext:
             )
             hidden: FloatArray | None = None
             self.last_mtp_s = 0.0
-            if self.mtp is not None and self.mtp.follows_any(rows):
+            if follow and self.mtp is not None:
                 t0 = time.perf_counter()
                 ptr = lcx.llama_get_embeddings_nextn(self.ctx)
                 hidden = float_rows(ptr, n, self.n_embd).copy()
@@ -210,6 +213,23 @@ class TargetContext:
                 lc.llama_synchronize(self.ctx)
             self.model.check_devices()
             return logits, hidden
+
+    def _hidden_rows_for(self, rows: Sequence[Row]) -> bool:
+        """Whether this forward must output the hidden rows of every input row (some of
+        ``rows`` belong to a sequence following the MTP head), switching llama.cpp's
+        output of them on or off to match.
+
+        Why per forward: with that output on, every forward copies a hidden row per
+        input row and the last layer runs on every row of a prefill instead of the
+        output rows only. A context whose sessions decode without the head (speculation
+        off, prompt lookup) then pays nothing for the head. llama.cpp's graph reuse
+        compares this setting, so switching it is safe.
+        """
+        follow = self.mtp is not None and self.mtp.follows_any(rows)
+        if follow != self._nextn_on:
+            lcx.llama_set_embeddings_nextn(self.ctx, follow, False)
+            self._nextn_on = follow
+        return follow
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         with self.lock:

@@ -60,13 +60,20 @@ class MtpSession:
         else:
             self.pending_h = self.window_h[kept_rows - 1].copy()
 
-    def draft(self, last: int, pos0: int, k: int) -> tuple[list[int], list[float]]:
-        """Up to ``k`` greedy drafts after ``last`` (at ``pos0``), with their probabilities."""
+    def draft(self, last: int, pos0: int, k: int, *, probs: bool = False,
+              ) -> tuple[list[int], list[float]]:
+        """Up to ``k`` greedy drafts after ``last`` (at ``pos0``), and with ``probs`` the
+        head's probability of each (else an empty list).
+
+        Why probabilities only on request: each one is a softmax over the whole
+        vocabulary (150k entries on real models), host work per drafted token that only
+        a probability cut needs; the argmax alone reads the logits in place.
+        """
         if k <= 0 or self.stale:
             return [], []
         owner = self.owner
         tokens: list[int] = []
-        probs: list[float] = []
+        chances: list[float] = []
         h = self.pending_h
         tok = last
         with owner.lock:
@@ -90,8 +97,8 @@ class MtpSession:
                         )
                     logits = float_rows(lc.llama_get_logits_ith(owner.ctx, 0), 1, owner.n_vocab)[0]
                     d = int(logits.argmax())
-                    z = logits - logits[d]
-                    probs.append(float(1.0 / np.exp(z).sum()))
+                    if probs:
+                        chances.append(float(1.0 / np.exp(logits - logits[d]).sum()))
                     tokens.append(d)
                     h = float_rows(
                         lcx.llama_get_embeddings_nextn_ith(owner.ctx, 0), 1, owner.n_embd
@@ -100,7 +107,7 @@ class MtpSession:
             finally:
                 lc.llama_memory_seq_rm(owner.memory, self.seq_id, pos0, -1)
         self.drafts += 1
-        return tokens, probs
+        return tokens, chances
 
 
 class MtpContext:

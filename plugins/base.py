@@ -77,8 +77,10 @@ class Outcome:
 class DraftHead(Protocol):
     """A drafting head bound to one session (the native MTP context satisfies it)."""
 
-    def draft(self, k: int) -> tuple[list[int], list[float]]:
-        """Up to ``k`` greedy draft tokens continuing the committed sequence, with probs."""
+    def draft(self, k: int, *, probs: bool = False) -> tuple[list[int], list[float]]:
+        """Up to ``k`` greedy draft tokens continuing the committed sequence, and with
+        ``probs`` the head's probability of each (else an empty list: computing them is
+        a softmax over the vocabulary per token)."""
         ...
 
 

@@ -41,10 +41,12 @@ class MtpProposer:
         k = min(request.max_len, self.capabilities.max_len)
         if k <= 0:
             return None
-        tokens, probs = self.head.draft(k)
-        n = min(len(tokens), len(probs), k)
-        if self.min_prob > 0.0:
-            n = next((i for i in range(n) if probs[i] < self.min_prob), n)
+        cut = self.min_prob > 0.0
+        tokens, probs = self.head.draft(k, probs=cut)
+        n = min(len(tokens), k)
+        if cut:
+            n = next((i for i in range(min(n, len(probs))) if probs[i] < self.min_prob),
+                     min(n, len(probs)))
         if n == 0:
             return None
         return Proposal(tuple(int(t) for t in tokens[:n]))

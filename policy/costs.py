@@ -18,11 +18,14 @@ The objective, stated here once and used by every caller (the engine's gate, pro
 lookup, the composite proposer, the benchmarks)::
 
     E(k) = 1 + sum_{j=1..k} prod_{i=0..j-1} acc[i]      expected committed tokens
-    r(k) = E(k) / (c(k) + k * draft_cost)               tokens per unit of cost
+    r(k) = E(k) / (c(k) + k * draft_cost + R(k))        tokens per unit of cost
 
 ``E(k)`` counts the target's own token (the correction or bonus token the verify batch
 always yields) as the leading ``1``; draft token ``j`` (1-based) is committed only when
-positions ``0..j-1`` were all accepted, hence the product. Plain decoding is ``k = 0``:
+positions ``0..j-1`` were all accepted, hence the product. ``draft_cost`` is what
+drafting one token costs (an MTP head's or draft model's forward), ``R(k)`` the expected
+repair of a window longer than a recurrent model's in-place rollback (:class:`RepairCost`;
+0 otherwise). Plain decoding is ``k = 0``:
 ``E = 1``, ``c = 1``, ``r = 1``. ``r(k)`` is therefore directly the expected speedup of
 speculating with ``k`` drafts over plain decoding, and a step speculates only when some
 ``k > 0`` beats 1 by a margin (default 2%) so measurement noise does not switch it on.
@@ -176,13 +179,48 @@ def expected_committed(acc: float | Sequence[float], k: int) -> float:
     return prefix_expected(acc, k)[-1]
 
 
+@attrs.frozen
+class RepairCost:
+    """What undoing a window's rejected rows costs on a recurrent (hybrid) model.
+
+    Attention-only models drop rejected rows for free (a KV trim), and so do recurrent
+    ones for windows of up to ``rollback_window`` drafts (llama.cpp's in-place
+    rollback). A longer window needs a state checkpoint before the forward
+    (``checkpoint`` decodes, measured) and, unless every draft is accepted, a restore
+    and a replay forward of the kept rows: the window ``[last, d0..dk-1]`` with ``a``
+    drafts accepted replays ``a + 1`` rows, costing ``c(a)``. Left out, a long window
+    looks far cheaper than it is exactly where acceptance is high enough to tempt it.
+    """
+
+    rollback_window: int
+    checkpoint: float = 0.0
+
+    def expected(self, curve: CostCurve, acc: float | Sequence[float], k: int) -> float:
+        """Expected repair cost of a window of ``k`` drafts, in decodes."""
+        if k <= self.rollback_window:
+            return 0.0
+        extra = self.checkpoint
+        reach = 1.0
+        for a in range(k):
+            p = _acc_at(acc, a)
+            extra += reach * (1.0 - p) * curve.cost(a)
+            reach *= p
+        return extra
+
+
 def ratios(
-    curve: CostCurve, acc: float | Sequence[float], k_max: int, *, draft_cost: float = 0.0
+    curve: CostCurve, acc: float | Sequence[float], k_max: int, *, draft_cost: float = 0.0,
+    repair: RepairCost | None = None,
 ) -> list[float]:
-    """``[r(0), ..., r(K)]`` with ``K = min(k_max, curve.max_k)``; ``r(0) == 1``."""
+    """``[r(0), ..., r(K)]`` with ``K = min(k_max, curve.max_k)``; ``r(0) == 1``.
+
+    ``repair``: what windows longer than a recurrent model's in-place rollback cost on
+    top (None: repairs are free, as on attention-only models)."""
     top = max(0, min(k_max, curve.max_k))
     expected = prefix_expected(acc, top)
-    return [expected[k] / (curve.costs[k] + k * draft_cost) for k in range(top + 1)]
+    return [expected[k] / (curve.costs[k] + k * draft_cost
+                           + (repair.expected(curve, acc, k) if repair is not None else 0.0))
+            for k in range(top + 1)]
 
 
 def speedup_limit(
@@ -191,6 +229,7 @@ def speedup_limit(
     *,
     k_max: int | None = None,
     draft_cost: float = 0.0,
+    repair: RepairCost | None = None,
 ) -> tuple[int, float]:
     """The best ``(k, expected speedup)`` for this curve and acceptance, with no margin.
 
@@ -198,7 +237,8 @@ def speedup_limit(
     (e.g. SmolLM2 Q4_1 here: about 1.48x at k = 7), which benchmarks print next to what
     they achieved. Ties go to the smaller ``k``.
     """
-    rs = ratios(curve, acc, curve.max_k if k_max is None else k_max, draft_cost=draft_cost)
+    rs = ratios(curve, acc, curve.max_k if k_max is None else k_max, draft_cost=draft_cost,
+                repair=repair)
     best = max(range(len(rs)), key=lambda k: (rs[k], -k))
     return best, rs[best]
 
@@ -210,6 +250,7 @@ def choose_k(
     *,
     margin: float = DEFAULT_MARGIN,
     draft_cost: float = 0.0,
+    repair: RepairCost | None = None,
 ) -> int:
     """Draft length maximising expected committed tokens per unit cost; 0 = plain decode.
 
@@ -220,7 +261,7 @@ def choose_k(
     """
     if isinstance(acc, AcceptanceTracker):
         acc = acc.acceptances(max(1, k_max))
-    k, r = speedup_limit(curve, acc, k_max=k_max, draft_cost=draft_cost)
+    k, r = speedup_limit(curve, acc, k_max=k_max, draft_cost=draft_cost, repair=repair)
     return k if k > 0 and r > margin else 0
 
 

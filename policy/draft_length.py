@@ -10,7 +10,7 @@ per match.
 from __future__ import annotations
 
 from .acceptance import PROBE_BUDGET, AcceptanceTracker, Explorer, probe_interval_floor
-from .costs import DEFAULT_MARGIN, CostCurve, choose_k
+from .costs import DEFAULT_MARGIN, CostCurve, RepairCost, choose_k
 
 #: Run lengths (drafted tokens accepted in a row) where each streak bucket starts.
 STREAK_BUCKETS = (1, 4, 16)
@@ -76,6 +76,8 @@ class AdaptiveK:
         self.k_max = curve.max_k if k_max is None else min(k_max, curve.max_k)
         self.margin = margin
         self.draft_cost = draft_cost
+        #: What windows beyond a recurrent model's in-place rollback cost (None: free).
+        self.repair: RepairCost | None = None
         self.explorer = explorer if explorer is not None else Explorer()
         self.probing = False
 
@@ -100,7 +102,7 @@ class AdaptiveK:
         """The draft length for this step (> 0 when it is a probe, 0 for plain decode)."""
         self._planned = self.current_tracker()
         k = choose_k(self.curve, self.acceptances(), self.k_max, margin=self.margin,
-                     draft_cost=self.draft_cost)
+                     draft_cost=self.draft_cost, repair=self.repair)
         if k > 0:
             self.probing = False
             self.explorer.speculated()

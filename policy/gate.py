@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from .costs import CostCurve, CostModel, speedup_limit
+from .costs import CostCurve, CostModel, RepairCost, speedup_limit
 from .draft_length import AdaptiveK
 
 #: Decode-phase forwards before the MTP head's cost is judged (timings settle).
@@ -69,6 +69,8 @@ class StepFacts:
     target's own one, and the context's room."""
     head: HeadLoad | None = None
     """Set while the request follows an MTP head."""
+    repair: RepairCost | None = None
+    """What windows longer than the in-place rollback cost (recurrent models only)."""
 
 
 @attrs.frozen
@@ -82,7 +84,8 @@ class Verdict:
 
 
 def mtp_head_pays(curve: CostCurve, *, overhead: float, draft_cost: float, k_max: int,
-                  acceptances: Sequence[Sequence[float]] = ()) -> bool:
+                  acceptances: Sequence[Sequence[float]] = (),
+                  repair: RepairCost | None = None) -> bool:
     """Whether following an MTP head can beat plain decoding without it.
 
     ``overhead``: the head's catch-up time per target forward, as a fraction of it (paid
@@ -91,11 +94,13 @@ def mtp_head_pays(curve: CostCurve, *, overhead: float, draft_cost: float, k_max
     judged; with them (one estimate per state), the best of them must beat it too.
     """
     target = 1.0 + overhead
-    if speedup_limit(curve, 1.0, k_max=k_max, draft_cost=draft_cost)[1] < target:
+    if speedup_limit(curve, 1.0, k_max=k_max, draft_cost=draft_cost,
+                     repair=repair)[1] < target:
         return False
     if not acceptances:
         return True
-    return max(speedup_limit(curve, acc, k_max=k_max, draft_cost=draft_cost)[1]
+    return max(speedup_limit(curve, acc, k_max=k_max, draft_cost=draft_cost,
+                             repair=repair)[1]
                for acc in acceptances) >= target
 
 
@@ -135,6 +140,7 @@ class StepGate:
                 # Drafting is not free (an MTP head or draft model runs forwards):
                 # the cost model charges each drafted token what it measurably costs.
                 adaptive.draft_cost = self.draft_s_per_token / decode_s
+        adaptive.repair = facts.repair
         if facts.head is not None and self._head_cannot_pay(adaptive, facts.head):
             self.adaptive = None
             return Verdict(0, Refusal.MTP_HEAD_DROPPED, drop_head=True)
@@ -177,4 +183,4 @@ class StepGate:
             measured = [t.acceptances(adaptive.k_max) for t in trackers]
         return not mtp_head_pays(adaptive.curve, overhead=overhead,
                                  draft_cost=adaptive.draft_cost, k_max=adaptive.k_max,
-                                 acceptances=measured)
+                                 acceptances=measured, repair=adaptive.repair)

@@ -333,7 +333,7 @@ class MeshdRunner:
             ttft_s=(first if first is not None else end) - t0,
             prefill_s=st.session.prefill_ms / 1e3, forward_s=st.decode_ms / 1e3,
             decode_forwards=st.session.target_forwards - st.session.prefill_forwards,
-            stats=st.as_dict(),
+            stats={**st.as_dict(), "head_ms": gen.decode_head_ms},
         )
 
     def close(self) -> None:

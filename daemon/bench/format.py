@@ -91,6 +91,14 @@ def format_report(report: Mapping[str, Any]) -> str:
                                  f"{lim['drafting_speedup']:.2f}x; "
                                  f"{lim['plain_steps']} plain steps), reached "
                                  f"{_fmt(lim['fraction'], '.0%')}")
+                if s.get("head_share"):
+                    fpt = s.get("forwards_per_decode_token")
+                    lines.append(f"  {'':<26} MTP head: catch-up "
+                                 f"{_fmt(s['head_share'], '.1%')} of decode time "
+                                 f"(+{_fmt(s.get('head_overhead'), '.1%')} per forward), "
+                                 f"drafting {_fmt(s.get('draft_share'), '.1%')} "
+                                 f"({_fmt(s.get('draft_cost'), '.3f')} decodes per token); "
+                                 f"forwards/token {_fmt(fpt, '.3f')}")
                 if s.get("error"):
                     lines.append(f"  {'':<26} error: {s['error']}")
     lines.append("")

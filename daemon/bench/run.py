@@ -62,7 +62,7 @@ import attrs
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.errors import NativeError
-from meshd.policy.costs import CostCurve, speedup_limit
+from meshd.policy.costs import CostCurve, RepairCost, speedup_limit
 
 from .arms import (
     ARMS,
@@ -222,6 +222,8 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                 ref_runs = None
             arms_out: dict[str, Any] = {}
             unit = forward_ms(runs.get((w.name, "meshd-off"), []))
+            ctx = bm.rt.context
+            repair = RepairCost(ctx.rollback_window) if ctx.recurrent else None
             for arm in order:
                 arm_runs = runs.get((w.name, arm), [])
                 shares = [r.cpu_s / (r.wall_s * threads) for (_, a), rs in runs.items()
@@ -229,7 +231,8 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                 summary = summarize_arm(arm_runs, ref_runs, curve,
                                         error=errors.get((w.name, arm)), unit_forward_ms=unit,
                                         threads=threads,
-                                        best_cpu_share=max(shares, default=None))
+                                        best_cpu_share=max(shares, default=None),
+                                        repair=repair)
                 div = summary["first_divergence"]
                 if div is not None and ref_runs:
                     bad = next(i for i, run in enumerate(summary["runs"])

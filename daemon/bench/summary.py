@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from meshd.policy.costs import CostCurve, speedup_limit
+from meshd.policy.costs import CostCurve, RepairCost, speedup_limit
 
 from .arms import RunResult, first_divergence
 
@@ -74,13 +74,18 @@ CONTENDED_CPU_SHARE = 0.85
 def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | None,
                   curve: CostCurve | None, *, error: str | None = None,
                   unit_forward_ms: float | None = None, threads: int = 1,
-                  best_cpu_share: float | None = None) -> dict[str, Any]:
+                  best_cpu_share: float | None = None,
+                  repair: RepairCost | None = None) -> dict[str, Any]:
     """Medians, ratios to the reference, speculation counters and identity of one arm.
 
     Ratios are taken between medians (``median(arm) / median(reference)``), never per run,
     so one noisy repetition moves a ratio no more than it moves a median.
     ``unit_forward_ms`` (a single-row decode forward, e.g. meshd-off's) turns the measured
     drafting time into the cost model's unit for the limit at the measured acceptance.
+    The limit charges what the arm's drafting measurably cost: the MTP head's catch-up
+    (``head_overhead``, a fraction of every verify forward), each drafted token
+    (``draft_cost``, in decodes) and, with ``repair`` (a recurrent model), windows beyond
+    its in-place rollback.
     """
     out: dict[str, Any] = {"error": error, "runs": []}
     for i, r in enumerate(runs):
@@ -154,11 +159,12 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
             refusals=_add_counts([s["refusals"] for s in stats]),
             proposer_faults=_add_counts([s["proposer_faults"] for s in stats]),
         )
-        # Decode steps that verified no draft: every refusal, and faults that dropped the
-        # draft. Each is one plain forward committing one token.
-        faults = out["proposer_faults"]
-        plain_steps = sum(out["refusals"].values()) + sum(
-            faults.get(kind, 0) for kind in ("error", "invalid_token"))
+        # Decode steps that verified no draft, each one plain forward committing one
+        # token: every decode forward that was neither a verify window nor the replay
+        # after a restore. (Counting refusals instead misses the steps after the MTP
+        # head was dropped, which refuse nothing: the request has no proposer then.)
+        replays = sum(int(s["restores"]) for s in stats)
+        plain_steps = max(0, forwards - verify_calls - replays)
         out["plain_steps"] = plain_steps
         spec_tokens = decode_tokens - plain_steps
         out["forwards_per_speculative_token"] = (
@@ -167,9 +173,21 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
         draft_cost = (propose_ms / drafted / unit_forward_ms
                       if drafted and unit_forward_ms else 0.0)
         out["draft_cost"] = draft_cost
+        head_ms = sum(float(s.get("head_ms", 0.0)) for s in stats)
+        fwd_ms = sum(1e3 * r.forward_s for r in runs)
+        overhead = head_ms / (fwd_ms - head_ms) if 0.0 < head_ms < fwd_ms else 0.0
+        decode_wall_ms = sum(1e3 * (r.wall_s - r.ttft_s) for r in runs)
+        out.update(
+            head_overhead=overhead,
+            # Shares of the decode wall time: the head's catch-up forwards, drafting.
+            head_share=head_ms / decode_wall_ms if decode_wall_ms > 0 else None,
+            draft_share=propose_ms / decode_wall_ms if decode_wall_ms > 0 else None,
+        )
         cond = conditional_acceptance(acc_pos, dr_pos)
         if curve is not None and cond:
-            k, drafting = speedup_limit(curve, cond, draft_cost=draft_cost)
+            paid = (curve if overhead == 0.0 else CostCurve(
+                (1.0, *(c * (1.0 + overhead) for c in curve.costs[1:]))))
+            k, drafting = speedup_limit(paid, cond, draft_cost=draft_cost, repair=repair)
             # The acceptance was measured where the arm drafted; the steps it decoded
             # plainly (a proposer that drafts only where drafts pay) are held to plain
             # decoding, not to that acceptance, which they never had.

@@ -30,10 +30,12 @@ from meshd.daemon.bench.arms import (
 from meshd.daemon.bench.format import format_report
 from meshd.daemon.bench.plot import write_plot
 from meshd.daemon.bench.run import FORMAT, BenchConfig, run_bench
-from meshd.daemon.bench.summary import conditional_acceptance
+from meshd.daemon.bench.summary import conditional_acceptance, summarize_arm
+from meshd.daemon.bench.targets import evaluate_targets
 from meshd.daemon.bench.workloads import load_workloads
 from meshd.daemon.cli import main
 from meshd.native.context import DEFAULT_DRAFT_MAX
+from meshd.policy.costs import CostCurve
 
 SYNTHETIC = ("llama", "qwen35", "mimo2")
 
@@ -177,7 +179,8 @@ def test_tiny_bench_report_structure(tmp_path: Path) -> None:
             n / (plain + (n - plain) / lim["drafting_speedup"]))
     statuses = {t["status"] for t in report["targets"]}
     assert statuses <= {"PASS", "MISS", "n/a"}
-    assert any(t["target"].startswith("MTP @0.74") for t in report["targets"])
+    assert any(t["target"].startswith("MTP: forwards/token") and t["arm"] == "meshd-mtp-fixed"
+               for t in report["targets"])
 
 
 class _AlteringRunner:
@@ -284,3 +287,46 @@ def test_plot_draws_every_model(tmp_path: Path) -> None:
     out = tmp_path / "plot.png"
     write_plot(report, out)
     assert out.stat().st_size > 1000
+
+
+def _mtp_run(head_ms: float) -> RunResult:
+    """A run of 41 tokens: 20 windows of 3 drafts, 1 accepted each, 10 ms per forward."""
+    stats = {"drafted": 60, "accepted": 20, "verify_calls": 20,
+             "accepted_per_position": [20], "drafted_per_position": [20, 20, 20],
+             "checkpoints": 0, "checkpoint_bytes": 0, "restores": 0,
+             "rollbacks_in_place": 0, "refusals": {}, "proposer_faults": {},
+             "propose_ms": 30.0, "head_ms": head_ms}
+    return RunResult(tuple(range(41)), 0.5, 0.1, 0.09, 0.2, 20, stats)
+
+
+def test_the_limit_charges_the_heads_measured_catch_up() -> None:
+    curve = CostCurve((1.0, 1.2, 1.4, 1.6))
+    free = summarize_arm([_mtp_run(0.0)], None, curve, unit_forward_ms=10.0)
+    paid = summarize_arm([_mtp_run(40.0)], None, curve, unit_forward_ms=10.0)
+    assert free["head_share"] is None or free["head_share"] == 0.0
+    assert paid["head_share"] == pytest.approx(40.0 / 400.0)  # of 0.4 s decoding
+    assert paid["head_overhead"] == pytest.approx(40.0 / 160.0)
+    assert paid["draft_share"] == pytest.approx(30.0 / 400.0)
+    assert paid["draft_cost"] == pytest.approx(0.5 / 10.0)
+    assert paid["limit"]["drafting_speedup"] < free["limit"]["drafting_speedup"]
+
+
+def test_auto_without_drafts_is_held_to_the_mtp_arms_limit_never_below_plain() -> None:
+    def arm(ratio: float, limit: dict[str, object] | None) -> dict[str, object]:
+        return {"median_decode_tok_s": 100.0 * ratio, "decode_ratio_vs_plain": ratio,
+                "error": None, "limit": limit}
+
+    def limit_line(mtp_speedup: float) -> dict[str, object]:
+        arms = {"plain": arm(1.0, None), "meshd-auto": arm(0.99, None),
+                "meshd-mtp": arm(0.9, {"k": 3, "speedup": mtp_speedup})}
+        models = [{"name": "m", "has_mtp": True,
+                   "workloads": [{"name": "w", "arms": arms}]}]
+        (line,) = [t for t in evaluate_targets(models)
+                   if t["target"] == "meshd-auto >= 90% of the limit"]
+        return line
+
+    paying = limit_line(1.25)
+    assert paying["value"] == pytest.approx(0.99 / 1.25) and paying["status"] == "MISS"
+    assert "meshd-mtp" in paying["detail"]
+    losing = limit_line(0.8)  # no draft length pays: plain decoding is the limit
+    assert losing["value"] == pytest.approx(0.99) and losing["status"] == "PASS"

@@ -139,12 +139,43 @@ def test_mtp_drafts_match_a_fresh_mtp_context(ctx: TargetContext) -> None:
         draft = [ref[2], ref[3], 99, 98]
         _, n = repair_window(s, ref[1], draft)
         committed = [ref[0], ref[1], ref[2], ref[3]][: 1 + n]
-        got = s.mtp.draft(committed[-1], s.n_past, K)
+        got = s.mtp.draft(committed[-1], s.n_past, K, probs=True)
+        plain = s.mtp.draft(committed[-1], s.n_past, K)
     with SequenceSession.open(ctx) as fresh:
         fresh.prefill([*prompt(), *committed[:-1]])
         assert fresh.mtp is not None
-        want = fresh.mtp.draft(committed[-1], fresh.n_past, K)
-    assert got[0] == want[0]
+        want = fresh.mtp.draft(committed[-1], fresh.n_past, K, probs=True)
+    assert got[0] == want[0] == plain[0]
+    assert plain[1] == [] and len(got[1]) == K and all(0.0 < p <= 1.0 for p in got[1])
     np.testing.assert_allclose(got[1], want[1], atol=1e-4)
     assert got[0] == testmodels.reference_draft(
         [*prompt(), *committed], K, acceptance=1.0)
+
+
+def test_sessions_without_the_head_share_a_context_with_one_following_it(
+        ctx: TargetContext) -> None:
+    """The target outputs the head's hidden rows only for forwards that include a
+    session following the head; forwards without one (alone, between the follower's
+    own) leave the follower's drafts exactly those of a fresh context."""
+    if ctx.mtp is None:
+        pytest.skip("no MTP head")
+    ref = reference(K + 12)
+    with SequenceSession.open(ctx, mtp=False) as bystander, SequenceSession.open(ctx) as s:
+        assert bystander.mtp is None and s.mtp is not None
+        bystander.prefill(prompt())
+        s.prefill(prompt())
+        got_bystander = [int(bystander.decode(ref[0]).argmax())]
+        s.decode(ref[0])
+        got_bystander.append(int(bystander.decode(ref[1]).argmax()))
+        la, lb = verify_many([(bystander, [ref[2]]), (s, [ref[1], ref[2]])])
+        s.retire()
+        got_bystander.append(int(la[0].argmax()))
+        assert [int(i) for i in lb.argmax(axis=1)] == ref[2:4]
+        got = s.mtp.draft(ref[3], s.n_past, K)
+    assert got_bystander == ref[1:4]
+    with SequenceSession.open(ctx) as fresh:
+        fresh.prefill([*prompt(), *ref[:3]])
+        assert fresh.mtp is not None
+        want = fresh.mtp.draft(ref[3], fresh.n_past, K)
+    assert got == want
+    assert got[0] == testmodels.reference_draft([*prompt(), *ref[:4]], K, acceptance=1.0)

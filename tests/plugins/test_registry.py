@@ -41,8 +41,8 @@ def test_builtins_come_from_entry_points() -> None:
         reg.create("mtp", ENV)  # no head on this model: a normal, typed answer
 
     class Head:
-        def draft(self, k: int) -> tuple[list[int], list[float]]:
-            return [1] * k, [0.9] * k
+        def draft(self, k: int, *, probs: bool = False) -> tuple[list[int], list[float]]:
+            return [1] * k, [0.9] * k if probs else []
 
     with_head = ProposerEnv(100, frozenset(), mtp=Head(), resources=Resources(cost_curve=Q8_0))
     assert isinstance(reg.create("mtp", with_head), MtpProposer)

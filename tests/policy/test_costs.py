@@ -6,7 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshd.policy.costs import MIN_SAMPLES, REBUILD_EVERY, WINDOW, CostModel, is_plausible
+from meshd.policy.costs import (
+    MIN_SAMPLES,
+    REBUILD_EVERY,
+    WINDOW,
+    CostCurve,
+    CostModel,
+    RepairCost,
+    choose_k,
+    is_plausible,
+    ratios,
+)
 
 Q4_1 = [1.0, 1.75, 2.32, 3.40, 3.9, 4.3, 4.7, 5.0, 5.4]
 
@@ -48,3 +58,36 @@ def test_only_the_last_window_of_samples_counts(seconds: list[float]) -> None:
         assert model.decode_seconds() == pytest.approx(expected)
     else:
         assert model.decode_seconds() is None
+
+
+# The 1B hybrid synthetic model measured here (quiet machine): 2 rows 1.83x, 4 rows
+# 2.97x, 33 rows 7.26x one decode; sizes between interpolated.
+HYBRID_1B = CostCurve.from_row_costs({2: 1.83, 4: 2.97, 9: 4.3, 13: 5.0, 33: 7.26})
+
+
+def test_windows_within_the_in_place_rollback_repair_for_free() -> None:
+    repair = RepairCost(rollback_window=8, checkpoint=0.3)
+    for k in range(9):
+        assert repair.expected(HYBRID_1B, 0.7, k) == 0.0
+    # Beyond it: the checkpoint always, plus a replay of the kept rows unless all hit.
+    assert repair.expected(HYBRID_1B, 1.0, 12) == pytest.approx(0.3)
+    assert repair.expected(HYBRID_1B, 0.0, 12) == pytest.approx(0.3 + HYBRID_1B.cost(0))
+    acc = 0.9
+    want = 0.3 + sum(acc ** a * (1 - acc) * HYBRID_1B.cost(a) for a in range(12))
+    assert repair.expected(HYBRID_1B, acc, 12) == pytest.approx(want)
+
+
+def test_repairs_keep_a_recurrent_model_from_drafting_past_its_rollback() -> None:
+    """At acceptance 0.9 the free-repair objective tempts a long window on a curve that
+    flattens; with the restore-and-replay charged, windows stay within the rollback."""
+    free = choose_k(HYBRID_1B, 0.9, 32)
+    charged = choose_k(HYBRID_1B, 0.9, 32, repair=RepairCost(rollback_window=8))
+    assert free > 8
+    assert 0 < charged <= 8
+    # An attention-only model (no repair cost) is unchanged by the option's absence.
+    assert ratios(HYBRID_1B, 0.9, 32) == ratios(HYBRID_1B, 0.9, 32, repair=None)
+    # The charged ratio never exceeds the free one.
+    rf = ratios(HYBRID_1B, 0.9, 32)
+    rc = ratios(HYBRID_1B, 0.9, 32, repair=RepairCost(rollback_window=8, checkpoint=0.1))
+    assert all(c <= f for c, f in zip(rc, rf, strict=True))
+    assert rc[:9] == rf[:9]

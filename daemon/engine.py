@@ -70,6 +70,8 @@ class SpeculationSettings:
 
     draft_max: int = DEFAULT_DRAFT_MAX
     adaptive: bool = True
+    #: Acceptance the proposer showed in earlier requests (None: the generic prior).
+    prior_acceptance: float | None = None
 
 
 class MtpHead:
@@ -139,7 +141,8 @@ class Generation:
         self.costs = costs
         #: Speculation's policy for this request: one call per step (see _gate).
         self.gate = StepGate(costs, draft_max=settings.draft_max,
-                             adaptive=proposer is not None and settings.adaptive)
+                             adaptive=proposer is not None and settings.adaptive,
+                             prior=settings.prior_acceptance)
         self.finish: FinishReason | None = None
         self.last = -1
         self.committed: list[int] = []

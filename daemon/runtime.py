@@ -282,8 +282,7 @@ class ModelRuntime:
     def _pooling(self, gen: Generation) -> Callable[[SequenceSession, Sequence[int]], None]:
         """``gen``'s release: its head acceptance into the pool, its session cached."""
         def release(session: SequenceSession, tokens: Sequence[int]) -> None:
-            self.mtp_acceptance.add(gen.stats.accepted_per_position,
-                                    gen.stats.drafted_per_position)
+            self.mtp_acceptance.add(gen.stats.accepted_per_position, gen.stats.drafted_per_position)
             self.prefix_cache.store(session, tokens)
         return release
 
@@ -587,6 +586,7 @@ class ModelRuntime:
                 settings=SpeculationSettings(
                     draft_max=k,
                     adaptive=adaptive and not (prop and prop.capabilities.decides_length),
+                    prior_acceptance=self.mtp_acceptance.prior() if follow_mtp else None,
                 ),
                 mtp_head=head, on_release=self.prefix_cache.store,
             )

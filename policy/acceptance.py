@@ -214,3 +214,12 @@ class PooledAcceptance:
         """``[conditional()]`` once the pool holds ``min_drafts`` drafts, else ``[]`` (the
         shape :func:`meshd.policy.gate.mtp_head_pays` takes)."""
         return [self.conditional()] if self.drafted >= self.min_drafts else []
+
+    def prior(self) -> float | None:
+        """One acceptance to start a request's estimates from: the mean conditional
+        acceptance over the measured positions, kept inside (0.05, 0.95) so a request's
+        own evidence can still move it; None until :meth:`estimates` offers the pool."""
+        if not self.estimates():
+            return None
+        cond = self.conditional()
+        return min(0.95, max(0.05, sum(cond) / len(cond)))

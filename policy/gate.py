@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from .acceptance import AcceptanceTracker
 from .costs import CostCurve, CostModel, RepairCost, speedup_limit
 from .draft_length import AdaptiveK
 
@@ -112,11 +113,16 @@ class StepGate:
     allows drafts ``k_max``. Times are handed in (:meth:`drafted`), never read here.
     """
 
-    def __init__(self, costs: CostModel | None, *, draft_max: int, adaptive: bool) -> None:
+    def __init__(self, costs: CostModel | None, *, draft_max: int, adaptive: bool,
+                 prior: float | None = None) -> None:
         self.costs = costs
         self.adaptive: AdaptiveK | None = None
         if adaptive and costs is not None:
-            self.adaptive = AdaptiveK(costs.curve(), k_max=draft_max)
+            # ``prior``: the acceptance other requests measured for this proposer, where
+            # known; it replaces the generic prior, so drafting starts at once where it
+            # paid for them (and the request's own evidence takes over within a few steps).
+            tracker = AcceptanceTracker(prior=prior) if prior is not None else None
+            self.adaptive = AdaptiveK(costs.curve(), tracker, k_max=draft_max)
         #: Running wall time of drafting one token, in seconds (None before a draft).
         self.draft_s_per_token: float | None = None
         self._next_head_check = 0

@@ -112,3 +112,12 @@ def test_pooled_acceptance_is_conditional_and_forgets_old_requests() -> None:
     assert pool.drafted == pytest.approx(8 + 24)
     u0, u1 = (3 + 8) / (4 + 8), (1.5 + 8) / (4 + 8)
     assert pool.conditional() == pytest.approx([u0, u1 / u0, 1.0])
+
+
+def test_pooled_prior_is_the_mean_conditional_acceptance_kept_off_the_bounds() -> None:
+    pool = PooledAcceptance(min_drafts=10)
+    assert pool.prior() is None
+    pool.add([6, 3], [8, 8])
+    assert pool.prior() == pytest.approx((0.75 + 0.5) / 2)
+    pool.add([100, 100], [100, 100])
+    assert pool.prior() == 0.95

@@ -157,3 +157,16 @@ def test_mtp_head_economics() -> None:
     assert not mtp_head_pays(cheap, overhead=0.3, draft_cost=0.1, k_max=8,
                              acceptances=[[0.1] * 8, [0.2] * 8])
 
+
+
+def test_acceptance_measured_by_earlier_requests_starts_drafting_at_once() -> None:
+    """The 1B hybrid's curve (2 rows 1.83, 4 rows 2.97 decodes): a new request with the
+    generic prior decodes plainly until probes measure the proposer; one that starts
+    from the acceptance earlier requests measured (0.9) drafts on its first step, and
+    one whose proposer measured poorly (0.3) does not."""
+    curve = [1.0, 1.83, 2.4, 2.97, 3.24, 3.5, 3.77, 4.03, 4.3]
+    assert StepGate(CostModel(curve), draft_max=8, adaptive=True).decide(facts()).k == 0
+    assert StepGate(CostModel(curve), draft_max=8, adaptive=True,
+                    prior=0.9).decide(facts()).k > 0
+    assert StepGate(CostModel(curve), draft_max=8, adaptive=True,
+                    prior=0.3).decide(facts()).k == 0

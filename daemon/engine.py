@@ -440,6 +440,13 @@ StepOutcome: TypeAlias = list[TokenEvent] | Exception
 """One generation's share of a step: the events it committed, or why it failed."""
 
 
+def verifies_apart(sessions: Sequence[SequenceSession]) -> bool:
+    """Whether these sessions verify in forwards of their own rather than in one.
+
+    Recurrent (hybrid) state does: see :func:`step_many`."""
+    return len(sessions) > 1 and any(s.recurrent for s in sessions)
+
+
 def step_many(generations: Sequence[Generation], *,
               on_forward: Callable[[float], None] | None = None) -> list[StepOutcome]:
     """One decode step for every generation, in order: plan each window, verify them in
@@ -450,13 +457,17 @@ def step_many(generations: Sequence[Generation], *,
     every verify forward; the cost model (shared by generations of one runtime) records
     it by rows. Runs where the model's calls may block: a worker thread in the daemon.
 
-    Recurrent (hybrid) sessions and sessions that follow the MTP head share the forward
-    like any others: llama.cpp splits a forward of several sequences into micro-batches
-    that keep each sequence's last ``n_rs_seq + 1`` rows together (so its rollback
-    snapshots stay valid), keeps snapshots and pending rollbacks per sequence, and
-    returns the hidden rows the MTP head is caught up from in batch order, where each
-    session's window is contiguous.
+    Sessions with a recurrent (hybrid) state step one after another, each verifying in a
+    forward of its own (:func:`verifies_apart`): a forward of several recurrent sequences with
+    windows of different lengths, after an in-place rollback of one of them, was seen to
+    leave that sequence's state stale in llama.cpp (a greedy token differed from the
+    session run alone, about once in ten runs of 8 concurrent clients). Attention-only
+    sessions, with or without the MTP head, share one forward.
     """
+    if verifies_apart([gen.session for gen in generations]):
+        # Each one's whole step (verify, then its repair) before the next one's forward:
+        # an in-place rollback is exact only right after its own verify.
+        return [step_many([gen], on_forward=on_forward)[0] for gen in generations]
     out: list[StepOutcome] = [[] for _ in generations]
     planned: list[tuple[int, Generation, Window]] = []
     for i, gen in enumerate(generations):

@@ -156,8 +156,20 @@ class MatchStats:
             self._trials[c] + PRIOR_WEIGHT)
 
     def acceptances(self, length: int, k: int) -> list[float]:
-        """Per-position acceptance of a ``k``-token draft taken at match ``length``."""
-        return [self.p(length + i) for i in range(k)]
+        """Per-position acceptance of a ``k``-token draft taken at match ``length``
+        (``[p(length), ..., p(length + k - 1)]``, computed in one pass: a costed step
+        asks for a whole window's worth per candidate)."""
+        hits, trials, factor = self._hits, self._trials, self.factor
+        c = length_class(length)
+        end = CLASS_STARTS[c + 1] if c + 1 < len(CLASS_STARTS) else math.inf
+        out: list[float] = []
+        for n in range(max(0, length), max(0, length) + k):
+            if n >= end:
+                c += 1
+                end = CLASS_STARTS[c + 1] if c + 1 < len(CLASS_STARTS) else math.inf
+            odds = factor * (n / EVEN_LENGTH) ** PRIOR_POWER
+            out.append((hits[c] + PRIOR_WEIGHT * odds / (odds + 1.0)) / (trials[c] + PRIOR_WEIGHT))
+        return out
 
     def update(self, length: int, proposed: int, accepted: int, *,
                censored: bool = False) -> None:

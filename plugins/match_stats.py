@@ -146,8 +146,17 @@ class MatchStats:
         # Undecayed counts of this request, for the pool.
         self._new_hits = [0.0] * len(CLASS_STARTS)
         self._new_trials = [0.0] * len(CLASS_STARTS)
-        self.factor = copy_factor(self._hits, self._trials)
+        self._factor: float | None = None
         self.updates = 0
+
+    @property
+    def factor(self) -> float:
+        """The copy factor of the counts as they are now (fitted when first read after
+        they changed: a step that drafts nothing judges several shadow positions and
+        reads the estimates once, if at all)."""
+        if self._factor is None:
+            self._factor = copy_factor(self._hits, self._trials)
+        return self._factor
 
     def p(self, length: int) -> float:
         """Estimated ``P(next token continues | match length)``."""
@@ -185,11 +194,11 @@ class MatchStats:
             self._count(length + i, 1.0)
         if accepted < proposed and not censored:
             self._count(length + accepted, 0.0)
-        self.factor = copy_factor(self._hits, self._trials)
 
     def decay(self) -> None:
         """Age every count by one outcome (recent outcomes matter most)."""
         self.updates += 1
+        self._factor = None
         for c in range(len(CLASS_STARTS)):
             self._hits[c] *= DECAY
             self._trials[c] *= DECAY
@@ -198,9 +207,9 @@ class MatchStats:
         """One position judged without a draft: did the token after a match of
         ``length`` continue it? (See the proposer's shadow drafts.)"""
         self._count(length, 1.0 if hit else 0.0)
-        self.factor = copy_factor(self._hits, self._trials)
 
     def _count(self, length: int, hit: float) -> None:
+        self._factor = None
         c = length_class(length)
         self._hits[c] += hit
         self._trials[c] += 1.0

@@ -96,8 +96,9 @@ def test_a_window_before_a_micro_batch_that_moves_its_cell(
         for i in prefill_order:
             sessions[i].prefill(prompts[i])
         windows = [[*refs[0][:2], refs[0][2] ^ 1], refs[1][:1], refs[2][:1]]
-        groups = forward_groups([(s.seq_id, len(w)) for s, w in zip(sessions, windows, strict=False)],
-                                recurrent=True, n_batch=ctx.config.n_batch)
+        groups = forward_groups(
+            [(s.seq_id, len(w)) for s, w in zip(sessions, windows, strict=True)],
+            recurrent=True, n_batch=ctx.config.n_batch)
         assert len(groups) == 2
         for group in groups:
             rows = verify_many([(sessions[i], windows[i]) for i in group])
@@ -106,12 +107,12 @@ def test_a_window_before_a_micro_batch_that_moves_its_cell(
             if 0 in group:
                 sessions[0].rollback_in_place(sessions[0].n_past - 1)
         nexts = [refs[0][2], refs[1][1], refs[2][1]]
-        got = [s.decode(t) for s, t in zip(sessions, nexts, strict=False)]
+        got = [s.decode(t) for s, t in zip(sessions, nexts, strict=True)]
         histories = [prompts[0] + refs[0][:3], prompts[1] + refs[1][:2],
                      prompts[2] + refs[2][:2]]
         for s in sessions:
             s.close()
-        for lg, history in zip(got, histories, strict=False):
+        for lg, history in zip(got, histories, strict=True):
             with SequenceSession.open(ctx) as fresh:
                 np.testing.assert_allclose(lg, fresh.prefill(history), atol=1e-3)
     finally:
@@ -174,7 +175,7 @@ def run_random(ctx: TargetContext, seed: int, *, steps: int = 30, mtp: bool = Fa
                 if needs_checkpoint(k, caps):
                     st.session.checkpoint()
             for group in forward_groups(
-                    [(st.session.seq_id, len(w)) for st, w in zip(streams, windows, strict=False)],
+                    [(st.session.seq_id, len(w)) for st, w in zip(streams, windows, strict=True)],
                     recurrent=True, n_batch=ctx.config.n_batch):
                 bases = [streams[i].session.n_past for i in group]
                 rows = verify_many([(streams[i].session, windows[i]) for i in group])

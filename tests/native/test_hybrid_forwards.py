@@ -77,6 +77,22 @@ def test_verify_many_refuses_windows_llama_cpp_would_split(qwen35: Model) -> Non
         ctx.close()
 
 
+def test_sessions_take_the_lowest_free_sequence_id(qwen35: Model) -> None:
+    """So that concurrent sessions sit on consecutive ids, which hybrid forwards need."""
+    ctx = make_context(qwen35)
+    try:
+        sessions = [SequenceSession.open(ctx) for _ in range(3)]
+        assert [s.seq_id for s in sessions] == [0, 1, 2]
+        sessions[0].close()
+        sessions[2].close()
+        again = SequenceSession.open(ctx)
+        assert again.seq_id == 0
+        again.close()
+        sessions[1].close()
+    finally:
+        ctx.close()
+
+
 # ---------------------------------------------------------------------- the smallest case
 
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from meshd.policy.acceptance import PooledAcceptance
 from meshd.policy.costs import (
+    MAX_SHIFT,
     MIN_SAMPLES,
     REBUILD_EVERY,
     WINDOW,
@@ -41,8 +42,39 @@ def test_online_samples_replace_the_calibration() -> None:
         model.record(99, 5.0)  # beyond the curve: ignored
     curve = model.curve()
     assert curve.cost(1) == pytest.approx(1.1)
-    assert curve.cost(2) == pytest.approx(2.32)  # no samples: the calibrated ratio
+    # No samples of its own: the calibrated extra cost, shifted as the measured size's
+    # was (0.1 extra measured where 0.75 was calibrated), at most MAX_SHIFT-fold.
+    assert curve.cost(2) == pytest.approx(1.0 + (2.32 - 1.0) / MAX_SHIFT)
     assert curve.cost(0) == 1.0
+
+
+def test_sizes_not_yet_measured_follow_the_measured_ones() -> None:
+    """Windows at a request's context cost more than the short calibration measured
+    (alike at every size): a few forwards of the sizes actually used move the whole
+    curve, not only those sizes; until there are enough of them, nothing moves."""
+    model = CostModel(Q4_1)
+    for _ in range(MIN_SAMPLES):
+        model.record(1, 0.010)
+    for rows in (2, 5, 9):  # one forward each: no size has a median of its own
+        model.record(rows, 0.010 * (1.0 + 1.3 * (Q4_1[rows - 1] - 1.0)))
+    for _ in range(REBUILD_EVERY):
+        model.record(99, 1.0)  # ignored sizes count nothing
+    assert model.curve().costs == pytest.approx(Q4_1)  # too few multi-row forwards
+    for rows in (3, 4, 6):
+        model.record(rows, 0.010 * (1.0 + 1.3 * (Q4_1[rows - 1] - 1.0)))
+    for _ in range(REBUILD_EVERY):
+        model.record(1, 0.010)
+    curve = model.curve()
+    for k in range(1, len(Q4_1)):
+        assert curve.cost(k) == pytest.approx(1.0 + 1.3 * (Q4_1[k] - 1.0))
+    # A measurement far off (a stalled forward) moves the curve at most MAX_SHIFT-fold.
+    stalled = CostModel(Q4_1)
+    for rows in range(2, 2 + MIN_SAMPLES):
+        stalled.record(1, 0.010)
+        stalled.record(rows, 1.0)
+    for _ in range(REBUILD_EVERY):
+        stalled.record(1, 0.010)
+    assert stalled.curve().cost(8) == pytest.approx(1.0 + MAX_SHIFT * (Q4_1[8] - 1.0))
 
 
 @given(seconds=st.lists(st.floats(1e-4, 1.0), min_size=1, max_size=3 * WINDOW))

@@ -8,10 +8,12 @@ every proposer goes through the same path, and ``--proposer off`` is the same pa
 empty drafts (zero-length windows), so "identical to plain decoding" is structural.
 
 One decode step has one path: :func:`step_many` plans every generation's window,
-verifies them all in ONE forward (continuous batching), decides each, then repairs and
-commits them (restore-and-replay last); :meth:`Generation.step` is that path with one
-generation. The engine is synchronous and does no I/O of its own: the daemon's scheduler
-runs it on the model's worker thread; ``meshd generate`` runs it directly.
+verifies them in shared forwards (continuous batching: one forward for an attention-only
+model; on a hybrid model one per group of windows llama.cpp computes together), decides
+each, then repairs and commits them (restore-and-replay last) before the next forward;
+:meth:`Generation.step` is that path with one generation. The engine is synchronous and
+does no I/O of its own: the daemon's scheduler runs it on the model's worker thread;
+``meshd generate`` runs it directly.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TypeAlias
 
 import attrs
 
+from meshd.native.batching import forward_groups
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
 from meshd.native.session import SequenceSession, verify_many
@@ -442,34 +445,39 @@ StepOutcome: TypeAlias = list[TokenEvent] | Exception
 """One generation's share of a step: the events it committed, or why it failed."""
 
 
-def verifies_apart(sessions: Sequence[SequenceSession]) -> bool:
-    """Whether these sessions verify in forwards of their own rather than in one.
-
-    Recurrent (hybrid) state does: see :func:`step_many`."""
-    return len(sessions) > 1 and any(s.recurrent for s in sessions)
+def forward_groups_of(planned: Sequence[tuple[SequenceSession, Window]]) -> list[list[int]]:
+    """Which planned windows verify together: indices into ``planned``, one list per
+    forward (see :func:`meshd.native.batching.forward_groups`). Attention-only sessions
+    share one forward; recurrent (hybrid) ones share it when llama.cpp runs their windows
+    as one micro-batch (equal rows, consecutive sequence ids), the only layout whose
+    in-place rollbacks stay exact."""
+    if not planned:
+        return []
+    context = planned[0][0].context
+    return forward_groups([(s.seq_id, 1 + len(w.draft)) for s, w in planned],
+                          recurrent=context.recurrent, n_batch=context.config.n_batch)
 
 
 def step_many(generations: Sequence[Generation], *,
               on_forward: Callable[[float], None] | None = None) -> list[StepOutcome]:
-    """One decode step for every generation, in order: plan each window, verify them in
-    ONE forward, decide each, then repair and commit.
+    """One decode step for every generation: plan each window, verify them in as few
+    forwards as is exact (:func:`forward_groups_of`; one for attention-only models),
+    and decide, repair and commit each forward's windows before the next forward.
 
     A generation that fails (its proposer, its state, the forward) gets its exception
     in its place and the others go on. ``on_forward(seconds)`` hears the wall time of
     every verify forward; the cost model (shared by generations of one runtime) records
     it by rows. Runs where the model's calls may block: a worker thread in the daemon.
 
-    Sessions with a recurrent (hybrid) state step one after another, each verifying in a
-    forward of its own (:func:`verifies_apart`): a forward of several recurrent sequences with
-    windows of different lengths, after an in-place rollback of one of them, was seen to
-    leave that sequence's state stale in llama.cpp (a greedy token differed from the
-    session run alone, about once in ten runs of 8 concurrent clients). Attention-only
-    sessions, with or without the MTP head, share one forward.
+    Why a recurrent (hybrid) step may take several forwards: llama.cpp runs the windows of
+    one forward as micro-batches, one after another, and a later micro-batch may move a
+    sequence of an earlier one to another state cell without its rollback snapshots, so
+    that sequence's in-place rollback after the forward restores a stale state (the
+    reasoning, and the smallest layout that shows it, are in :mod:`meshd.native.batching`).
+    A forward that is one micro-batch moves only sequences not in it, and those were
+    repaired already; llama.cpp computes each micro-batch on its own anyway, so the split
+    costs a forward's fixed overhead, not shared work.
     """
-    if verifies_apart([gen.session for gen in generations]):
-        # Each one's whole step (verify, then its repair) before the next one's forward:
-        # an in-place rollback is exact only right after its own verify.
-        return [step_many([gen], on_forward=on_forward)[0] for gen in generations]
     out: list[StepOutcome] = [[] for _ in generations]
     planned: list[tuple[int, Generation, Window]] = []
     for i, gen in enumerate(generations):
@@ -477,8 +485,16 @@ def step_many(generations: Sequence[Generation], *,
             planned.append((i, gen, gen.plan()))
         except Exception as exc:
             out[i] = exc
-    if not planned:
-        return out
+    for group in forward_groups_of([(gen.session, w) for _, gen, w in planned]):
+        _verify_and_apply([planned[j] for j in group], out, on_forward)
+    return out
+
+
+def _verify_and_apply(planned: Sequence[tuple[int, Generation, Window]],
+                      out: list[StepOutcome],
+                      on_forward: Callable[[float], None] | None) -> None:
+    """Verify ``planned`` windows in ONE forward, then decide, repair and commit each
+    (into ``out`` at its index)."""
     windows = [(gen.session, [w.last, *w.draft]) for _, gen, w in planned]
     try:
         t0 = time.perf_counter()
@@ -489,7 +505,7 @@ def step_many(generations: Sequence[Generation], *,
     except Exception as exc:
         for i, _, _ in planned:
             out[i] = exc
-        return out
+        return
     costs = planned[0][1].costs
     if costs is not None:
         costs.record(sum(len(tokens) for _, tokens in windows), elapsed)
@@ -509,4 +525,3 @@ def step_many(generations: Sequence[Generation], *,
             out[i] = gen.apply(window, decision)
         except Exception as exc:
             out[i] = exc
-    return out

@@ -1,8 +1,8 @@
 """The scheduler: admits requests into session slots, delivers their events, counts.
 
 Why one loop for all sessions: every active request advances once per iteration, in ONE
-engine step over all of them (:func:`meshd.daemon.engine.step_many`: one llama.cpp
-forward for every window, continuous batching), which is far cheaper than one forward
+engine step over all of them (:func:`meshd.daemon.engine.step_many`: shared llama.cpp
+forwards for their windows, continuous batching), which is cheaper than one forward
 each, and nobody starves; waiting requests are admitted first-come first-served as
 slots free up, and the queue is bounded (``Busy`` beyond it).
 

@@ -138,7 +138,10 @@ class TargetContext:
                 raise CapacityError(
                     f"all {self.config.n_seq_max} session slots are in use"
                 )
-            seq_id = self._free_slots.pop()
+            # The lowest free id: sessions on consecutive sequence ids can share a
+            # hybrid model's forward (see meshd.native.batching).
+            seq_id = min(self._free_slots)
+            self._free_slots.remove(seq_id)
             try:
                 holder = open_on(seq_id)
             except BaseException:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
+from .batching import forward_groups
 from .context import TargetContext
 from .errors import CapacityError, RollbackRefused, RuntimeStateError, SessionUnusable
 from .llama import lc
@@ -419,7 +420,10 @@ def verify_many(items: Sequence[tuple[SequenceSession, Sequence[int]]]) -> list[
     """Verify windows (or single decode steps) of several sessions in ONE forward.
 
     Returns each session's logits rows, in the order given. Each session must be
-    repaired (or retired) before the next forward that includes it.
+    repaired (or retired) before the next forward that includes it. On a recurrent
+    (hybrid) state only windows that llama.cpp runs as one micro-batch may share a
+    forward (:func:`~.batching.forward_groups` says which; anything else raises
+    ``ValueError``): other layouts lose a sequence's rollback snapshots.
     """
     if not items:
         return []
@@ -428,9 +432,17 @@ def verify_many(items: Sequence[tuple[SequenceSession, Sequence[int]]]) -> list[
         raise ValueError("verify_many needs sessions of one context")
     if len({s.seq_id for s, _ in items}) != len(items):
         raise ValueError("a session may appear once per forward")
+    groups = forward_groups([(s.seq_id, len(tokens)) for s, tokens in items],
+                            recurrent=ctx.recurrent, n_batch=ctx.config.n_batch)
+    if len(groups) != 1:
+        raise ValueError(
+            f"windows of {[(s.seq_id, len(t)) for s, t in items]} (sequence, rows) cannot "
+            "share one forward safely; verify them as forward_groups splits them")
+    (order,) = groups
     t0 = time.perf_counter()
     rows: list[Row] = []
-    for session, tokens in items:
+    for i in order:
+        session, tokens = items[i]
         rows += session.window_rows(tokens)
     with ctx.lock:
         try:
@@ -439,11 +451,12 @@ def verify_many(items: Sequence[tuple[SequenceSession, Sequence[int]]]) -> list[
             for session, tokens in items:
                 session.window_failed(exc, len(tokens))
             raise
-        out = []
+        out: list[FloatArray] = [logits[:0]] * len(items)
         start = 0
         dt = (time.perf_counter() - t0) * 1e3
-        for session, tokens in items:
-            out.append(logits[start:start + len(tokens)])
+        for i in order:
+            session, tokens = items[i]
+            out[i] = logits[start:start + len(tokens)]
             start += len(tokens)
             session.window_done(len(tokens), dt)
     return out

@@ -146,8 +146,17 @@ class MatchStats:
         # Undecayed counts of this request, for the pool.
         self._new_hits = [0.0] * len(CLASS_STARTS)
         self._new_trials = [0.0] * len(CLASS_STARTS)
-        self.factor = copy_factor(self._hits, self._trials)
+        self._factor: float | None = None
         self.updates = 0
+
+    @property
+    def factor(self) -> float:
+        """The copy factor of the counts as they are now (fitted when first read after
+        they changed: a step that drafts nothing judges several shadow positions and
+        reads the estimates once, if at all)."""
+        if self._factor is None:
+            self._factor = copy_factor(self._hits, self._trials)
+        return self._factor
 
     def p(self, length: int) -> float:
         """Estimated ``P(next token continues | match length)``."""
@@ -156,8 +165,20 @@ class MatchStats:
             self._trials[c] + PRIOR_WEIGHT)
 
     def acceptances(self, length: int, k: int) -> list[float]:
-        """Per-position acceptance of a ``k``-token draft taken at match ``length``."""
-        return [self.p(length + i) for i in range(k)]
+        """Per-position acceptance of a ``k``-token draft taken at match ``length``
+        (``[p(length), ..., p(length + k - 1)]``, computed in one pass: a costed step
+        asks for a whole window's worth per candidate)."""
+        hits, trials, factor = self._hits, self._trials, self.factor
+        c = length_class(length)
+        end = CLASS_STARTS[c + 1] if c + 1 < len(CLASS_STARTS) else math.inf
+        out: list[float] = []
+        for n in range(max(0, length), max(0, length) + k):
+            if n >= end:
+                c += 1
+                end = CLASS_STARTS[c + 1] if c + 1 < len(CLASS_STARTS) else math.inf
+            odds = factor * (n / EVEN_LENGTH) ** PRIOR_POWER
+            out.append((hits[c] + PRIOR_WEIGHT * odds / (odds + 1.0)) / (trials[c] + PRIOR_WEIGHT))
+        return out
 
     def update(self, length: int, proposed: int, accepted: int, *,
                censored: bool = False) -> None:
@@ -173,11 +194,11 @@ class MatchStats:
             self._count(length + i, 1.0)
         if accepted < proposed and not censored:
             self._count(length + accepted, 0.0)
-        self.factor = copy_factor(self._hits, self._trials)
 
     def decay(self) -> None:
         """Age every count by one outcome (recent outcomes matter most)."""
         self.updates += 1
+        self._factor = None
         for c in range(len(CLASS_STARTS)):
             self._hits[c] *= DECAY
             self._trials[c] *= DECAY
@@ -186,9 +207,9 @@ class MatchStats:
         """One position judged without a draft: did the token after a match of
         ``length`` continue it? (See the proposer's shadow drafts.)"""
         self._count(length, 1.0 if hit else 0.0)
-        self.factor = copy_factor(self._hits, self._trials)
 
     def _count(self, length: int, hit: float) -> None:
+        self._factor = None
         c = length_class(length)
         self._hits[c] += hit
         self._trials[c] += 1.0

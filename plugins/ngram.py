@@ -33,12 +33,19 @@ where a copy begins after a short match, or where short matches hold in this tex
 table's repeated cells), drafting starts on evidence instead of waiting for long
 matches. A real draft replaces the pending shadow (its outcome is measured instead).
 
-When no match pays for a while, a one-token probe keeps the estimates alive
+No probes while shadow drafts run: a one-token probe verifies what a shadow draft
+scores for free, so it would only spend verify rows (on a CPU where a second row costs
+most of a decode, a few percent of every step on text that never copies). Only with
+shadows off does a probe now and then keep the estimates alive
 (:class:`~meshd.policy.acceptance.Explorer`, its interval floored so probes cost at most
 about 3% of a decode per step).
 
 Cost: one automaton extension per new token (amortised O(1)); the engine passes the
 whole sequence each step, and only the tokens added since the previous call are read.
+A match is costed only when it could pay at all: a draft of ``k`` tokens commits at
+most ``1 + k p0`` tokens (``p0``: the acceptance of its first position), so below the
+curve's break-even ``min_k (margin c(k) - 1) / k`` no length can beat plain decoding and
+the step costs one estimate instead of a draft's worth (:func:`break_even`).
 """
 
 from __future__ import annotations
@@ -62,6 +69,19 @@ DEFAULT_PER_MATCH = 2
 CANDIDATES = 3
 
 CurveSource = Callable[[], CostCurve | None]
+
+
+def break_even(curve: CostCurve, margin: float, top: int) -> float:
+    """The first-position acceptance below which no draft of 1..``top`` tokens can pay.
+
+    A draft of ``k`` tokens commits at most ``1 + k p0`` tokens in expectation (every
+    later position is accepted at most always), against ``c(k)`` decodes; it beats
+    plain decoding by ``margin`` only if ``p0 > (margin c(k) - 1) / k`` for some ``k``.
+    """
+    top = min(top, curve.max_k)
+    if top < 1:
+        return float("inf")
+    return min((margin * curve.cost(k) - 1.0) / k for k in range(1, top + 1))
 
 
 class NgramProposer:
@@ -112,6 +132,10 @@ class NgramProposer:
         self._shadow: tuple[int, int, list[int], int] | None = None
         #: Times the index had to be rebuilt because a request contradicted it.
         self.rebuilds = 0
+        #: The break-even first-position acceptance, for this curve and limit.
+        self._floor_curve: CostCurve | None = None
+        self._floor_top = 0
+        self._floor = 0.0
 
     # ------------------------------------------------------------------ index
 
@@ -199,8 +223,11 @@ class NgramProposer:
                 limit: int) -> Proposal | None:
         """The candidate and length with the best expected speedup (or a probe)."""
         top = min(limit, curve.max_k)
+        floor = self._break_even(curve, top)
         best: tuple[float, int, list[int]] | None = None
         for n, e in candidates:
+            if self.stats.p(n) <= floor:
+                continue  # not even a draft that is always right after its first token pays
             draft = self._draft(e, top)
             rs = ratios(curve, self.stats.acceptances(n, len(draft)), len(draft))
             k = max(range(len(rs)), key=lambda j: (rs[j], -j))
@@ -210,6 +237,8 @@ class NgramProposer:
             self._probing = False
             self.explorer.speculated()
             return self._proposal(best[1], best[2])
+        if self.shadow:
+            return None  # the shadow draft measures what a probe would, without a verify
         # Nothing pays: probe one token now and then, so the estimates can recover.
         n, e = candidates[0]
         if top >= 1:
@@ -221,6 +250,14 @@ class NgramProposer:
                 self._probing = True
                 return self._proposal(n, self._draft(e, 1))
         return None
+
+    def _break_even(self, curve: CostCurve, top: int) -> float:
+        """:func:`break_even` for this curve, margin and length limit (kept until the
+        curve changes: the live curve is rebuilt every few forwards, not every step)."""
+        if self._floor_curve is not curve or self._floor_top != top:
+            self._floor_curve, self._floor_top = curve, top
+            self._floor = break_even(curve, self.margin, top)
+        return self._floor
 
     def _proposal(self, length: int, draft: list[int]) -> Proposal | None:
         if not draft:

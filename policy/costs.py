@@ -162,9 +162,16 @@ def prefix_expected(acc: float | Sequence[float], k: int) -> list[float]:
     """``[E(0), E(1), ..., E(k)]`` in one pass (see the module docstring for ``E``)."""
     out = [1.0]
     reach = 1.0
-    for i in range(k):
-        reach *= _acc_at(acc, i)
-        out.append(out[-1] + reach)
+    if isinstance(acc, int | float) or len(acc) < k:
+        for i in range(k):
+            reach *= _acc_at(acc, i)
+            out.append(out[-1] + reach)
+        return out
+    total = 1.0
+    for i in range(k):  # every position given: no per-position lookup (a hot path)
+        reach *= float(acc[i])
+        total += reach
+        out.append(total)
     return out
 
 

@@ -88,3 +88,47 @@ async def test_concurrent_mtp_requests_equal_single_client_runs(qwen35: ModelRun
     assert [list(together[i].token_ids) for i in range(len(REQUESTS))] == \
         [list(c.token_ids) for c in alone]
 
+
+
+#: Four requests drafting the same window length (so their windows can share forwards).
+SAME_K = [
+    ("The quick brown fox", 64, GREEDY),
+    ("abc def ghi jkl", 60, SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=7)),
+    ("hello world, hello", 72, GREEDY),
+    ("mtp mtp mtp", 56, SamplingParams(temperature=0.5, top_k=40, top_p=0.95, seed=99)),
+]
+
+
+async def test_concurrent_mtp_requests_share_forwards(qwen35: ModelRuntime) -> None:
+    """4 concurrent qwen35+MTP requests on 4 slots get their single-client tokens while
+    their windows share forwards: the context runs fewer forwards than the requests
+    count between them (each request counts every forward that held its rows)."""
+
+    async def generate(client: Client, i: int) -> Completion:
+        prompt, max_tokens, sp = SAME_K[i]
+        return await client.generate(
+            prompt, max_tokens=max_tokens, temperature=sp.temperature, top_k=sp.top_k,
+            top_p=sp.top_p, seed=sp.seed, proposer="mtp", draft_max=3).collect()
+
+    async with running_daemon(qwen35) as (server, path):
+        async with Client.connect(path) as client:
+            alone = [await generate(client, i) for i in range(len(SAME_K))]
+        await wait_idle(server)
+        together: dict[int, Completion] = {}
+
+        async def one(i: int) -> None:
+            async with Client.connect(path) as client:
+                together[i] = await generate(client, i)
+
+        forwards_before = qwen35.context.forward_id
+        async with anyio.create_task_group() as tg:
+            for i in range(len(SAME_K)):
+                tg.start_soon(one, i)
+        await wait_idle(server)
+        forwards = qwen35.context.forward_id - forwards_before
+    assert [list(together[i].token_ids) for i in range(len(SAME_K))] == \
+        [list(c.token_ids) for c in alone]
+    counted = sum(together[i].done.speculation.target_forwards for i in range(len(SAME_K)))
+    assert all(c.done.speculation.drafted > 0 for c in together.values())
+    # Prefills run alone: the sharing is in the decode steps.
+    assert forwards < 0.75 * counted, (forwards, counted)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from meshd.plugins.base import Outcome, ProposerEnv
 from meshd.plugins.match_stats import MatchStats, SharedMatchStats, length_class, prior
-from meshd.plugins.ngram import NgramProposer, ngram_factory
+from meshd.plugins.ngram import NgramProposer, break_even, ngram_factory
 from meshd.plugins.resources import Resources
 from meshd.plugins.suffix_index import SuffixIndex
 from meshd.policy.costs import CostCurve
@@ -200,16 +200,62 @@ def test_observe_learns_at_the_match_length_the_draft_was_taken_at() -> None:
     assert before - prop.stats.p(20) > beyond - prop.stats.p(24) > 0
 
 
-def test_a_probe_revives_a_match_length_that_stopped_paying() -> None:
+def test_without_shadows_a_probe_revives_a_match_length_that_stopped_paying() -> None:
     text = list(range(100, 160))
     seq = [*text, 99, *text[:20]]
-    prop = _costed()
+    prop = _costed(shadow=False)
     for _ in range(30):
         prop.stats.update(20, 8, 0)
     drafts = [prop.propose(request(seq, 16)) for _ in range(400)]
     probes = [d for d in drafts if d is not None]
     assert probes and all(d.tokens == (text[20],) for d in probes)
     assert len(probes) < 40  # rare: their cost stays a few percent of a decode
+
+
+def test_with_shadows_no_probe_is_verified_and_copying_still_revives_drafting() -> None:
+    """A probe would verify what a shadow draft scores for free: with shadows on, a
+    match length that stopped paying costs no verify row at all, and once the output
+    is seen to copy again (shadows scoring the committed tokens), drafting resumes."""
+    text = list(range(100, 400))
+    seq = [*text, 99, *text[:20]]
+    prop = _costed()
+    for _ in range(30):
+        prop.stats.update(20, 8, 0)
+    assert all(prop.propose(request(seq, 16)) is None for _ in range(400))
+    lengths: list[int] = []
+
+    class Recording(NgramProposer):
+        def _proposal(self, length: int, draft: list[int]):  # type: ignore[no-untyped-def]
+            lengths.append(len(draft))
+            return super()._proposal(length, draft)
+
+    again = Recording(curve=lambda: CPU)
+    again.stats = prop.stats
+    steps, accepted = _decode(again, [*text, 99], text[:200])
+    assert lengths[0] >= 2 and max(lengths) == 16  # no one-token probe; then long windows
+    assert accepted > 100 and steps < 100
+
+
+def test_a_match_that_cannot_pay_is_not_costed() -> None:
+    """Below the curve's break-even first-position acceptance no draft length can pay,
+    so the step reads one estimate, not a window's worth of them."""
+    assert break_even(CPU, 1.02, 16) == pytest.approx(
+        min((1.02 * CPU.cost(k) - 1) / k for k in range(1, 17)))
+    assert break_even(CPU, 1.02, 0) == float("inf")
+    text = list(range(100, 160))
+    weak = [*text, 99, 100, 101]
+    prop = _costed()
+    asked: list[int] = []
+    real = prop.stats.acceptances
+
+    def counting(length: int, k: int) -> list[float]:
+        asked.append(k)
+        return real(length, k)
+
+    prop.stats.acceptances = counting  # type: ignore[method-assign]
+    assert prop.propose(request(weak, 16)) is None
+    assert asked == []
+    assert prop.propose(request([*text, 99, *text[:30]], 16)) is not None and asked
 
 
 def test_match_stats_prior_and_sharing() -> None:

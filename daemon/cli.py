@@ -149,7 +149,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     sys.stdout.write(ev.text)
                     sys.stdout.flush()
             assert gen.finish is not None
-            proposer_name = gen.stats.proposer_that_ran(rt.resolve_proposer(args.proposer))
+            proposer_name = gen.stats.proposer_that_ran(gen.proposer_name)
             if args.json:
                 print(json.dumps({
                     "text": gen.text,

@@ -136,6 +136,8 @@ class Generation:
         self.stopper = StopMatcher(stop)
         self.assembler = Utf8Assembler()
         self.proposer = proposer
+        #: The proposer's registry name (what ``auto`` resolved to), where the owner set it.
+        self.proposer_name: str | None = None
         self.settings = settings
         self.mtp_head = mtp_head
         self.show_special = show_special

@@ -7,9 +7,7 @@ their generations here and nowhere else.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,9 +31,11 @@ from meshd.plugins.registry import Registry, default_registry
 from meshd.plugins.resources import Need, Resources
 from meshd.policy.acceptance import PooledAcceptance
 from meshd.policy.costs import CostCurve, CostModel, RepairCost, is_plausible
-from meshd.policy.gate import mtp_head_pays
+from meshd.policy.gate import Refusal, mtp_head_pays
+from meshd.policy.head_choice import HeadChoice
 
 from .chat_template import ChatTemplate, ChatTemplateError
+from .cost_cache import cached_thread_counts, cost_cache_path, cost_model_key
 from .engine import Generation, MtpHead, SpeculationSettings
 from .prefix_cache import PrefixCache
 from .sampling import GREEDY, SamplingParams
@@ -101,56 +101,6 @@ class RuntimeConfig:
     tensor_split: tuple[float, ...] = ()
 
 
-def _cost_model_key(model_path: Path, config: ContextConfig,
-                    placement: Sequence[object] = ()) -> list[object]:
-    """What a cost curve depends on besides the thread count."""
-    st = model_path.stat()
-    key: list[object] = [str(model_path), st.st_size, st.st_mtime_ns, config.draft_max,
-                         os.cpu_count()]
-    if placement:  # layers on remote workers cost what their network and cores cost
-        key.append(list(placement))
-    return key
-
-
-def _cost_cache_dir() -> Path:
-    """Where calibrated cost curves are kept.
-
-    Under systemd (``CacheDirectory=meshd`` / ``StateDirectory=meshd``) the service's own
-    writable directories, since a hardened unit can write nowhere else (its home may be
-    ``/``); otherwise ``$XDG_CACHE_HOME/meshd/costs`` (default ``~/.cache``).
-    """
-    for variable in ("CACHE_DIRECTORY", "STATE_DIRECTORY"):
-        value = os.environ.get(variable)
-        if value:  # systemd passes a colon-separated list; the first is ours
-            return Path(value.split(":")[0]) / "costs"
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "meshd" / "costs"
-
-
-def _cost_cache_path(model_path: Path, config: ContextConfig, threads: int | None,
-                     placement: Sequence[object] = ()) -> Path:
-    key = json.dumps([*_cost_model_key(model_path, config, placement), threads])
-    return _cost_cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
-
-
-def _cached_thread_counts(model_key: list[object]) -> list[int | None]:
-    """Thread counts with a cached curve for this model (a different ``--threads`` needs
-    its own: the cost of a batch against one decode depends on it)."""
-    found: list[int | None] = []
-    try:
-        files = list(_cost_cache_dir().glob("*.json"))
-    except OSError:
-        return found
-    for f in files:
-        try:
-            data = json.loads(f.read_text())
-            if data.get("model") == model_key:
-                found.append(data.get("threads"))
-        except (OSError, ValueError, AttributeError):
-            continue
-    return found
-
-
 class ModelRuntime:
     """A model loaded once, shared by every request on it."""
 
@@ -201,6 +151,8 @@ class ModelRuntime:
         self.mtp_costs: MtpCosts | None = None
         #: The head's acceptance over the requests that drafted with it (``auto``).
         self.mtp_acceptance = PooledAcceptance()
+        #: How the requests that followed the head ended (``auto`` skips a dropped head).
+        self.head_choice = HeadChoice()
         if config.calibrate and config.draft_max > 0:
             try:
                 self.costs = CostModel(self._load_or_measure_costs(path, ctx_config))
@@ -283,6 +235,7 @@ class ModelRuntime:
         """``gen``'s release: its head acceptance into the pool, its session cached."""
         def release(session: SequenceSession, tokens: Sequence[int]) -> None:
             self.mtp_acceptance.add(gen.stats.accepted_per_position, gen.stats.drafted_per_position)
+            self.head_choice.ended(dropped=Refusal.MTP_HEAD_DROPPED in gen.stats.refusals)
             self.prefix_cache.store(session, tokens)
         return release
 
@@ -299,15 +252,15 @@ class ModelRuntime:
         """The calibrated curve: cached per model/machine, re-measured when implausible."""
         threads = self.config.threads
         placement = [*self.config.rpc_workers, *self.config.tensor_split]
-        cache = _cost_cache_path(path, ctx_config, threads, placement)
+        cache = cost_cache_path(path, ctx_config, threads, placement)
         try:
             cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
             if is_plausible(cached) and len(cached) == ctx_config.draft_max + 1:
                 return cached
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        model_key = _cost_model_key(path, ctx_config, placement)
-        others = [t for t in _cached_thread_counts(model_key) if t != threads]
+        model_key = cost_model_key(path, ctx_config, placement)
+        others = [t for t in cached_thread_counts(model_key) if t != threads]
         if others:
             def name(t: int | None) -> str:
                 return f"--threads {t}" if t else "the default threads"
@@ -461,8 +414,11 @@ class ModelRuntime:
         if name == "off":
             return None
         if name == "auto":
-            return "mtp" if self.model.info.has_mtp and self.mtp_head_pays else "ngram"
+            return "mtp" if self._auto_may_follow_head() and self.head_choice.due else "ngram"
         return name.partition(":")[0]
+
+    def _auto_may_follow_head(self) -> bool:
+        return self.model.info.has_mtp and self.mtp_head_pays
 
     def make_proposer(self, name: str | None, options: Mapping[str, object] | None = None,
                       prompt: Sequence[int] = (), *, adaptive: bool = True,
@@ -553,8 +509,12 @@ class ModelRuntime:
         if need > self.context.config.n_ctx_seq:
             raise PromptTooLong(self.prompt_too_long(len(prompt)))
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
+        resolved = self.resolve_proposer(proposer)
         prop, head = self.make_proposer(proposer, proposer_options, prompt,
                                         adaptive=adaptive)
+        if ((proposer or self.config.default_proposer) == "auto"
+                and self._auto_may_follow_head() and not self.head_choice.due):
+            self.head_choice.skip()  # served without a head that earlier requests dropped
         if k == 0 and prop is not None:
             prop.close()
             prop = None
@@ -590,6 +550,7 @@ class ModelRuntime:
                 ),
                 mtp_head=head, on_release=self.prefix_cache.store,
             )
+            gen.proposer_name = resolved
             if follow_mtp:
                 gen.on_release = self._pooling(gen)
             return gen

@@ -354,7 +354,7 @@ def _admit(runtime: ModelRuntime, request: GenerationRequest) -> Admitted | Fail
     except BaseException:
         gen.close()
         raise
-    return gen, runtime.resolve_proposer(request.proposer), events
+    return gen, gen.proposer_name, events
 
 
 @attrs.frozen

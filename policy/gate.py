@@ -12,7 +12,14 @@ count): exact verification needs greedy or seeded sampling; the budget (tokens l
 context room, the request's ``draft_max``) must allow a draft; an MTP head that cannot
 pay for its catch-up is dropped; finally the cost model
 (:class:`~meshd.policy.draft_length.AdaptiveK`) chooses the length, 0 when no length
-beats plain decoding."""
+beats plain decoding.
+
+A followed MTP head is paid for on every forward (its catch-up), so the gate learns
+its worth fast and lets it go as soon as it does not pay: until it has drafted
+:data:`HEAD_EVIDENCE_WINDOWS` windows it drafts a short one where the cost model would
+decode plainly; then the measured acceptance must beat the catch-up, and so must what
+following it has bought in fact (:class:`HeadValue`, judged after
+:data:`HEAD_VALUE_STEPS` steps): else it is dropped."""
 
 from __future__ import annotations
 
@@ -28,7 +35,19 @@ from .draft_length import AdaptiveK
 #: Decode-phase forwards before the MTP head's cost is judged (timings settle).
 HEAD_CHECK_FORWARDS = 16
 #: Drafted tokens verified before the head is judged by its measured acceptance.
-HEAD_CHECK_DRAFTS = 64
+HEAD_CHECK_DRAFTS = 16
+#: Windows a followed head verifies outside a run of accepted drafts before the cost
+#: model alone decides: until then it drafts a short window (:data:`HEAD_EVIDENCE_K`)
+#: on every step the cost model would decode plainly. Its catch-up is paid on every
+#: forward anyway, so learning quickly what it is worth is cheaper than the slow
+#: probing a free proposer gets.
+HEAD_EVIDENCE_WINDOWS = 8
+#: The window of such an evidence step.
+HEAD_EVIDENCE_K = 2
+#: Steps a followed head is given before its realised value (:class:`HeadValue`) is judged.
+HEAD_VALUE_STEPS = 32
+#: Per-step decay of that value's evidence (about the last 50 steps count).
+HEAD_VALUE_DECAY = 0.98
 #: Forwards between two such judgements.
 HEAD_CHECK_EVERY = 8
 #: Weight of the newest proposal in the running drafting time per token.
@@ -57,6 +76,32 @@ class HeadLoad:
     """The head's catch-up forwards alone."""
     drafted: int
     """Drafted tokens verified."""
+
+
+@attrs.define
+class HeadValue:
+    """What following the MTP head has bought lately: tokens committed against what they
+    cost in plain decodes (each window by the cost curve, the head's catch-up on every
+    forward, the drafting), decayed so that a head which stopped paying shows it within
+    tens of steps. A ratio under 1: decoding plainly without the head would be faster.
+
+    Why a realised ledger and not the acceptance estimates alone: what the head is worth
+    depends on the lengths the cost model actually chooses from them (a head right three
+    times in four may draft now and then and still not earn its catch-up back)."""
+
+    tokens: float = 0.0
+    cost: float = 0.0
+    steps: int = 0
+
+    def add(self, tokens: int, cost: float) -> None:
+        self.tokens = self.tokens * HEAD_VALUE_DECAY + tokens
+        self.cost = self.cost * HEAD_VALUE_DECAY + cost
+        self.steps += 1
+
+    @property
+    def ratio(self) -> float:
+        """Tokens per decode of cost (plain decoding without the head: 1)."""
+        return self.tokens / self.cost if self.cost > 0.0 else float("inf")
 
 
 @attrs.frozen
@@ -126,6 +171,11 @@ class StepGate:
         #: Running wall time of drafting one token, in seconds (None before a draft).
         self.draft_s_per_token: float | None = None
         self._next_head_check = 0
+        #: What following the MTP head has bought (while the request follows one).
+        self.head_value = HeadValue()
+        #: The head's catch-up per target forward, as a fraction of it (measured).
+        self._head_overhead = 0.0
+        self._following = False
 
     def decide(self, facts: StepFacts) -> Verdict:
         """This step's draft length, refusal and head verdict (see the module docstring).
@@ -147,11 +197,26 @@ class StepGate:
                 # the cost model charges each drafted token what it measurably costs.
                 adaptive.draft_cost = self.draft_s_per_token / decode_s
         adaptive.repair = facts.repair
-        if facts.head is not None and self._head_cannot_pay(adaptive, facts.head):
-            self.adaptive = None
-            return Verdict(0, Refusal.MTP_HEAD_DROPPED, drop_head=True)
+        head = facts.head
+        self._following = head is not None
+        if head is not None:
+            if head.forward_ms > head.head_ms > 0.0:
+                self._head_overhead = head.head_ms / (head.forward_ms - head.head_ms)
+            value = self.head_value
+            if ((value.steps >= HEAD_VALUE_STEPS and value.ratio < 1.0)
+                    or self._head_cannot_pay(adaptive, head)):
+                return self._drop_head()
         k = min(adaptive.next_k(), facts.k_max)
+        if head is not None and k == 0:
+            if adaptive.tracker.updates < HEAD_EVIDENCE_WINDOWS:
+                k = min(HEAD_EVIDENCE_K, facts.k_max)  # gather evidence on the head
+            else:
+                self.head_value.add(1, 1.0 + self._head_overhead)
         return Verdict(k, Refusal.COST_MODEL if k == 0 else None)
+
+    def _drop_head(self) -> Verdict:
+        self.adaptive = None
+        return Verdict(0, Refusal.MTP_HEAD_DROPPED, drop_head=True)
 
     def drafted(self, seconds: float, tokens: int) -> None:
         """A proposal of ``tokens`` tokens took ``seconds`` (an empty one counts as one)."""
@@ -162,8 +227,14 @@ class StepGate:
 
     def verified(self, proposed: int, matched: int) -> None:
         """Feed back one step's window (``proposed = 0``: the proposer had nothing)."""
-        if self.adaptive is not None:
-            self.adaptive.observe(proposed, matched)
+        adaptive = self.adaptive
+        if adaptive is None:
+            return
+        adaptive.observe(proposed, matched)
+        if self._following:
+            window = adaptive.curve.cost(min(proposed, adaptive.curve.max_k))
+            self.head_value.add(matched + 1, window * (1.0 + self._head_overhead)
+                                + adaptive.draft_cost * proposed)
 
     def _head_cannot_pay(self, adaptive: AdaptiveK, head: HeadLoad) -> bool:
         """Whether following the MTP head costs more than its drafts can save.

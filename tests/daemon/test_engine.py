@@ -419,6 +419,39 @@ def test_auto_follows_the_heads_acceptance_pooled_over_requests(
         rt.close()
 
 
+def test_auto_serves_without_a_head_that_earlier_requests_dropped() -> None:
+    """A request that follows a head whose drafts are always wrong drops it (its evidence
+    windows all miss); ``auto`` then serves the next requests without the head (no
+    catch-up forwards), and follows it again after ``explore_every`` of them, in case
+    what the model is asked has changed. Costs set by hand, as above."""
+    path = str(testmodels.test_model_path("qwen35", acceptance=0.0))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=1,
+                                    calibrate=True, draft_max=4))
+    try:
+        rt.curve = CostCurve.sanitized([1.0 + 0.1 * k for k in range(5)])
+        rt.mtp_costs = MtpCosts(overhead=0.05, draft_cost=0.1)
+        prompt = prompt_for(rt, "a head that never pays")
+
+        def serve() -> Generation:
+            gen = rt.generation(prompt, max_tokens=48, proposer="auto")
+            for _ in gen.run():
+                pass
+            return gen
+
+        first = serve()
+        assert first.proposer_name == "mtp"
+        assert first.stats.refusals.get("mtp_head_dropped") == 1
+        assert 0 < first.stats.drafted < rt.mtp_acceptance.min_drafts, first.stats.drafted
+        assert first.stats.accepted == 0
+        for _ in range(rt.head_choice.explore_every):
+            gen = serve()
+            assert gen.proposer_name == "ngram" and gen.stats.session.mtp_ms == 0.0
+        again = serve()
+        assert again.proposer_name == "mtp" and again.stats.session.mtp_ms > 0.0
+    finally:
+        rt.close()
+
+
 def test_a_draft_models_probabilities_are_computed_only_on_request() -> None:
     path = str(testmodels.test_model_path("llama"))
     rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=256, n_seq_max=1,

@@ -11,7 +11,11 @@ from meshd.policy.gate import (
     HEAD_CHECK_DRAFTS,
     HEAD_CHECK_EVERY,
     HEAD_CHECK_FORWARDS,
+    HEAD_EVIDENCE_K,
+    HEAD_EVIDENCE_WINDOWS,
+    HEAD_VALUE_STEPS,
     HeadLoad,
+    HeadValue,
     Refusal,
     StepFacts,
     StepGate,
@@ -170,3 +174,84 @@ def test_acceptance_measured_by_earlier_requests_starts_drafting_at_once() -> No
                     prior=0.9).decide(facts()).k > 0
     assert StepGate(CostModel(curve), draft_max=8, adaptive=True,
                     prior=0.3).decide(facts()).k == 0
+
+
+#: A realistic 1B hybrid model's verify curve on 2 CPU cores (k + 1 rows, in decodes).
+HYBRID_1B = [1.0, 1.9, 2.15, 2.4, 2.7, 2.95, 3.15, 3.35, 3.55]
+
+
+def simulate_head(acceptance: float, seed: int, steps: int = 128,
+                  overhead: float = 0.065) -> tuple[int, int | None]:
+    """Follow a head whose drafts are each right with probability ``acceptance`` for
+    ``steps`` steps; return (tokens drafted, the step it was dropped at or None)."""
+    import random
+
+    rng = random.Random(seed)
+    gate = StepGate(CostModel(HYBRID_1B), draft_max=8, adaptive=True)
+    drafted = 0
+    for step in range(steps):
+        load = HeadLoad(forwards=step, forward_ms=40.0 * (1 + overhead) * step,
+                        head_ms=40.0 * overhead * step, drafted=drafted)
+        verdict = gate.decide(facts(head=load))
+        if verdict.drop_head:
+            return drafted, step
+        if verdict.k:
+            gate.drafted(0.004 * verdict.k, verdict.k)  # 0.1 decode per drafted token
+            accepted = 0
+            while accepted < verdict.k and rng.random() < acceptance:
+                accepted += 1
+            drafted += verdict.k
+            gate.verified(verdict.k, accepted)
+    return drafted, None
+
+
+def test_a_followed_head_gathers_evidence_before_the_cost_model_would_draft() -> None:
+    """With the generic prior the cost model would decode plainly for many steps; a
+    followed head (whose catch-up is paid anyway) drafts short windows until it has
+    verified HEAD_EVIDENCE_WINDOWS windows."""
+    gate = StepGate(CostModel(HYBRID_1B), draft_max=8, adaptive=True)
+    assert gate.decide(facts()).k == 0  # a free proposer waits for probes
+    gate = StepGate(CostModel(HYBRID_1B), draft_max=8, adaptive=True)
+    for _ in range(HEAD_EVIDENCE_WINDOWS):
+        verdict = gate.decide(facts(head=head(0, forward_ms=0.0, head_ms=0.0)))
+        assert verdict.k == HEAD_EVIDENCE_K and not verdict.drop_head
+        gate.verified(verdict.k, 0)
+    assert gate.decide(facts(head=head(0, forward_ms=0.0, head_ms=0.0))).k in (0, 1)
+
+
+def test_a_head_that_buys_nothing_is_dropped() -> None:
+    """Where no window pays (every row costs a decode) a followed head first drafts its
+    evidence windows, then decodes plainly while its catch-up is still paid: once it
+    has been followed HEAD_VALUE_STEPS steps, what it bought (fewer tokens than plain
+    decoding would have given for that time) drops it."""
+    gate = StepGate(CostModel(DEAR), draft_max=8, adaptive=True)
+    load = head(HEAD_CHECK_FORWARDS, forward_ms=106.0, head_ms=6.0)
+    verdicts = []
+    while not (verdicts and verdicts[-1].drop_head) and len(verdicts) < 100:
+        verdicts.append(v := gate.decide(facts(head=load)))
+        if v.k:
+            gate.verified(v.k, 1)  # half of each evidence window is right
+    assert [v.k for v in verdicts[:HEAD_EVIDENCE_WINDOWS]] == [HEAD_EVIDENCE_K] * 8
+    assert len(verdicts) == HEAD_VALUE_STEPS + 1
+    assert verdicts[-1] == Verdict(0, Refusal.MTP_HEAD_DROPPED, drop_head=True)
+    assert gate.head_value.ratio < 1.0
+
+
+def test_head_value_counts_tokens_against_their_cost() -> None:
+    value = HeadValue()
+    assert value.ratio == float("inf")
+    value.add(1, 1.06)  # a plain step with the head's catch-up
+    assert value.ratio == pytest.approx(1 / 1.06)
+    value.add(5, 2.4)  # a window that committed 5 tokens for 2.4 decodes
+    assert value.ratio == pytest.approx((0.98 + 5) / (1.06 * 0.98 + 2.4))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_good_head_is_kept_and_a_poor_one_dropped_early(seed: int) -> None:
+    """On a realistic hybrid curve with a 6.5% catch-up: a head right 90% of the time
+    is never dropped in a 128-token request; one right half the time (no length pays)
+    is dropped within the first 48 steps, having drafted little."""
+    drafted, dropped_at = simulate_head(0.9, seed)
+    assert dropped_at is None and drafted > 128
+    drafted, dropped_at = simulate_head(0.5, seed)
+    assert dropped_at is not None and dropped_at <= 48, (drafted, dropped_at)

@@ -80,7 +80,7 @@ class TargetContext:
         self.rollback_window = int(lc.llama_n_rs_seq(ctx)) if info.has_recurrent_state else 0
         self.recurrent = info.has_recurrent_state
         self._batch = lc.llama_batch_init(config.n_batch, 0, 1)
-        self._free_slots = list(range(config.n_seq_max - 1, -1, -1))
+        self._free_slots = list(range(config.n_seq_max))
         #: The open sessions by sequence id (see :meth:`open_slot`).
         self.sessions: dict[int, SlotHolder] = {}
         self.forward_id = 0

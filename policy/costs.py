@@ -160,16 +160,13 @@ def _acc_at(acc: float | Sequence[float], i: int) -> float:
 
 def prefix_expected(acc: float | Sequence[float], k: int) -> list[float]:
     """``[E(0), E(1), ..., E(k)]`` in one pass (see the module docstring for ``E``)."""
+    # Every position given: read it directly (a hot path); else fill in with _acc_at.
+    accs = (acc if not isinstance(acc, int | float) and len(acc) >= k
+            else [_acc_at(acc, i) for i in range(k)])
     out = [1.0]
-    reach = 1.0
-    if isinstance(acc, int | float) or len(acc) < k:
-        for i in range(k):
-            reach *= _acc_at(acc, i)
-            out.append(out[-1] + reach)
-        return out
-    total = 1.0
-    for i in range(k):  # every position given: no per-position lookup (a hot path)
-        reach *= float(acc[i])
+    reach = total = 1.0
+    for i in range(k):
+        reach *= float(accs[i])
         total += reach
         out.append(total)
     return out

@@ -1,4 +1,4 @@
-"""Where calibrated cost curves are cached, and under which key.
+"""Calibrated cost curves: measured once, cached, and under which key.
 
 A verify-cost curve depends on the model file, the context's draft length, the machine
 (its cores), the layer placement and the thread count; measuring one takes seconds, so
@@ -9,10 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
-from meshd.native.context import ContextConfig
+from meshd.native.calibrate import measure_row_costs
+from meshd.native.context import ContextConfig, TargetContext
+from meshd.policy.costs import is_plausible, within_rows
+
+
+class _Bar(Protocol):
+    def done(self, result: str = "done") -> None: ...
 
 
 def cost_model_key(model_path: Path, config: ContextConfig,
@@ -63,3 +70,44 @@ def cached_thread_counts(model_key: list[object]) -> list[int | None]:
         except (OSError, ValueError, AttributeError):
             continue
     return found
+
+
+def load_or_measure_costs(context: TargetContext, path: Path, *, threads: int | None,
+                          placement: Sequence[object], note: Callable[[str, str], None],
+                          step: Callable[[str], _Bar]) -> list[float]:
+    """The calibrated curve of ``context``'s model: cached per model and machine,
+    measured (and measured again once if implausible) otherwise. A curve still
+    implausible after that (heavy contention) is used capped at each size's rows and
+    never cached; the online cost model corrects it from real forwards."""
+    config = context.config
+    cache = cost_cache_path(path, config, threads, placement)
+    try:
+        cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
+        if is_plausible(cached) and len(cached) == config.draft_max + 1:
+            return cached
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    model_key = cost_model_key(path, config, placement)
+    others = [t for t in cached_thread_counts(model_key) if t != threads]
+    if others:
+        def name(t: int | None) -> str:
+            return f"--threads {t}" if t else "the default threads"
+
+        note("recalibrating", f"measuring the verify cost again for {name(threads)}: the "
+             f"cached measurement is for {', '.join(sorted({name(t) for t in others}))} "
+             "(it depends on the thread count)")
+    bar = step("measuring the verify cost (once per model, threads and machine)")
+    costs = measure_row_costs(context, config.draft_max)
+    if not is_plausible(costs):  # measured under contention: try once more
+        costs = measure_row_costs(context, config.draft_max, reps=9)
+    bar.done()
+    if not is_plausible(costs):
+        return within_rows(costs)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"costs": costs, "model": model_key, "threads": threads}))
+        tmp.replace(cache)
+    except OSError:
+        pass
+    return costs

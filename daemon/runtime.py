@@ -7,14 +7,13 @@ their generations here and nowhere else.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
 
-from meshd.native.calibrate import MtpCosts, measure_mtp_costs, measure_row_costs
+from meshd.native.calibrate import MtpCosts, measure_mtp_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
 from meshd.native.default_model import default_model_path
 from meshd.native.draft import DraftModel
@@ -30,15 +29,20 @@ from meshd.plugins.match_stats import SharedMatchStats
 from meshd.plugins.registry import Registry, default_registry
 from meshd.plugins.resources import Need, Resources
 from meshd.policy.acceptance import PooledAcceptance
-from meshd.policy.costs import CostCurve, CostModel, RepairCost, is_plausible
+from meshd.policy.costs import CostCurve, CostModel, RepairCost
 from meshd.policy.gate import Refusal, mtp_head_pays
 from meshd.policy.head_choice import HeadChoice
+from meshd.policy.rollback_depth import RequestOutcome, RollbackDepth
 
 from .chat_template import ChatTemplate, ChatTemplateError
-from .cost_cache import cached_thread_counts, cost_cache_path, cost_model_key
+from .cost_cache import load_or_measure_costs
 from .engine import Generation, MtpHead, SpeculationSettings
 from .prefix_cache import PrefixCache
 from .sampling import GREEDY, SamplingParams
+
+#: Drafts a request must have verified with the head before its own acceptance is
+#: judged (the evidence windows of a followed head give 16).
+HEAD_EVIDENCE_DRAFTS = 8.0
 
 
 class RequestError(ValueError):
@@ -84,6 +88,10 @@ class RuntimeConfig:
     calibrate: bool = True
     default_proposer: str = "auto"
     in_place_rollback: bool = True
+    #: Drop a recurrent model's rollback snapshots (they slow every forward) while its
+    #: requests do not use speculation, and bring them back when they would pay
+    #: (:mod:`meshd.policy.rollback_depth`); off: keep them whenever in_place_rollback.
+    adaptive_rollback: bool = True
     #: Keep finished sessions for prompts that share their prefix (0 disables).
     prefix_cache_tokens: int | None = None
     #: The draft models ``draft:PATH`` may name (None: any readable file, for in-process
@@ -153,9 +161,17 @@ class ModelRuntime:
         self.mtp_acceptance = PooledAcceptance()
         #: How the requests that followed the head ended (``auto`` skips a dropped head).
         self.head_choice = HeadChoice()
+        #: The rollback snapshots' depth, kept only while speculation uses them (None:
+        #: fixed, as configured: no recurrent state, or adaptation off).
+        full = self.context.rollback_window
+        self.rollback = (RollbackDepth(full) if config.adaptive_rollback and full > 0
+                         else None)
         if config.calibrate and config.draft_max > 0:
             try:
-                self.costs = CostModel(self._load_or_measure_costs(path, ctx_config))
+                self.costs = CostModel(load_or_measure_costs(
+                    self.context, path, threads=config.threads,
+                    placement=[*config.rpc_workers, *config.tensor_split],
+                    note=self._note, step=self._step))
                 if self.context.mtp is not None:
                     bar = self._step("measuring the MTP head")
                     self.mtp_costs = measure_mtp_costs(self.context)
@@ -226,18 +242,78 @@ class ModelRuntime:
         m, curve = self.mtp_costs, self.curve
         if m is None or curve is None:
             return True
-        ctx = self.context
-        return mtp_head_pays(curve, overhead=m.overhead, draft_cost=m.draft_cost,
-                             k_max=curve.max_k, acceptances=self.mtp_acceptance.estimates(),
-                             repair=RepairCost(ctx.rollback_window) if ctx.recurrent else None)
+        return self._head_pays(m, curve, self.mtp_acceptance.estimates())
 
-    def _pooling(self, gen: Generation) -> Callable[[SequenceSession, Sequence[int]], None]:
-        """``gen``'s release: its head acceptance into the pool, its session cached."""
+    def _head_pays(self, m: MtpCosts, curve: CostCurve,
+                   acceptances: Sequence[Sequence[float]]) -> bool:
+        """Whether the head pays at ``acceptances``, judged where the rollback snapshots
+        are kept (the depth an adaptive context returns to when speculation uses it),
+        their cost per forward counted against the head."""
+        ctx, rollback, costs = self.context, self.rollback, self.costs
+        overhead, depth = m.overhead, ctx.rollback_window
+        if rollback is not None:
+            depth = rollback.full
+            overhead += rollback.snapshot_overhead(
+                costs.decode_seconds() if costs is not None else None)
+        return mtp_head_pays(curve, overhead=overhead, draft_cost=m.draft_cost,
+                             k_max=curve.max_k, acceptances=acceptances,
+                             repair=RepairCost(depth) if ctx.recurrent else None)
+
+    def _releasing(self, gen: Generation, *, follows_head: bool,
+                   ) -> Callable[[SequenceSession, Sequence[int]], None]:
+        """``gen``'s release: what it learned about speculation recorded (the head's
+        acceptance pooled, how it ended, the rollback depth's evidence), its session
+        cached for prompts sharing its prefix."""
         def release(session: SequenceSession, tokens: Sequence[int]) -> None:
-            self.mtp_acceptance.add(gen.stats.accepted_per_position, gen.stats.drafted_per_position)
-            self.head_choice.ended(dropped=Refusal.MTP_HEAD_DROPPED in gen.stats.refusals)
+            stats = gen.stats
+            dropped = Refusal.MTP_HEAD_DROPPED in stats.refusals
+            pays_with_snapshots = False
+            if follows_head:
+                self.mtp_acceptance.add(stats.accepted_per_position,
+                                        stats.drafted_per_position)
+                pays_with_snapshots = self._pays_with_snapshots(gen)
+                # A head dropped only for want of snapshots is not held against it.
+                self.head_choice.ended(dropped=dropped and not pays_with_snapshots)
+            if self.rollback is not None:
+                self.rollback.ended(RequestOutcome(
+                    tokens=stats.emitted, accepted=stats.accepted, dropped_head=dropped,
+                    head_pays_with_snapshots=pays_with_snapshots))
             self.prefix_cache.store(session, tokens)
         return release
+
+    def _pays_with_snapshots(self, gen: Generation) -> bool:
+        """Whether ``gen``, which followed the head without rollback snapshots, measured
+        an acceptance at which the head would pay with them."""
+        m, curve, rollback = self.mtp_costs, self.curve, self.rollback
+        if rollback is None or rollback.depth != 0 or m is None or curve is None:
+            return False
+        own = PooledAcceptance(min_drafts=HEAD_EVIDENCE_DRAFTS)
+        own.add(gen.stats.accepted_per_position, gen.stats.drafted_per_position)
+        estimates = own.estimates()
+        return bool(estimates) and self._head_pays(m, curve, estimates)
+
+    def _apply_rollback_depth(self) -> None:
+        """Rebuild the context at the rollback depth the evidence asks for, once no
+        request is running on it (cached sessions are dropped: they live in it).
+        Runs on the model's worker thread, before a new request opens its session."""
+        rollback = self.rollback
+        if rollback is None or rollback.wanted == rollback.depth:
+            return
+        old = self.context
+        if len(old.sessions) > len(self.prefix_cache):
+            return  # a request is running: switch between requests
+        decode_s = self.costs.decode_seconds() if self.costs is not None else None
+        self.prefix_cache.clear()
+        self.context = old.rebuilt(in_place_rollback=rollback.wanted > 0)
+        self.prefix_cache.context = self.context
+        rollback.switched(self.context.rollback_window, decode_s=decode_s)
+        if self.costs is not None:
+            self.costs.forget()  # forwards cost differently now
+        self._note("rollback_depth", (
+            f"keeping {rollback.depth} recurrent-state snapshots for in-place rollback: "
+            "speculation uses them" if rollback.depth else
+            "dropped the recurrent-state snapshots (they slow every forward): "
+            f"{rollback.quiet_requests} requests in a row did not speculate"))
 
     @property
     def curve(self) -> CostCurve | None:
@@ -247,43 +323,6 @@ class ModelRuntime:
     @curve.setter
     def curve(self, value: CostCurve | None) -> None:
         self.costs = CostModel(value.costs) if value is not None else None
-
-    def _load_or_measure_costs(self, path: Path, ctx_config: ContextConfig) -> list[float]:
-        """The calibrated curve: cached per model/machine, re-measured when implausible."""
-        threads = self.config.threads
-        placement = [*self.config.rpc_workers, *self.config.tensor_split]
-        cache = cost_cache_path(path, ctx_config, threads, placement)
-        try:
-            cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
-            if is_plausible(cached) and len(cached) == ctx_config.draft_max + 1:
-                return cached
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        model_key = cost_model_key(path, ctx_config, placement)
-        others = [t for t in cached_thread_counts(model_key) if t != threads]
-        if others:
-            def name(t: int | None) -> str:
-                return f"--threads {t}" if t else "the default threads"
-
-            self._note("recalibrating", f"measuring the verify cost again for "
-                       f"{name(threads)}: the cached measurement is for "
-                       f"{', '.join(sorted({name(t) for t in others}))} (it depends on "
-                       "the thread count)")
-        bar = self._step("measuring the verify cost (once per model, threads and machine)")
-        costs = measure_row_costs(self.context, ctx_config.draft_max)
-        if not is_plausible(costs):  # measured under contention: try once more
-            costs = measure_row_costs(self.context, ctx_config.draft_max, reps=9)
-        bar.done()
-        if is_plausible(costs):  # never cache a noisy curve; the online model corrects it
-            try:
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cache.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"costs": costs, "model": model_key,
-                                           "threads": threads}))
-                tmp.replace(cache)
-            except OSError:
-                pass
-        return costs
 
     @property
     def idle_slots(self) -> int:
@@ -509,6 +548,7 @@ class ModelRuntime:
         if need > self.context.config.n_ctx_seq:
             raise PromptTooLong(self.prompt_too_long(len(prompt)))
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
+        self._apply_rollback_depth()  # before anything binds to the context
         resolved = self.resolve_proposer(proposer)
         prop, head = self.make_proposer(proposer, proposer_options, prompt,
                                         adaptive=adaptive)
@@ -548,11 +588,10 @@ class ModelRuntime:
                     adaptive=adaptive and not (prop and prop.capabilities.decides_length),
                     prior_acceptance=self.mtp_acceptance.prior() if follow_mtp else None,
                 ),
-                mtp_head=head, on_release=self.prefix_cache.store,
+                mtp_head=head,
             )
             gen.proposer_name = resolved
-            if follow_mtp:
-                gen.on_release = self._pooling(gen)
+            gen.on_release = self._releasing(gen, follows_head=follow_mtp)
             return gen
         except Exception:
             if prop is not None:

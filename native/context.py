@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+import attrs
 import numpy as np
 
 from .cpus import usable_cpus
@@ -113,6 +114,21 @@ class TargetContext:
             lc.llama_batch_free(self._batch)
             lc.llama_free(self._ctx)
             self._closed = True
+
+    def rebuilt(self, *, in_place_rollback: bool) -> TargetContext:
+        """This context closed and a new one made like it, with or without the in-place
+        rollback's snapshots (llama.cpp fixes them when a context is created). Every
+        session must be closed first. Where llama.cpp cannot make the new one (memory),
+        the old settings are made again: the caller reads ``rollback_window`` for what
+        it got."""
+        if self.sessions:
+            raise RuntimeStateError("a context with open sessions cannot be rebuilt")
+        config = attrs.evolve(self.config, in_place_rollback=in_place_rollback)
+        self.close()
+        try:
+            return TargetContext(self.model, config)
+        except CapacityError:
+            return TargetContext(self.model, self.config)
 
     def __enter__(self) -> TargetContext:
         return self

@@ -298,6 +298,16 @@ def is_plausible(costs: Sequence[float], *, tolerance: float = 0.85) -> bool:
     return all(b >= a * tolerance for a, b in itertools.pairwise(costs))
 
 
+def within_rows(costs: Sequence[float]) -> list[float]:
+    """``costs`` with no size dearer than its rows decoded one by one (``c(k) <= k + 1``).
+
+    What the runtime keeps of a calibration measured twice under contention: a batch of
+    ``k + 1`` rows never costs more than ``k + 1`` decodes of a quiet machine, and a
+    curve claiming so (seen: a 2-row forward at 2.94 decodes while other work ran) turns
+    off speculation that pays. The online model corrects the rest from real forwards."""
+    return [min(float(c), k + 1.0) for k, c in enumerate(costs)]
+
+
 class CostModel:
     """Relative cost of a forward of k+1 rows vs 1 row, for k = 0..max_k, kept current.
 
@@ -326,6 +336,13 @@ class CostModel:
             return
         self._samples[rows] = (*samples[-(WINDOW - 1):], seconds)
         self._dirty += 1
+
+    def forget(self) -> None:
+        """Drop every measured forward (the model's forwards changed: a rebuilt context);
+        the calibration stands until new samples come."""
+        self._samples = {rows: () for rows in self._samples}
+        self._dirty = 0
+        self._curve = self._prior
 
     def decode_seconds(self) -> float | None:
         """Wall time of a one-row forward lately: the median of recent one-row forwards,

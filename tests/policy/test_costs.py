@@ -18,6 +18,7 @@ from meshd.policy.costs import (
     choose_k,
     is_plausible,
     ratios,
+    within_rows,
 )
 
 Q4_1 = [1.0, 1.75, 2.32, 3.40, 3.9, 4.3, 4.7, 5.0, 5.4]
@@ -30,6 +31,30 @@ def test_plausibility() -> None:
     assert not is_plausible([1.0, 1.50, 1.55, 0.998, 1.79, 3.34, 3.49, 1.68, 3.88])
     assert not is_plausible([1.0])
     assert not is_plausible([1.0, 1.8, 2.2, 2.5, 3.1, 3.6, 4.1, 4.4, 18.3])
+
+
+def test_a_contended_curve_is_capped_at_its_rows() -> None:
+    """Measured while other work ran: a 2-row forward at 2.94 decodes. Kept as is, the
+    curve would price every window out; capped, no size costs more than its rows."""
+    loaded = [1.0, 2.94, 3.3, 3.1, 6.9]
+    assert within_rows(loaded) == [1.0, 2.0, 3.0, 3.1, 5.0]
+    assert within_rows(Q4_1) == Q4_1
+    capped = ratios(CostCurve.sanitized(within_rows(loaded)), 0.95, 4)
+    raw = ratios(CostCurve.sanitized(loaded), 0.95, 4)
+    assert all(c >= r for c, r in zip(capped, raw, strict=True))
+    assert capped[1] > raw[1]
+
+
+def test_forget_drops_the_samples_and_keeps_the_calibration() -> None:
+    model = CostModel(Q4_1)
+    for _ in range(WINDOW):
+        model.record(1, 0.010)
+        model.record(3, 0.040)
+    assert model.decode_seconds() == pytest.approx(0.010)
+    assert model.curve().cost(2) != pytest.approx(Q4_1[2])
+    model.forget()
+    assert model.decode_seconds() is None
+    assert model.curve().costs == CostCurve.sanitized(Q4_1).costs
 
 
 def test_online_samples_replace_the_calibration() -> None:

@@ -49,6 +49,9 @@ HTTP_FD_NAME: Final = "http"
 
 __all__ = ["HTTP_FD_NAME", "add_parser", "run", "socket_address"]
 
+#: Runtime notes about routine adaptation (logged at info, not warning).
+ROUTINE_NOTES = frozenset({"rollback_depth"})
+
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``serve`` and its options on the ``meshd`` command line."""
@@ -186,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
 
     def note(event: str, message: str) -> None:
-        log.warning(event, message=message)
+        # Routine adaptation is information; everything else asks for attention.
+        (log.info if event in ROUTINE_NOTES else log.warning)(event, message=message)
 
     try:
         with pinging_while_starting(notifier):

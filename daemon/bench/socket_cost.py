@@ -9,7 +9,9 @@ this process, then measures, with speculation off so only the transport differs:
 * **health latency while generating**: ``health`` round trips on a second connection
   while a generation runs (target: median < 50 ms).
 * **aggregate tokens/s, 1 vs 4 clients**: total completion tokens / wall time with one
-  client, and with four concurrent clients on four connections (continuous batching).
+  client, and with four concurrent clients on four connections (continuous batching);
+  speculation off unless ``--proposer`` names one (then the daemon calibrates first).
+  Models without a chat template get the prompts as plain text.
 
 Arms are interleaved (ABBA order per round, so drift such as thermal throttling or other
 load on the machine hits both sides alike) and each figure is the median over rounds;
@@ -50,9 +52,17 @@ def _messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
 
 
+def _request(i: int, chat: bool) -> dict[str, Any]:
+    """The prompt of request ``i``: a user turn, or plain text for a model without a
+    chat template (the synthetic test models)."""
+    return {"messages": _messages(i)} if chat else {"prompt": PROMPTS[i % len(PROMPTS)]}
+
+
 def _start_daemon(args: argparse.Namespace, socket_path: str) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "meshd.daemon.cli", "serve", "--socket", socket_path,
-               "--slots", "4", "--ctx", str(args.ctx), "--fixed-k", "--log-level", "warning"]
+               "--slots", "4", "--ctx", str(args.ctx), "--log-level", "warning"]
+    if args.proposer == "off":
+        command.append("--fixed-k")  # nothing to calibrate for
     if args.model:
         command += ["--model", args.model]
     if args.threads:
@@ -73,7 +83,9 @@ async def _wait_ready(daemon: subprocess.Popen[bytes], path: str) -> None:
 
 
 def _in_process(rt: ModelRuntime, i: int, max_tokens: int) -> tuple[int, float]:
-    prompt = rt.tokenize_prompt(rt.render_chat(_messages(i)), chat=True)
+    chat = rt.model.chat_template is not None
+    text = rt.render_chat(_messages(i)) if chat else PROMPTS[i % len(PROMPTS)]
+    prompt = rt.tokenize_prompt(text, chat=chat)
     t0 = time.perf_counter()
     gen = rt.generation(prompt, max_tokens=max_tokens, proposer="off")
     for _ in gen.run():
@@ -81,20 +93,22 @@ def _in_process(rt: ModelRuntime, i: int, max_tokens: int) -> tuple[int, float]:
     return len(gen.committed), time.perf_counter() - t0
 
 
-async def _through_socket(client: Client, i: int, max_tokens: int) -> tuple[int, float]:
+async def _through_socket(client: Client, i: int, max_tokens: int, *,
+                          chat: bool) -> tuple[int, float]:
     t0 = time.perf_counter()
-    done = await client.generate(messages=_messages(i), max_tokens=max_tokens,
+    done = await client.generate(**_request(i, chat), max_tokens=max_tokens,
                                  temperature=0.0, proposer="off").collect()
     return len(done.token_ids), time.perf_counter() - t0
 
 
-async def _clients(path: str, n: int, max_tokens: int, round_no: int) -> tuple[int, float]:
+async def _clients(path: str, n: int, max_tokens: int, round_no: int, *, chat: bool,
+                   proposer: str) -> tuple[int, float]:
     """n concurrent clients, each on its own connection: (total tokens, wall seconds)."""
     totals: list[int] = []
 
     async def one(k: int, client: Client) -> None:
-        done = await client.generate(messages=_messages(round_no + k), max_tokens=max_tokens,
-                                     temperature=0.0, proposer="off").collect()
+        done = await client.generate(**_request(round_no + k, chat), max_tokens=max_tokens,
+                                     temperature=0.0, proposer=proposer).collect()
         totals.append(len(done.token_ids))
 
     async with _connections(path, n) as clients:
@@ -120,10 +134,11 @@ class _connections:
             await cm.__aexit__(None, None, None)
 
 
-async def _health_latencies(path: str, probes: int, max_tokens: int) -> list[float]:
+async def _health_latencies(path: str, probes: int, max_tokens: int, *,
+                           chat: bool) -> list[float]:
     latencies: list[float] = []
     async with Client.connect(path) as gen_client, Client.connect(path) as probe, \
-            gen_client.generate(messages=_messages(0), max_tokens=max_tokens,
+            gen_client.generate(**_request(0, chat), max_tokens=max_tokens,
                                 temperature=0.0, proposer="off") as stream:
         await stream.__anext__()  # generating now
         for _ in range(probes):
@@ -143,10 +158,11 @@ def _median(xs: Sequence[float]) -> float:
 async def _bench(args: argparse.Namespace, rt: ModelRuntime, path: str) -> dict[str, Any]:
     inproc: list[float] = []
     socket_rates: list[float] = []
+    chat = rt.model.chat_template is not None
     async with Client.connect(path, client_name="bench") as client:
         # Warm-up: first forwards allocate buffers on both sides.
         _in_process(rt, 0, 8)
-        await _through_socket(client, 0, 8)
+        await _through_socket(client, 0, 8, chat=chat)
         for r in range(args.rounds):
             order = ("in", "sock") if r % 2 == 0 else ("sock", "in")
             for arm in order:
@@ -154,14 +170,15 @@ async def _bench(args: argparse.Namespace, rt: ModelRuntime, path: str) -> dict[
                     n, s = _in_process(rt, r, args.max_tokens)
                     inproc.append(n / s)
                 else:
-                    n, s = await _through_socket(client, r, args.max_tokens)
+                    n, s = await _through_socket(client, r, args.max_tokens, chat=chat)
                     socket_rates.append(n / s)
-    health = await _health_latencies(path, args.probes, max(args.max_tokens, 256))
+    health = await _health_latencies(path, args.probes, max(args.max_tokens, 256), chat=chat)
     one: list[float] = []
     four: list[float] = []
     for r in range(args.rounds):
         for n_clients in (1, 4) if r % 2 == 0 else (4, 1):
-            tokens, wall = await _clients(path, n_clients, args.max_tokens, r)
+            tokens, wall = await _clients(path, n_clients, args.max_tokens, r, chat=chat,
+                                          proposer=args.proposer)
             (one if n_clients == 1 else four).append(tokens / wall)
     m_in, m_sock = _median(inproc), _median(socket_rates)
     m_one, m_four = _median(one), _median(four)
@@ -170,6 +187,7 @@ async def _bench(args: argparse.Namespace, rt: ModelRuntime, path: str) -> dict[
         "threads": args.threads,
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,
+        "proposer": args.proposer,
         "in_process_tok_s": m_in,
         "socket_tok_s": m_sock,
         "socket_over_in_process": m_sock / m_in,
@@ -193,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ctx", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--probes", type=int, default=30)
+    parser.add_argument("--proposer", default="off",
+                        help="speculation of the 1- and 4-client requests (default: off)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     directory = tempfile.mkdtemp(prefix="meshd-bench-", dir="/tmp")
@@ -218,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     print(f"model {result['model']}  threads={args.threads or 'default'}  "
-          f"rounds={args.rounds}  max_tokens={args.max_tokens}  speculation off")
+          f"rounds={args.rounds}  max_tokens={args.max_tokens}  "
+          f"proposer of the aggregate runs: {args.proposer}")
     print(f"socket vs in-process : {result['socket_tok_s']:.1f} vs "
           f"{result['in_process_tok_s']:.1f} tok/s  ratio {result['socket_over_in_process']:.3f}"
           f"  (target >= 0.97)")

@@ -169,6 +169,11 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
         spec_tokens = decode_tokens - plain_steps
         out["forwards_per_speculative_token"] = (
             (forwards - plain_steps) / spec_tokens if spec_tokens > 0 else None)
+        # The same without the replays after restores (a repair cost, charged by the
+        # limit): what accepted drafts alone predict.
+        out["verify_forwards_per_speculative_token"] = (
+            verify_calls / spec_tokens if spec_tokens > 0 else None)
+        out["replays"] = replays
         propose_ms = sum(float(s["propose_ms"]) for s in stats)
         draft_cost = (propose_ms / drafted / unit_forward_ms
                       if drafted and unit_forward_ms else 0.0)

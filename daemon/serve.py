@@ -168,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
         model_path=c.model.path, n_ctx_seq=c.model.ctx, n_seq_max=c.serve.slots,
         draft_max=c.speculation.draft_max, threads=c.model.threads,
         calibrate=not c.speculation.fixed_k, default_proposer=proposer,
+        in_place_rollback=c.speculation.rollback_snapshots != "never",
+        adaptive_rollback=c.speculation.rollback_snapshots == "auto",
         allowed_drafts=tuple(drafts),
         rpc_workers=c.model.rpc, tensor_split=c.model.tensor_split,
         gpu_layers=c.model.gpu_layers,

@@ -100,6 +100,8 @@ def test_serve_defaults_are_defined_once() -> None:
     ("[serve]\nslots = 0\n", "serve.slots: must be >= 1 (got 0)"),
     ("[log]\nlevel = \"loud\"\n", "log.level: must be in"),
     ("[speculation]\nfixed_k = 1\n", "speculation.fixed_k: expected true or false, got 1"),
+    ("[speculation]\nrollback_snapshots = \"sometimes\"\n",
+     "speculation.rollback_snapshots: must be in"),
     ("[serve]\nallow_users = [\"a\", 5]\n", "serve.allow_users: expected a string, got 5"),
     ("[serve\n", "not valid TOML"),
     ("serve = 3\n", "serve must be a table"),

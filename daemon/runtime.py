@@ -32,17 +32,13 @@ from meshd.policy.acceptance import PooledAcceptance
 from meshd.policy.costs import CostCurve, CostModel, RepairCost
 from meshd.policy.gate import Refusal, mtp_head_pays
 from meshd.policy.head_choice import HeadChoice
-from meshd.policy.rollback_depth import RequestOutcome, RollbackDepth
+from meshd.policy.rollback_depth import OWN_EVIDENCE_DRAFTS, RequestOutcome, RollbackDepth
 
 from .chat_template import ChatTemplate, ChatTemplateError
 from .cost_cache import load_or_measure_costs
 from .engine import Generation, MtpHead, SpeculationSettings
 from .prefix_cache import PrefixCache
 from .sampling import GREEDY, SamplingParams
-
-#: Drafts a request must have verified with the head before its own acceptance is
-#: judged (the evidence windows of a followed head give 16).
-HEAD_EVIDENCE_DRAFTS = 8.0
 
 
 class RequestError(ValueError):
@@ -287,7 +283,7 @@ class ModelRuntime:
         m, curve, rollback = self.mtp_costs, self.curve, self.rollback
         if rollback is None or rollback.depth != 0 or m is None or curve is None:
             return False
-        own = PooledAcceptance(min_drafts=HEAD_EVIDENCE_DRAFTS)
+        own = PooledAcceptance(min_drafts=OWN_EVIDENCE_DRAFTS)
         own.add(gen.stats.accepted_per_position, gen.stats.drafted_per_position)
         estimates = own.estimates()
         return bool(estimates) and self._head_pays(m, curve, estimates)

@@ -25,6 +25,9 @@ import attrs
 QUIET_REQUESTS = 3
 #: Accepted drafts per committed token from which a request counts as using speculation.
 ACTIVE_SHARE = 0.1
+#: Drafts a request must have verified with the MTP head before its own acceptance
+#: judges whether the head pays with snapshots (a followed head's evidence windows give 16).
+OWN_EVIDENCE_DRAFTS = 8.0
 
 
 @attrs.frozen

@@ -41,10 +41,13 @@ from meshd.policy.decision import (
     needs_checkpoint,
 )
 from meshd.policy.gate import HeadLoad, StepFacts, StepGate
+from meshd.policy.shared_window import DEFAULT_PRIOR, RunningAcceptance
 
 from .generation_stats import GenerationStats
 from .sampling import GREEDY, FloatArray, Sampler, SamplingParams
 from .stopping import StopMatcher
+from .window import MtpHead, Window
+from .window_sharing import draft_ahead, pad_windows, shared_caps
 
 #: How long a proposer may take to answer before its draft counts as late.
 PROPOSER_DEADLINE_S = 0.050
@@ -59,15 +62,6 @@ class TokenEvent:
 
 
 @attrs.frozen
-class Window:
-    """One planned verify window: ``[last, *draft]`` at positions ``base..``."""
-
-    last: int
-    base: int
-    draft: tuple[int, ...]
-
-
-@attrs.frozen
 class SpeculationSettings:
     """Per-request speculation: ``draft_max`` bounds k; ``adaptive`` lets cost decide."""
 
@@ -75,31 +69,6 @@ class SpeculationSettings:
     adaptive: bool = True
     #: Acceptance the proposer showed in earlier requests (None: the generic prior).
     prior_acceptance: float | None = None
-
-
-class MtpHead:
-    """The session's MTP context bound to the engine's current ``last`` token.
-
-    Created unbound, before the session is chosen: whether a session follows the MTP head
-    (an MTP forward after every target forward) depends on whether the proposer, made
-    first, needs the head; :meth:`bind` attaches the session then.
-    """
-
-    def __init__(self) -> None:
-        self._session: SequenceSession | None = None
-        self.last = -1
-
-    def bind(self, session: SequenceSession) -> None:
-        if session.mtp is None:
-            raise ValueError("the session does not follow the MTP head")
-        self._session = session
-
-    def draft(self, k: int, *, probs: bool = False) -> tuple[list[int], list[float]]:
-        session = self._session
-        if session is None or session.mtp is None:
-            raise RuntimeError("the MTP head was used by a proposer that does not declare "
-                               "needs_mtp_head")
-        return session.mtp.draft(self.last, session.n_past, k, probs=probs)
 
 
 class Generation:
@@ -148,6 +117,13 @@ class Generation:
         self.gate = StepGate(costs, draft_max=settings.draft_max,
                              adaptive=proposer is not None and settings.adaptive,
                              prior=settings.prior_acceptance)
+        #: Per-token acceptance of this request's drafts (what a shared window's length
+        #: is chosen from when requests share a forward).
+        self.acceptance = RunningAcceptance(
+            prior=settings.prior_acceptance if settings.prior_acceptance is not None
+            else DEFAULT_PRIOR)
+        #: Shared steps in a row this request could have drafted in and did not.
+        self.shared_idle = 0
         self.finish: FinishReason | None = None
         self.last = -1
         self.committed: list[int] = []
@@ -297,14 +273,35 @@ class Generation:
             except Exception:
                 self.stats.fault("close_error")
 
-    def plan(self) -> Window:
-        """Choose this step's window: ask the proposer for up to k drafts (gated)."""
+    def draft_cap(self) -> int:
+        """The most drafts this step may verify (0: it cannot speculate now): the
+        request's ``draft_max``, the tokens left after the target's own one, the
+        context's room; 0 without a proposer or for sampling that cannot be verified."""
+        if self.proposer is None or not self.sampler.params.exact_verifiable:
+            return 0
+        room = self.session.context.config.n_ctx_seq - self.session.n_past - 1
+        return max(0, min(self.settings.draft_max,
+                          self.max_tokens - len(self.committed) - 1, room))
+
+    def draft_cost(self) -> float:
+        """One drafted token lately, in single-row decodes (0 until both are measured)."""
+        decode_s = self.costs.decode_seconds() if self.costs is not None else None
+        per_token = self.gate.draft_s_per_token
+        return per_token / decode_s if decode_s and per_token is not None else 0.0
+
+    def plan(self, cap: int | None = None) -> Window:
+        """Choose this step's window: ask the proposer for up to k drafts (gated), and
+        no more than ``cap`` (the length chosen for a shared forward)."""
         if self.done:
             raise RuntimeError("generation finished")
         k = self._gate()
+        if cap is not None:
+            k = min(k, cap)
         draft: tuple[int, ...] = ()
         if k > 0 and self.proposer is not None:
             draft = self._propose(self.proposer, k)
+        if self.mtp_head is not None:
+            self.mtp_head.take_ahead_seconds()  # drafts made ahead are for this step only
         if k > 0 and not draft:
             self.gate.verified(0, 0)
         caps = RepairCaps(self.session.recurrent, self.session.rollback_window, False)
@@ -318,8 +315,10 @@ class Generation:
             tokens=self.tokens, n_prompt=len(self.prompt), max_len=k,
             deadline=time.monotonic() + PROPOSER_DEADLINE_S,
         )
-        if self.mtp_head is not None:
-            self.mtp_head.last = self.last
+        head = self.mtp_head
+        if head is not None:
+            head.last = self.last
+            head.in_use = False
         self.stats.proposals += 1
         try:
             proposal = proposer.propose(request)
@@ -328,6 +327,8 @@ class Generation:
             return ()
         finally:
             elapsed = time.perf_counter() - t0
+            if head is not None:
+                elapsed += head.take_ahead_seconds()
             self.stats.propose_ms += elapsed * 1e3
         self.gate.drafted(elapsed, len(proposal.tokens) if proposal is not None else 0)
         if time.monotonic() > request.deadline:
@@ -395,23 +396,25 @@ class Generation:
             s.restore_and_replay(repair.keep_to, repair.replay)
         else:
             s.discard()
-        k = len(window.draft)
+        k = window.drafted  # filler rows are not the proposer's drafts
+        accepted = min(decision.accepted, k)
         if k > 0:
             st = self.stats
             st.verify_calls += 1
             st.drafted += k
-            st.accepted += decision.accepted
+            st.accepted += accepted
             while len(st.drafted_per_position) < k:
                 st.drafted_per_position.append(0)
                 st.accepted_per_position.append(0)
             for i in range(k):
                 st.drafted_per_position[i] += 1
-            for i in range(decision.accepted):
+            for i in range(accepted):
                 st.accepted_per_position[i] += 1
-            self.gate.verified(k, decision.matched)
+            self.gate.verified(k, min(decision.matched, k))
+            self.acceptance.observe(k, min(decision.matched, k))
         if self.proposer is not None and k > 0:
             try:
-                self.proposer.observe(Outcome(k, decision.accepted, decision.committed))
+                self.proposer.observe(Outcome(k, accepted, decision.committed))
             except Exception:
                 self.stats.fault("observe_error")
         # Commit.
@@ -475,16 +478,23 @@ def step_many(generations: Sequence[Generation], *,
     that sequence's in-place rollback after the forward restores a stale state (the
     reasoning, and the smallest layout that shows it, are in :mod:`meshd.native.batching`).
     A forward that is one micro-batch moves only sequences not in it, and those were
-    repaired already; llama.cpp computes each micro-batch on its own anyway, so the split
-    costs a forward's fixed overhead, not shared work.
+    repaired already. So that concurrent hybrid requests still share ONE forward, their
+    windows get one length chosen for the group and the shorter ones filler
+    (:mod:`meshd.daemon.window_sharing`).
     """
     out: list[StepOutcome] = [[] for _ in generations]
     planned: list[tuple[int, Generation, Window]] = []
+    caps = shared_caps(generations)
+    if caps is not None and any(caps):
+        draft_ahead(generations, caps)
     for i, gen in enumerate(generations):
         try:
-            planned.append((i, gen, gen.plan()))
+            planned.append((i, gen, gen.plan(caps[i] if caps is not None else None)))
         except Exception as exc:
             out[i] = exc
+    if len(planned) == len(generations):
+        windows = pad_windows(generations, [w for _, _, w in planned], caps)
+        planned = [(i, gen, w) for (i, gen, _), w in zip(planned, windows, strict=True)]
     for group in forward_groups_of([(gen.session, w) for _, gen, w in planned]):
         _verify_and_apply([planned[j] for j in group], out, on_forward)
     return out

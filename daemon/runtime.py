@@ -36,9 +36,10 @@ from meshd.policy.rollback_depth import OWN_EVIDENCE_DRAFTS, RequestOutcome, Rol
 
 from .chat_template import ChatTemplate, ChatTemplateError
 from .cost_cache import load_or_measure_costs
-from .engine import Generation, MtpHead, SpeculationSettings
+from .engine import Generation, SpeculationSettings
 from .prefix_cache import PrefixCache
 from .sampling import GREEDY, SamplingParams
+from .window import MtpHead
 
 
 class RequestError(ValueError):

@@ -71,42 +71,7 @@ class MtpSession:
         """
         if k <= 0 or self.stale:
             return [], []
-        owner = self.owner
-        tokens: list[int] = []
-        chances: list[float] = []
-        h = self.pending_h
-        tok = last
-        with owner.lock:
-            try:
-                for i in range(k):
-                    lc.llama_batch_ext_clear(owner.batch)
-                    idx = lc.llama_batch_ext_add_token(owner.batch, self.seq_id, tok)
-                    if idx < 0:
-                        raise NativeError(f"MTP batch rejected token {tok} ({idx})")
-                    pos = (lc.llama_pos * 1)(pos0 + i)
-                    lc.llama_batch_ext_set_pos(owner.batch, idx, pos)
-                    if not lc.llama_batch_ext_set_embd_token(owner.batch, idx, _embd(h)):
-                        raise NativeError("MTP batch rejected the hidden row")
-                    lc.llama_batch_ext_set_output_logits(owner.batch, idx, True)
-                    rc = lc.llama_process(owner.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, owner.batch)
-                    owner.forwards += 1
-                    if rc != 0:
-                        raise RuntimeStateError(
-                            f"MTP draft decode failed ({rc})", seq_id=self.seq_id,
-                            positions=(pos0 + i, pos0 + i + 1),
-                        )
-                    logits = float_rows(lc.llama_get_logits_ith(owner.ctx, 0), 1, owner.n_vocab)[0]
-                    d = int(logits.argmax())
-                    if probs:
-                        chances.append(float(1.0 / np.exp(logits - logits[d]).sum()))
-                    tokens.append(d)
-                    h = float_rows(
-                        lcx.llama_get_embeddings_nextn_ith(owner.ctx, 0), 1, owner.n_embd
-                    )[0].copy()
-                    tok = d
-            finally:
-                lc.llama_memory_seq_rm(owner.memory, self.seq_id, pos0, -1)
-        self.drafts += 1
+        (tokens,), (chances,) = self.owner.draft_many([(self, last, pos0, k)], probs=probs)
         return tokens, chances
 
 
@@ -150,6 +115,69 @@ class MtpContext:
     def close(self) -> None:
         lc.llama_batch_ext_free(self.batch)
         lc.llama_free(self.ctx)
+
+    def draft_many(self, items: Sequence[tuple[MtpSession, int, int, int]], *,
+                   probs: bool = False) -> tuple[list[list[int]], list[list[float]]]:
+        """Greedy drafts for several sequences at once: ``items`` are ``(session, last,
+        pos0, k)``; returns each item's tokens and, with ``probs``, the head's
+        probability of each (else empty lists).
+
+        One MTP forward per draft position carries every sequence still drafting (as
+        llama.cpp's own server drafts for its slots), instead of one forward per
+        sequence and position: the head's weights and the vocabulary's output matrix
+        are read once per position for all of them. A stale session drafts nothing.
+        """
+        tokens: list[list[int]] = [[] for _ in items]
+        chances: list[list[float]] = [[] for _ in items]
+        live = [i for i, (sess, _, _, k) in enumerate(items) if k > 0 and not sess.stale]
+        if not live:
+            return tokens, chances
+        if len({items[i][0].seq_id for i in live}) != len(live):
+            raise ValueError("one draft per sequence at a time")
+        h = {i: items[i][0].pending_h for i in live}
+        tok = {i: items[i][1] for i in live}
+        batch = self.batch
+        with self.lock:
+            try:
+                for step in range(max(items[i][3] for i in live)):
+                    rows = [i for i in live if items[i][3] > step]
+                    lc.llama_batch_ext_clear(batch)
+                    at: dict[int, int] = {}
+                    for i in rows:
+                        sess, _, pos0, _ = items[i]
+                        idx = lc.llama_batch_ext_add_token(batch, sess.seq_id, tok[i])
+                        if idx < 0:
+                            raise NativeError(f"MTP batch rejected token {tok[i]} ({idx})")
+                        lc.llama_batch_ext_set_pos(batch, idx, (lc.llama_pos * 1)(pos0 + step))
+                        if not lc.llama_batch_ext_set_embd_token(batch, idx, _embd(h[i])):
+                            raise NativeError("MTP batch rejected the hidden row")
+                        lc.llama_batch_ext_set_output_logits(batch, idx, True)
+                        at[i] = idx
+                    rc = lc.llama_process(self.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+                    self.forwards += 1
+                    if rc != 0:
+                        first = items[rows[0]]
+                        raise RuntimeStateError(
+                            f"MTP draft decode failed ({rc})", seq_id=first[0].seq_id,
+                            positions=(first[2] + step, first[2] + step + 1),
+                        )
+                    for i in rows:
+                        logits = float_rows(lc.llama_get_logits_ith(self.ctx, at[i]), 1,
+                                            self.n_vocab)[0]
+                        d = int(logits.argmax())
+                        if probs:
+                            chances[i].append(float(1.0 / np.exp(logits - logits[d]).sum()))
+                        tokens[i].append(d)
+                        h[i] = float_rows(lcx.llama_get_embeddings_nextn_ith(self.ctx, at[i]),
+                                          1, self.n_embd)[0].copy()
+                        tok[i] = d
+            finally:
+                for i in live:
+                    sess, _, pos0, _ = items[i]
+                    lc.llama_memory_seq_rm(self.memory, sess.seq_id, pos0, -1)
+        for i in live:
+            items[i][0].drafts += 1
+        return tokens, chances
 
     def catch_up(self, rows: Sequence[Row], hidden: FloatArray) -> None:
         """Feed the MTP context what the target just decoded (no outputs)."""

@@ -178,3 +178,31 @@ def test_pooled_prior_is_the_mean_conditional_acceptance_kept_off_the_bounds() -
     assert pool.prior() == pytest.approx((0.75 + 0.5) / 2)
     pool.add([100, 100], [100, 100])
     assert pool.prior() == 0.95
+
+
+def test_row_cost_of_forwards_wider_than_the_curve() -> None:
+    """Several requests' windows in one forward: wider than the calibrated curve."""
+    model = CostModel(Q4_1)  # 9 rows at most
+    assert model.row_cost(1) == 1.0
+    assert model.row_cost(9) == pytest.approx(Q4_1[8])
+    # Unmeasured: every further row at the curve's average extra cost per row.
+    per_row = (Q4_1[8] - 1.0) / 8
+    assert model.row_cost(13) == pytest.approx(Q4_1[8] + 4 * per_row)
+    # Measured (one-row decodes give the scale): the median is used, and sizes between
+    # the curve's end and a measured width are interpolated.
+    for _ in range(MIN_SAMPLES):
+        model.record(1, 0.010)
+        model.record(17, 0.060)
+    assert model.row_cost(17) == pytest.approx(6.0)
+    assert model.row_cost(13) == pytest.approx(Q4_1[8] + (6.0 - Q4_1[8]) / 2)
+    assert model.row_cost(21) == pytest.approx(6.0 + 4 * 5.0 / 16)
+    model.forget()
+    assert model.row_cost(17) == pytest.approx(Q4_1[8] + 8 * per_row)
+    with pytest.raises(ValueError):
+        model.row_cost(0)
+
+
+@given(rows=st.integers(1, 200))
+def test_row_cost_never_falls_as_rows_grow(rows: int) -> None:
+    model = CostModel(Q4_1)
+    assert model.row_cost(rows + 1) >= model.row_cost(rows) >= 1.0

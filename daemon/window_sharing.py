@@ -1,0 +1,150 @@
+"""Concurrent requests on a hybrid model: one window length, so one forward.
+
+llama.cpp computes the windows of a hybrid (recurrent) model's forward together only
+when they have equal rows and consecutive sequence ids (:mod:`meshd.native.batching`);
+requests that each choose their own draft length split a step into a forward per
+length. Here the engine's step (:func:`meshd.daemon.engine.step_many`) gets, for such a
+group, one length chosen for the group's economics
+(:func:`meshd.policy.shared_window.plan_shared`: the forward's cost by its total
+rows, each request's measured acceptance and drafting cost), caps every request's
+drafts at it, and pads the shorter windows with filler to it.
+
+What padding may do is narrow, and checked here: every request's sampling must be
+exactly verifiable (greedy or seeded: a filler token is then committed only where the
+target itself produced it, so output does not change), every padded window must be
+undone in place (within the session's rollback window, no checkpoint), and the context
+must have room for the rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from meshd.native.session import SequenceSession
+from meshd.policy.costs import CostModel
+from meshd.policy.shared_window import Member, RunningAcceptance, plan_shared
+
+from .sampling import Sampler
+from .window import MtpHead, Window
+
+
+class Sharer(Protocol):
+    """What a request sharing a forward shows here (a
+    :class:`~meshd.daemon.engine.Generation`)."""
+
+    session: SequenceSession
+    costs: CostModel | None
+    sampler: Sampler
+    mtp_head: MtpHead | None
+    last: int
+    acceptance: RunningAcceptance
+    shared_idle: int
+
+    def draft_cap(self) -> int: ...
+
+    def draft_cost(self) -> float: ...
+
+#: Shared steps without drafts after which the group drafts one token each, so that
+#: acceptance that improved (or a pessimistic prior) is noticed: at most one step in
+#: this many pays for a probe.
+PROBE_EVERY = 16
+
+
+def shared_caps(generations: Sequence[Sharer]) -> list[int] | None:
+    """How many drafts each request may make this step so that the group's windows
+    share one forward (filler pads the rest), or None where they do not share (one
+    request, an attention-only model, sampling that cannot be verified, a session that
+    cannot roll a filler row back in place, no cost model yet)."""
+    if len(generations) < 2:
+        return None
+    first = generations[0]
+    if not first.session.context.recurrent or first.costs is None:
+        return None
+    if not all(g.sampler.params.exact_verifiable for g in generations):
+        return None
+    depth = min(g.session.rollback_window for g in generations)
+    if depth < 1 or not _consecutive(generations):
+        return None
+    members = []
+    for g in generations:
+        cap = g.draft_cap()
+        members.append(Member(tuple(g.acceptance.rates(cap)) if cap > 0 else None, cap,
+                              g.draft_cost()))
+    plan = plan_shared(members, first.costs.row_cost, max_length=depth)
+    able = [g for g, m in zip(generations, members, strict=True) if m.cap > 0]
+    if plan.length > 0 or not able:
+        for g in able:
+            g.shared_idle = 0
+        return list(plan.drafts)
+    for g in able:
+        g.shared_idle += 1
+    if min(g.shared_idle for g in able) < PROBE_EVERY:
+        return list(plan.drafts)
+    for g in able:
+        g.shared_idle = 0
+    # A one-draft probe: acceptance is only learned from drafts.
+    return [min(1, m.cap) for m in members]
+
+
+def pad_windows(generations: Sequence[Sharer], windows: list[Window],
+                caps: list[int] | None) -> list[Window]:
+    """``windows`` (one per generation, in order), the shorter ones padded with filler
+    to the longest draft, when the group shares a length this step (``caps`` not None)
+    and every padded window fits; otherwise unchanged."""
+    if caps is None or len(windows) < 2:
+        return windows
+    length = max(len(w.draft) for w in windows)
+    if length == 0 or length > max(caps):
+        return windows
+    for g in generations:
+        s = g.session
+        if (s.has_checkpoint or length > s.rollback_window
+                or s.n_past + length + 1 > s.context.config.n_ctx_seq):
+            return windows
+    return [w if len(w.draft) == length else
+            padded(w, length) for w in windows]
+
+
+def padded(window: Window, length: int) -> Window:
+    """``window`` with filler drafts up to ``length``: its last token repeated (text that
+    repeats itself then still commits them)."""
+    fill = window.draft[-1] if window.draft else window.last
+    draft = (*window.draft, *([fill] * (length - len(window.draft))))
+    return type(window)(window.last, window.base, draft, len(window.draft))
+
+
+def draft_ahead(generations: Sequence[Sharer], caps: list[int]) -> None:
+    """Draft for every request that drafts from its MTP head at once, up to its cap,
+    one MTP forward per position for all of them; each head hands its drafts to its
+    proposer when asked (:class:`MtpHead`).
+
+    Only heads their proposer used at its last proposal draft ahead (a composite that
+    chose prompt lookup would waste them); a head's time is its share of the forwards.
+    """
+    ahead = []
+    for g, cap in zip(generations, caps, strict=True):
+        head = g.mtp_head
+        session = head.session if head is not None else None
+        if head is None or not head.in_use or session is None or session.mtp is None:
+            continue
+        k = min(cap, g.draft_cap())
+        if k > 0 and not session.mtp.stale:
+            ahead.append((g, head, session.mtp, k))
+    if len(ahead) < 2:
+        return  # one head drafts as fast on its own, when its proposer asks
+    t0 = time.perf_counter()
+    owner = ahead[0][2].owner
+    tokens, _ = owner.draft_many([(mtp, g.last, g.session.n_past, k)
+                                  for g, _, mtp, k in ahead])
+    share = (time.perf_counter() - t0) / len(ahead)
+    for (g, head, _, _), drafts in zip(ahead, tokens, strict=True):
+        head.set_ahead(g.last, g.session.n_past, drafts, share)
+
+
+def _consecutive(generations: Sequence[Sharer]) -> bool:
+    """Whether the sessions' sequence ids form one run (llama.cpp's condition for
+    computing equal windows together)."""
+    ids = sorted(g.session.seq_id for g in generations)
+    return ids == list(range(ids[0], ids[0] + len(ids)))

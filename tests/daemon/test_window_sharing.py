@@ -1,0 +1,168 @@
+"""Concurrent requests on a hybrid model share one forward per step, and output does not
+change: windows get one length for the group, shorter ones are padded with filler, and
+MTP drafts for all of them come from one head forward per position.
+
+Why it matters: llama.cpp computes a hybrid model's windows together only when they have
+equal rows, so requests choosing their own lengths would each pay a forward of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+
+from meshd.daemon import window_sharing
+from meshd.daemon.engine import Generation, step_many
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.sampling import GREEDY, SamplingParams
+from meshd.native import testmodels
+from meshd.native.session import SequenceSession
+from meshd.policy.costs import CostCurve
+from meshd.policy.shared_window import Member, SharedPlan
+
+from .daemon_helpers import reference
+
+SLOTS = 4
+#: A 1B hybrid model's curve measured on a CPU (Q8_0, 2 threads): cheap up to 8 rows,
+#: then every row costs its compute.
+CURVE = CostCurve.from_row_costs({2: 1.89, 4: 2.42, 8: 2.79, 16: 4.08, 32: 6.70, 64: 12.0})
+
+SEEDED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=7)
+#: (prompt, max_tokens, sampling, proposer); prompts are made from the model's own text
+#: (see ``_prompts``): copies that prompt lookup can draft from, and one without.
+REQUESTS = [
+    (0, 60, GREEDY, "ngram"),
+    (5, 52, SamplingParams(temperature=1.1, top_k=20, top_p=0.9, seed=12345), "mtp"),
+    (None, 57, GREEDY, "off"),  # rides along with filler rows
+    (11, 49, SEEDED, "auto"),
+]
+
+
+@pytest.fixture(scope="module")
+def qwen35() -> Iterator[ModelRuntime]:
+    path = str(testmodels.test_model_path("qwen35", acceptance=0.9))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=SLOTS,
+                                    draft_max=6, calibrate=False, threads=1,
+                                    adaptive_rollback=False))  # the references decode plainly
+    rt.curve = CURVE
+    yield rt
+    assert rt.idle_slots == SLOTS
+    rt.close()
+
+
+def _prompts(rt: ModelRuntime) -> list[list[int]]:
+    """Prompt ids: the model's own continuation of "x" followed by a few of its tokens
+    again (the model carries on from there, so the text repeats the prompt), or plain."""
+    x = rt.tokenize_prompt("x", chat=False)
+    text = reference(rt, x, max_tokens=60)[0]
+    return [x + text[:50] + text[start:start + 3] if start is not None
+            else rt.tokenize_prompt("hello world, hello", chat=False)
+            for start, _, _, _ in REQUESTS]
+
+
+def _generations(rt: ModelRuntime, prompts: list[list[int]]) -> list[Generation]:
+    """The requests, drafting on every step they may (the tiny model's head costs as
+    much as its body, so the adaptive gate would soon drop it)."""
+    return [rt.generation(prompt, max_tokens=max_tokens, sampling=sampling,
+                          proposer=proposer, adaptive=False)
+            for prompt, (_, max_tokens, sampling, proposer) in zip(prompts, REQUESTS,
+                                                                 strict=True)]
+
+
+def _run_together(gens: list[Generation]) -> list[int]:
+    """Step all to the end; the number of verify forwards of each step while all four run."""
+    for g in gens:
+        g.start()
+    forwards_per_step: list[int] = []
+    live = list(gens)
+    while live:
+        seen: list[float] = []
+        step_many(live, on_forward=seen.append)
+        if len(live) == len(gens):
+            forwards_per_step.append(len(seen))
+        live = [g for g in live if not g.done]
+    return forwards_per_step
+
+
+def _always_draft(members: Sequence[Member], _row_cost: Callable[[int], float], *,
+                  max_length: int, margin: float = 1.0) -> SharedPlan:
+    """A plan that drafts 3 per request whatever the economics (which on this tiny
+    model, whose drafting costs more than its forwards, say not to)."""
+    length = min(3, max_length)
+    return SharedPlan(length, tuple(min(length, m.cap) if m.acceptance is not None else 0
+                                    for m in members))
+
+
+@pytest.mark.parametrize("economics", ["measured", "always-draft"])
+def test_concurrent_hybrid_requests_share_one_forward_and_keep_their_tokens(
+        qwen35: ModelRuntime, economics: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if economics == "always-draft":
+        monkeypatch.setattr(window_sharing, "plan_shared", _always_draft)
+    prompts = _prompts(qwen35)
+    alone = [reference(qwen35, p, max_tokens=n, sampling=sp)[0]
+             for p, (_, n, sp, _) in zip(prompts, REQUESTS, strict=True)]
+    gens = _generations(qwen35, prompts)
+    try:
+        forwards = _run_together(gens)
+        assert [list(g.committed) for g in gens] == alone
+        assert len(forwards) >= 5 and all(n == 1 for n in forwards)
+        assert gens[2].stats.drafted == 0  # filler rows are not drafts
+        if economics == "always-draft":
+            assert all(g.stats.drafted > 0 for g in (gens[0], gens[1], gens[3]))
+            assert gens[0].stats.accepted > 0 and gens[3].stats.accepted > 0
+        # A drafted window never exceeds what the request could undo in place.
+        assert all(len(g.stats.drafted_per_position) <= g.session.rollback_window
+                   for g in gens)
+    finally:
+        for g in gens:
+            g.close()
+
+
+def test_unseeded_sampling_keeps_its_own_forwards(qwen35: ModelRuntime) -> None:
+    """Filler is exact only where a draft is verified exactly; a request sampling without
+    a seed is never padded, and the others still keep their tokens."""
+    prompts = _prompts(qwen35)[:3]
+    greedy = [reference(qwen35, p, max_tokens=n)[0]
+              for p, (_, n, _, _) in zip(prompts, REQUESTS, strict=False)]
+    gens = [qwen35.generation(p, max_tokens=n, proposer=proposer, adaptive=False)
+            for p, (_, n, _, proposer) in zip(prompts, REQUESTS, strict=False)]
+    gens.append(qwen35.generation(qwen35.tokenize_prompt("x", chat=False), max_tokens=40,
+                                  sampling=SamplingParams(temperature=0.9), proposer="mtp"))
+    try:
+        _run_together(gens)
+        assert [list(g.committed) for g in gens[:3]] == greedy
+        assert len(gens[3].committed) == 40
+        assert gens[3].stats.drafted == 0
+    finally:
+        for g in gens:
+            g.close()
+
+
+def test_one_head_forward_drafts_for_several_sequences(qwen35: ModelRuntime) -> None:
+    """``draft_many`` gives each sequence the drafts it gets on its own."""
+    ctx = qwen35.context
+    prompts = _prompts(qwen35)
+    qwen35.prefix_cache.clear()  # finished requests' sessions hold slots
+    sessions = [SequenceSession.open(ctx, mtp=True) for _ in prompts]
+    try:
+        lasts = []
+        for s, p in zip(sessions, prompts, strict=True):
+            logits = s.prefill(p)
+            lasts.append(int(logits.argmax()))
+        own = []
+        for s, last in zip(sessions, lasts, strict=True):
+            assert s.mtp is not None
+            own.append(s.mtp.draft(last, s.n_past, 5)[0])
+        mtps = [s.mtp for s in sessions]
+        assert all(m is not None for m in mtps)
+        owner = ctx.mtp
+        assert owner is not None
+        together, _ = owner.draft_many(
+            [(m, last, s.n_past, k) for m, last, s, k
+             in zip(mtps, lasts, sessions, (5, 5, 3, 0), strict=True) if m is not None])
+        assert together == [own[0], own[1], own[2][:3], []]
+        assert all(len(d) == 5 for d in own)
+    finally:
+        for s in sessions:
+            s.close()

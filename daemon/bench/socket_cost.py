@@ -11,7 +11,8 @@ this process, then measures, with speculation off so only the transport differs:
 * **aggregate tokens/s, 1 vs 4 clients**: total completion tokens / wall time with one
   client, and with four concurrent clients on four connections (continuous batching);
   speculation off unless ``--proposer`` names one (then the daemon calibrates first).
-  Models without a chat template get the prompts as plain text.
+  Models without a chat template get the prompts as plain text. Every prompt's greedy
+  output is compared across all its runs, alone and among 4 clients (they must agree).
 
 Arms are interleaved (ABBA order per round, so drift such as thermal throttling or other
 load on the machine hits both sides alike) and each figure is the median over rounds;
@@ -102,14 +103,19 @@ async def _through_socket(client: Client, i: int, max_tokens: int, *,
 
 
 async def _clients(path: str, n: int, max_tokens: int, round_no: int, *, chat: bool,
-                   proposer: str) -> tuple[int, float]:
-    """n concurrent clients, each on its own connection: (total tokens, wall seconds)."""
+                   proposer: str, outputs: dict[int, set[tuple[int, ...]]] | None = None,
+                   ) -> tuple[int, float]:
+    """n concurrent clients, each on its own connection: (total tokens, wall seconds).
+    ``outputs`` collects every distinct greedy output per prompt."""
     totals: list[int] = []
 
     async def one(k: int, client: Client) -> None:
-        done = await client.generate(**_request(round_no + k, chat), max_tokens=max_tokens,
+        i = round_no + k
+        done = await client.generate(**_request(i, chat), max_tokens=max_tokens,
                                      temperature=0.0, proposer=proposer).collect()
         totals.append(len(done.token_ids))
+        if outputs is not None:
+            outputs.setdefault(i % len(PROMPTS), set()).add(tuple(done.token_ids))
 
     async with _connections(path, n) as clients:
         t0 = time.perf_counter()
@@ -175,10 +181,11 @@ async def _bench(args: argparse.Namespace, rt: ModelRuntime, path: str) -> dict[
     health = await _health_latencies(path, args.probes, max(args.max_tokens, 256), chat=chat)
     one: list[float] = []
     four: list[float] = []
+    outputs: dict[int, set[tuple[int, ...]]] = {}
     for r in range(args.rounds):
         for n_clients in (1, 4) if r % 2 == 0 else (4, 1):
             tokens, wall = await _clients(path, n_clients, args.max_tokens, r, chat=chat,
-                                          proposer=args.proposer)
+                                          proposer=args.proposer, outputs=outputs)
             (one if n_clients == 1 else four).append(tokens / wall)
     m_in, m_sock = _median(inproc), _median(socket_rates)
     m_one, m_four = _median(one), _median(four)
@@ -197,6 +204,9 @@ async def _bench(args: argparse.Namespace, rt: ModelRuntime, path: str) -> dict[
         "aggregate_tok_s_1_client": m_one,
         "aggregate_tok_s_4_clients": m_four,
         "four_over_one": m_four / m_one,
+        # Prompts whose greedy output differed between runs (alone or among 4 clients).
+        "outputs_differing": sorted(i for i, seen in outputs.items() if len(seen) > 1),
+        "outputs_compared": len(outputs),
         "samples": {"in_process": inproc, "socket": socket_rates, "one": one, "four": four,
                     "health_s": health},
     }
@@ -249,6 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"aggregate tok/s      : 1 client {result['aggregate_tok_s_1_client']:.1f}, "
           f"4 clients {result['aggregate_tok_s_4_clients']:.1f}  "
           f"ratio {result['four_over_one']:.2f}")
+    differing = result["outputs_differing"]
+    print(f"outputs              : {result['outputs_compared'] - len(differing)} of "
+          f"{result['outputs_compared']} prompts identical in every run, alone and among "
+          f"4 clients" + (f" (differing: prompts {differing})" if differing else ""))
     return 0
 
 

@@ -289,6 +289,13 @@ class ModelRuntime:
         estimates = own.estimates()
         return bool(estimates) and self._head_pays(m, curve, estimates)
 
+    @property
+    def snapshots_wanted_back(self) -> bool:
+        """Whether the rollback snapshots were dropped and speculation wants them back:
+        the context is rebuilt with them as soon as no request runs on it."""
+        rollback = self.rollback
+        return rollback is not None and rollback.wanted > rollback.depth
+
     def _apply_rollback_depth(self) -> None:
         """Rebuild the context at the rollback depth the evidence asks for, once no
         request is running on it (cached sessions are dropped: they live in it).

@@ -46,6 +46,10 @@ from .statistics import (
     SchedulerStatistics,
 )
 
+#: The longest admissions wait for running requests to end so that a hybrid model's
+#: context can get its rollback snapshots back (a few seconds of one request's decoding).
+SNAPSHOT_WAIT_S = 5.0
+
 
 class Busy(Exception):
     """The wait queue is full; the client should retry later."""
@@ -138,6 +142,8 @@ class Scheduler:
         self._figures = self._runtime_figures()
         self.started = time.monotonic()
         self._native_since: float | None = None
+        #: Since when admissions wait for a context rebuild (see _holding_for_snapshots).
+        self._hold_since: float | None = None
 
     # ------------------------------------------------------------------ API
 
@@ -226,8 +232,28 @@ class Scheduler:
                 self._active.clear()
                 self._waiting.clear()
 
+    def _holding_for_snapshots(self) -> bool:
+        """Whether admissions wait for the running requests to end, so that the runtime
+        can rebuild its context with the rollback snapshots speculation wants back.
+
+        Why: the context can only be rebuilt while no request runs on it, and under a
+        steady stream of overlapping requests that moment never comes by itself, so a
+        hybrid model that dropped its snapshots in a quiet spell would serve every later
+        speculating request without them (each window checkpointed and replayed, no
+        shared forwards). Waiting is bounded by :data:`SNAPSHOT_WAIT_S`; past it,
+        admissions go on and the switch waits for an idle moment."""
+        if not self._active or not self.runtime.snapshots_wanted_back:
+            self._hold_since = None
+            return False
+        now = time.monotonic()
+        if self._hold_since is None:
+            self._hold_since = now
+        return now - self._hold_since < SNAPSHOT_WAIT_S
+
     async def _admit(self) -> None:
         while self._waiting and self.runtime.idle_slots > 0:
+            if self._holding_for_snapshots():
+                return
             handle = self._waiting.popleft()
             if handle.cancelled:
                 self._finish(handle, Finished(FinishReason.CANCELLED, GenerationStats(), None))

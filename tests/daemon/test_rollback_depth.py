@@ -7,8 +7,12 @@ decoding when nothing is drafted (the runtime rebuilds its context between reque
 
 from __future__ import annotations
 
+import anyio
+import pytest
+
 from meshd.daemon.engine import Generation
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.scheduler import Failed, Finished, GenerationRequest, Scheduler
 from meshd.native import testmodels
 from meshd.policy.rollback_depth import QUIET_REQUESTS
 
@@ -60,5 +64,58 @@ def test_fixed_depth_when_adaptation_is_off() -> None:
         for _ in range(QUIET_REQUESTS + 1):
             _serve(rt, prompt, "off")
         assert rt.context.rollback_window == 4 and rt.rollback is None
+    finally:
+        rt.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_admissions_wait_for_the_snapshots_to_come_back(anyio_backend: str) -> None:
+    """Under overlapping requests the context is never idle by itself: once speculation
+    wants the snapshots back, new requests wait for the running one to end, the context
+    is rebuilt, and they are served with the snapshots."""
+    path = str(testmodels.test_model_path("qwen35", acceptance=0.9))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=2,
+                                    draft_max=4, calibrate=False, threads=1))
+    try:
+        prompt = rt.tokenize_prompt("snapshots under load", chat=False)
+        for _ in range(QUIET_REQUESTS + 1):
+            _serve(rt, prompt, "off")
+        assert rt.context.rollback_window == 0
+        sched = Scheduler(rt)
+        order: list[str] = []
+
+        async def run(name: str, request: GenerationRequest) -> None:
+            async with sched.submit(request).events as events:
+                async for ev in events:
+                    if isinstance(ev, Finished | Failed):
+                        assert isinstance(ev, Finished)
+                        order.append(f"{name} done")
+                        return
+                    if ev.tokens and f"{name} first" not in order:
+                        order.append(f"{name} first")
+
+        async def until(event: str) -> None:
+            while event not in order:
+                await anyio.sleep(0.001)
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(sched.run)
+            async with anyio.create_task_group() as clients:
+                clients.start_soon(run, "long", GenerationRequest(
+                    tuple(prompt), max_tokens=400, proposer="off"))
+                await until("long first")
+                # Speculates without snapshots while the long one runs, and pays.
+                clients.start_soon(run, "mtp", GenerationRequest(
+                    tuple(prompt), max_tokens=40, proposer="mtp"))
+                await until("mtp done")
+                assert rt.snapshots_wanted_back and "long done" not in order
+                clients.start_soon(run, "next", GenerationRequest(
+                    tuple(prompt), max_tokens=20, proposer="mtp"))
+            tg.cancel_scope.cancel()
+        # A slot was free, yet the third request waited for the long one to end.
+        assert order.index("long done") < order.index("next first")
+        assert rt.context.rollback_window == 4
+        assert not rt.snapshots_wanted_back
     finally:
         rt.close()

@@ -234,8 +234,7 @@ class ModelRuntime:
 
     @property
     def mtp_head_pays(self) -> bool:
-        """Whether drafting with the MTP head can pay here, at acceptance 1 and at the pooled
-        acceptance of requests that drafted with it (``auto``'s choice; True until measured)."""
+        """Whether the MTP head can pay at the pooled acceptance (True until measured)."""
         m, curve = self.mtp_costs, self.curve
         if m is None or curve is None:
             return True
@@ -291,19 +290,16 @@ class ModelRuntime:
 
     @property
     def snapshots_wanted_back(self) -> bool:
-        """Whether the rollback snapshots were dropped and speculation wants them back:
-        the context is rebuilt with them as soon as no request runs on it."""
-        rollback = self.rollback
-        return rollback is not None and rollback.wanted > rollback.depth
+        """The rollback snapshots were dropped and are wanted back (rebuilt when idle)."""
+        return self.rollback is not None and self.rollback.wanted > self.rollback.depth
 
     def _apply_rollback_depth(self) -> None:
         """Rebuild the context at the rollback depth the evidence asks for, once no
         request is running on it (cached sessions are dropped: they live in it).
         Runs on the model's worker thread, before a new request opens its session."""
-        rollback = self.rollback
+        rollback, old = self.rollback, self.context
         if rollback is None or rollback.wanted == rollback.depth:
             return
-        old = self.context
         if len(old.sessions) > len(self.prefix_cache):
             return  # a request is running: switch between requests
         decode_s = self.costs.decode_seconds() if self.costs is not None else None

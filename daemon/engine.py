@@ -300,6 +300,7 @@ class Generation:
         draft: tuple[int, ...] = ()
         if k > 0 and self.proposer is not None:
             draft = self._propose(self.proposer, k)
+            self.acceptance.asked(bool(draft))
         if self.mtp_head is not None:
             self.mtp_head.take_ahead_seconds()  # drafts made ahead are for this step only
         if k > 0 and not draft:

@@ -1,19 +1,21 @@
-"""One window length for the requests that share a hybrid model's forward.
+"""One window length for the requests that share a forward.
 
-Why: on a hybrid (recurrent) model llama.cpp computes the windows of one forward
-together only when they have the same number of rows (and consecutive sequence ids; see
-:mod:`meshd.native.batching`), so concurrent requests that each choose their own draft
-length split a step into several forwards, one per length. Measured on a 1B hybrid model
-(Q8_0, 2 threads): 4 requests at acceptance 0.9 choosing freely reached 52 tok/s, the
-same requests held to one length and one forward 58-64 tok/s.
+Why: llama.cpp computes the windows of one forward together (one micro-batch) only when
+they have the same number of rows and consecutive sequence ids, for a hybrid model's
+recurrent state (see :mod:`meshd.native.batching`) and for per-sequence KV alike, so
+concurrent requests that each choose their own draft length split a step into several
+passes. Measured on a 1B hybrid model (Q8_0, 2 threads): 4 requests at acceptance 0.9
+choosing freely reached 52 tok/s, the same requests held to one length 58-64 tok/s; on
+SmolLM2 Q4_1, 4 x 1 rows took 29 ms and the same with one 2-row window 47 ms.
 
 And the length that pays changes with company: each request's own cost curve prices a
 window as if it ran alone, but a forward that already carries other requests' rows is
 past the cheap part of the curve (there, every row costs its compute: 16 rows 4.1x a
 decode, 32 rows 6.7x). So the shared length is chosen for the group: the one that
 maximises the tokens the group expects to commit per unit of the forward's cost
-(:func:`plan_shared`). Members that do not draft (no proposer, no budget) ride along
-with filler rows, which costs far less than a forward of their own.
+(:func:`plan_shared`), counting how often each request's proposer has drafts at all.
+Members that do not draft (no proposer, no budget, drafts that do not pay) ride along
+with filler rows, which costs far less than a pass of their own.
 
 Filler rows are exact: verification commits a draft token only where the target itself
 would have produced it, whatever the token; the engine counts only real drafts in the
@@ -35,11 +37,16 @@ ACCEPTANCE_DECAY = 0.9
 PRIOR_WEIGHT = 2.0
 #: The acceptance assumed for a request with no evidence and no prior.
 DEFAULT_PRIOR = 0.5
-#: What a longer shared window must gain over the best shorter one. Its extra rows are
-#: paid for sure, its extra tokens only expected, from the positions measured least
+#: How close to the best return a shorter shared window may stay and be chosen. A
+#: longer one's extra rows are paid for sure, its extra tokens only expected, from the
+#: positions measured least
 #: (measured on a 1B hybrid model with 4 requests at acceptance 0.9: 5 drafts predicted
 #: the same return as 3, and came 5-7% slower).
 LONGER_MARGIN = 1.02
+#: Lengths in a row that do not beat the best before the search stops (a step's plan
+#: is computed on every step: a fraction of a millisecond is a percent of a small
+#: model's forward).
+GIVE_UP_AFTER = 4
 
 
 @attrs.define
@@ -58,6 +65,9 @@ class RunningAcceptance:
     prior: float = DEFAULT_PRIOR
     successes: list[float] = attrs.field(factory=list)
     trials: list[float] = attrs.field(factory=list)
+    #: Decayed share of the steps the proposer was asked for drafts and gave some (prompt
+    #: lookup has none where nothing matches; a head always has).
+    offer_rate: float = 1.0
 
     def __attrs_post_init__(self) -> None:
         if not 0.0 <= self.prior <= 1.0:
@@ -79,6 +89,11 @@ class RunningAcceptance:
             self.trials[i] += 1.0
             if i < matched:
                 self.successes[i] += 1.0
+
+    def asked(self, offered: bool) -> None:
+        """The proposer was asked for drafts this step and gave some (or none)."""
+        self.offer_rate = self.offer_rate * ACCEPTANCE_DECAY + (
+            (1.0 - ACCEPTANCE_DECAY) if offered else 0.0)
 
     def rates(self, k: int) -> list[float]:
         """Conditional acceptance of positions ``0 .. k-1``."""
@@ -104,9 +119,11 @@ class Member:
     acceptance: tuple[float, ...] | None
     cap: int = 0
     draft_cost: float = 0.0
+    #: How often it has drafts when asked (its expected tokens are scaled by it).
+    offer_rate: float = 1.0
 
     def __attrs_post_init__(self) -> None:
-        if self.cap < 0 or self.draft_cost < 0.0:
+        if self.cap < 0 or self.draft_cost < 0.0 or not 0.0 <= self.offer_rate <= 1.0:
             raise ValueError(f"invalid member {self}")
         if self.acceptance is not None:
             if len(self.acceptance) < self.cap:
@@ -141,7 +158,7 @@ def plan_at(members: Sequence[Member], length: int,
     for i, m in enumerate(members):
         real = 0 if m.acceptance is None else min(length, m.cap)
         if real > 0:
-            gains.append((prefix_expected(m.acceptance or (), real)[-1] - 1.0,
+            gains.append((m.offer_rate * (prefix_expected(m.acceptance or (), real)[-1] - 1.0),
                           real * m.draft_cost, i, real))
     drafts = [0] * n
     for extra, spend, i, real in sorted(
@@ -159,8 +176,8 @@ def plan_shared(members: Sequence[Member], row_cost: Callable[[int], float], *,
     """The window length (and who drafts) that pays best for the whole group.
 
     ``row_cost(rows)`` is a forward of ``rows`` rows relative to a one-row decode.
-    Plain shared decoding (length 0) unless some length beats it by ``margin``; a longer
-    length must beat the best shorter one by :data:`LONGER_MARGIN`. Never longer than
+    Plain shared decoding (length 0) unless some length beats it by ``margin``; of the
+    lengths that do, the shortest within :data:`LONGER_MARGIN` of the best. Never longer than
     any drafting member's ``cap`` can use nor than ``max_length`` (the longest window
     every member can undo in place).
     """
@@ -170,9 +187,19 @@ def plan_shared(members: Sequence[Member], row_cost: Callable[[int], float], *,
     plain = SharedPlan(0, (0,) * n)
     if top <= 0 or n == 0:
         return plain
-    best, best_ratio = plain, (n / row_cost(n)) * margin
+    floor = (n / row_cost(n)) * margin
+    plans: list[tuple[float, SharedPlan]] = []
+    behind = 0
     for length in range(1, top + 1):
         r, plan = plan_at(members, length, row_cost)
-        if plan.length > 0 and r > best_ratio:
-            best, best_ratio = plan, r * LONGER_MARGIN
-    return best
+        if plan.length > 0 and r > floor:
+            behind = 0 if not plans or r > max(p[0] for p in plans) else behind + 1
+            plans.append((r, plan))
+        else:
+            behind += 1
+        if behind >= GIVE_UP_AFTER:
+            break  # past the peak (or no peak): longer windows only cost more rows
+    if not plans:
+        return plain
+    best = max(r for r, _ in plans)
+    return next(plan for r, plan in plans if r * LONGER_MARGIN >= best)

@@ -1,9 +1,10 @@
-"""Concurrent requests on a hybrid model share one forward per step, and output does not
-change: windows get one length for the group, shorter ones are padded with filler, and
-MTP drafts for all of them come from one head forward per position.
+"""Concurrent requests share one forward per step, and output does not change: windows
+get one length for the group, shorter ones are padded with filler, and MTP drafts for
+all of them come from one head forward per position.
 
-Why it matters: llama.cpp computes a hybrid model's windows together only when they have
-equal rows, so requests choosing their own lengths would each pay a forward of their own.
+Why it matters: llama.cpp computes windows together (one micro-batch) only when they
+have equal rows, so requests choosing their own lengths would each pay a pass of their
+own; on a hybrid model the split even decides whether rollbacks stay exact.
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ REQUESTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def qwen35() -> Iterator[ModelRuntime]:
-    path = str(testmodels.test_model_path("qwen35", acceptance=0.9))
+@pytest.fixture(scope="module", params=["qwen35", "mimo2"])
+def runtime(request: pytest.FixtureRequest) -> Iterator[ModelRuntime]:
+    """A hybrid model (qwen35) and an attention-only one (mimo2), both with MTP heads:
+    llama.cpp computes equal windows on consecutive sequences as one micro-batch for
+    both (per-sequence state and KV)."""
+    path = str(testmodels.test_model_path(request.param, acceptance=0.9))
     rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=SLOTS,
                                     draft_max=6, calibrate=False, threads=1,
                                     adaptive_rollback=False))  # the references decode plainly
@@ -95,14 +99,14 @@ def _always_draft(members: Sequence[Member], _row_cost: Callable[[int], float], 
 
 
 @pytest.mark.parametrize("economics", ["measured", "always-draft"])
-def test_concurrent_hybrid_requests_share_one_forward_and_keep_their_tokens(
-        qwen35: ModelRuntime, economics: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrent_requests_share_one_forward_and_keep_their_tokens(
+        runtime: ModelRuntime, economics: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if economics == "always-draft":
         monkeypatch.setattr(window_sharing, "plan_shared", _always_draft)
-    prompts = _prompts(qwen35)
-    alone = [reference(qwen35, p, max_tokens=n, sampling=sp)[0]
+    prompts = _prompts(runtime)
+    alone = [reference(runtime, p, max_tokens=n, sampling=sp)[0]
              for p, (_, n, sp, _) in zip(prompts, REQUESTS, strict=True)]
-    gens = _generations(qwen35, prompts)
+    gens = _generations(runtime, prompts)
     try:
         forwards = _run_together(gens)
         assert [list(g.committed) for g in gens] == alone
@@ -111,23 +115,23 @@ def test_concurrent_hybrid_requests_share_one_forward_and_keep_their_tokens(
         if economics == "always-draft":
             assert all(g.stats.drafted > 0 for g in (gens[0], gens[1], gens[3]))
             assert gens[0].stats.accepted > 0 and gens[3].stats.accepted > 0
-        # A drafted window never exceeds what the request could undo in place.
+        # A drafted window never exceeds what a recurrent state can undo in place.
         assert all(len(g.stats.drafted_per_position) <= g.session.rollback_window
-                   for g in gens)
+                   for g in gens if g.session.recurrent)
     finally:
         for g in gens:
             g.close()
 
 
-def test_unseeded_sampling_keeps_its_own_forwards(qwen35: ModelRuntime) -> None:
+def test_unseeded_sampling_keeps_its_own_forwards(runtime: ModelRuntime) -> None:
     """Filler is exact only where a draft is verified exactly; a request sampling without
     a seed is never padded, and the others still keep their tokens."""
-    prompts = _prompts(qwen35)[:3]
-    greedy = [reference(qwen35, p, max_tokens=n)[0]
+    prompts = _prompts(runtime)[:3]
+    greedy = [reference(runtime, p, max_tokens=n)[0]
               for p, (_, n, _, _) in zip(prompts, REQUESTS, strict=False)]
-    gens = [qwen35.generation(p, max_tokens=n, proposer=proposer, adaptive=False)
+    gens = [runtime.generation(p, max_tokens=n, proposer=proposer, adaptive=False)
             for p, (_, n, _, proposer) in zip(prompts, REQUESTS, strict=False)]
-    gens.append(qwen35.generation(qwen35.tokenize_prompt("x", chat=False), max_tokens=40,
+    gens.append(runtime.generation(runtime.tokenize_prompt("x", chat=False), max_tokens=40,
                                   sampling=SamplingParams(temperature=0.9), proposer="mtp"))
     try:
         _run_together(gens)
@@ -139,11 +143,11 @@ def test_unseeded_sampling_keeps_its_own_forwards(qwen35: ModelRuntime) -> None:
             g.close()
 
 
-def test_one_head_forward_drafts_for_several_sequences(qwen35: ModelRuntime) -> None:
+def test_one_head_forward_drafts_for_several_sequences(runtime: ModelRuntime) -> None:
     """``draft_many`` gives each sequence the drafts it gets on its own."""
-    ctx = qwen35.context
-    prompts = _prompts(qwen35)
-    qwen35.prefix_cache.clear()  # finished requests' sessions hold slots
+    ctx = runtime.context
+    prompts = _prompts(runtime)
+    runtime.prefix_cache.clear()  # finished requests' sessions hold slots
     sessions = [SequenceSession.open(ctx, mtp=True) for _ in prompts]
     try:
         lasts = []

@@ -148,3 +148,18 @@ def test_member_checks_its_numbers() -> None:
         Member((1.5, 0.5), cap=2)
     with pytest.raises(ValueError):
         Member(None, cap=-1)
+
+
+def test_a_proposer_that_seldom_has_drafts_does_not_pad_the_group() -> None:
+    """Prompt lookup on free text: right half the time when it drafts, but it drafts on
+    one step in ten; everyone's filler rows would be paid on every step."""
+    acc = RunningAcceptance(prior=0.5)
+    for step in range(40):
+        acc.asked(step % 10 == 0)
+    assert acc.offer_rate < 0.2
+    seldom = Member(tuple(acc.rates(8)), 8, 0.0, acc.offer_rate)
+    always = Member(tuple(acc.rates(8)), 8, 0.0, 1.0)
+    assert plan_shared([seldom] * 4, measured_rows, max_length=8).length == 0
+    assert plan_shared([always] * 4, measured_rows, max_length=8).length > 0
+    with pytest.raises(ValueError):
+        Member((0.5,), 1, 0.0, 1.5)

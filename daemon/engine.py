@@ -117,8 +117,8 @@ class Generation:
         self.gate = StepGate(costs, draft_max=settings.draft_max,
                              adaptive=proposer is not None and settings.adaptive,
                              prior=settings.prior_acceptance)
-        #: Per-token acceptance of this request's drafts (what a shared window's length
-        #: is chosen from when requests share a forward).
+        #: This request's acceptance by window position, and how often its proposer has
+        #: drafts (what a shared window's length is chosen from: window_sharing).
         self.acceptance = RunningAcceptance(
             prior=settings.prior_acceptance if settings.prior_acceptance is not None
             else DEFAULT_PRIOR)

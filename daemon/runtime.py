@@ -309,11 +309,8 @@ class ModelRuntime:
         rollback.switched(self.context.rollback_window, decode_s=decode_s)
         if self.costs is not None:
             self.costs.forget()  # forwards cost differently now
-        self._note("rollback_depth", (
-            f"keeping {rollback.depth} recurrent-state snapshots for in-place rollback: "
-            "speculation uses them" if rollback.depth else
-            "dropped the recurrent-state snapshots (they slow every forward): "
-            f"{rollback.quiet_requests} requests in a row did not speculate"))
+        self._note("rollback_depth_failed" if rollback.stuck else "rollback_depth",
+                   rollback.describe())
 
     @property
     def curve(self) -> CostCurve | None:

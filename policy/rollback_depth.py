@@ -69,10 +69,16 @@ class RollbackDepth:
         #: A one-row forward's wall time at each depth, as last measured (seconds).
         self.decode_s: dict[int, float] = {}
         self._bring_back = False
+        #: A rebuild did not get the depth it asked for (llama.cpp refused the memory):
+        #: the depth stays as it is from then on, as every further try would fail alike
+        #: and each drops the cached sessions.
+        self.stuck = False
 
     @property
     def wanted(self) -> int:
         """The depth the next context should have."""
+        if self.stuck:
+            return self.depth
         if self.depth == self.full:
             return 0 if self.quiet >= self.quiet_requests else self.full
         return self.full if self._bring_back else 0
@@ -89,9 +95,21 @@ class RollbackDepth:
         measured at the old depth (None: not enough samples)."""
         if decode_s is not None:
             self.decode_s[self.depth] = decode_s
+        self.stuck = depth != self.wanted
         self.depth = depth
         self.quiet = 0
         self._bring_back = False
+
+    def describe(self) -> str:
+        """What the last switch did, for the log."""
+        if self.stuck:
+            return (f"could not rebuild the context at another rollback depth (llama.cpp "
+                    f"refused the memory): keeping {self.depth} snapshots from now on")
+        if self.depth:
+            return (f"keeping {self.depth} recurrent-state snapshots for in-place rollback: "
+                    "speculation uses them")
+        return ("dropped the recurrent-state snapshots (they slow every forward): "
+                f"{self.quiet_requests} requests in a row did not speculate")
 
     def snapshot_overhead(self, decode_s_now: float | None) -> float:
         """What the full depth's snapshots add to a forward, as a fraction of a forward

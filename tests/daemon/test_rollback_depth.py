@@ -14,6 +14,9 @@ from meshd.daemon.engine import Generation
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.scheduler import Failed, Finished, GenerationRequest, Scheduler
 from meshd.native import testmodels
+from meshd.native.context import DEFAULT_CONFIG, ContextConfig, TargetContext
+from meshd.native.errors import CapacityError
+from meshd.native.model import Model
 from meshd.policy.rollback_depth import QUIET_REQUESTS
 
 
@@ -117,5 +120,44 @@ async def test_admissions_wait_for_the_snapshots_to_come_back(anyio_backend: str
         assert order.index("long done") < order.index("next first")
         assert rt.context.rollback_window == 4
         assert not rt.snapshots_wanted_back
+    finally:
+        rt.close()
+
+
+def test_a_refused_rebuild_keeps_the_old_depth_and_stops_trying(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where llama.cpp cannot make the context with its snapshots (memory: a fault the
+    tests cannot cause for real, so it is injected), the runtime serves on without them,
+    says so once, and does not rebuild on every later request."""
+    path = str(testmodels.test_model_path("qwen35", acceptance=0.9))
+    notes: list[tuple[str, str]] = []
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=256, n_seq_max=1,
+                                    draft_max=4, calibrate=False, threads=1),
+                      notes=lambda event, message: notes.append((event, message)))
+    try:
+        prompt = rt.tokenize_prompt("no memory for snapshots", chat=False)
+        reference = _serve(rt, prompt, "off").committed
+        for _ in range(QUIET_REQUESTS):
+            _serve(rt, prompt, "off")
+        assert rt.context.rollback_window == 0
+        made = TargetContext.__init__
+
+        def refuse_snapshots(self: TargetContext, model: Model,
+                             config: ContextConfig = DEFAULT_CONFIG) -> None:
+            if config.in_place_rollback:
+                raise CapacityError("llama.cpp could not allocate the context")
+            made(self, model, config)
+
+        monkeypatch.setattr(TargetContext, "__init__", refuse_snapshots)
+        assert _serve(rt, prompt, "mtp").committed == reference  # pays: wanted back
+        for proposer in ("mtp", "off", "mtp"):
+            assert _serve(rt, prompt, proposer).committed == reference
+        after_first_try = rt.context
+        for proposer in ("mtp", "mtp"):
+            assert _serve(rt, prompt, proposer).committed == reference
+        assert rt.context is after_first_try  # no rebuild on every request
+        assert rt.context.rollback_window == 0
+        assert [e for e, _ in notes].count("rollback_depth_failed") == 1
+        assert rt.rollback is not None and rt.rollback.stuck
     finally:
         rt.close()

@@ -75,3 +75,20 @@ def test_invalid_settings_are_refused() -> None:
         RollbackDepth(0)
     with pytest.raises(ValueError):
         RollbackDepth(4, quiet_requests=0)
+
+
+def test_a_rebuild_that_did_not_get_its_depth_stops_the_switching() -> None:
+    """llama.cpp could not make the context with snapshots (memory) and the old depth
+    came back: trying again on every request would fail alike, dropping the cached
+    sessions each time."""
+    depth = RollbackDepth(8, quiet_requests=1)
+    depth.ended(PLAIN)
+    depth.switched(0, decode_s=0.040)
+    assert not depth.stuck and "dropped" in depth.describe()
+    depth.ended(SPECULATED)
+    assert depth.wanted == 8
+    depth.switched(0, decode_s=0.038)  # asked for 8, got 0
+    assert depth.stuck and "could not" in depth.describe()
+    for _ in range(5):
+        depth.ended(SPECULATED)
+        assert depth.wanted == 0

@@ -52,6 +52,7 @@ class Sharer(Protocol):
 
     def draft_cost(self) -> float: ...
 
+
 #: Shared steps without drafts after which the group drafts one token each, so that
 #: acceptance that improved (or a pessimistic prior) is noticed: at most one step in
 #: this many pays for a probe.
@@ -106,8 +107,8 @@ def pad_windows(generations: Sequence[Sharer], windows: list[Window],
     and every padded window fits; otherwise unchanged."""
     if caps is None or len(windows) < 2:
         return windows
-    length = max(len(w.draft) for w in windows)
-    if length == 0 or length > max(caps):
+    length = max(len(w.draft) for w in windows)  # within the caps: plan() held to them
+    if length == 0:
         return windows
     for g in generations:
         s = g.session
@@ -128,7 +129,7 @@ def padded(window: Window, length: int) -> Window:
 
 
 def draft_ahead(generations: Sequence[Sharer], caps: list[int]) -> None:
-    """Draft for every request that drafts from its MTP head at once, up to its cap,
+    """Draft for every request that drafts from its MTP head at once, its cap each,
     one MTP forward per position for all of them; each head hands its drafts to its
     proposer when asked (:class:`MtpHead`).
 
@@ -141,9 +142,8 @@ def draft_ahead(generations: Sequence[Sharer], caps: list[int]) -> None:
         session = head.session if head is not None else None
         if head is None or not head.in_use or session is None or session.mtp is None:
             continue
-        k = min(cap, g.draft_cap())
-        if k > 0 and not session.mtp.stale:
-            ahead.append((g, head, session.mtp, k))
+        if cap > 0 and not session.mtp.stale:
+            ahead.append((g, head, session.mtp, cap))
     if len(ahead) < 2:
         return  # one head drafts as fast on its own, when its proposer asks
     t0 = time.perf_counter()

@@ -39,9 +39,8 @@ PRIOR_WEIGHT = 2.0
 DEFAULT_PRIOR = 0.5
 #: How close to the best return a shorter shared window may stay and be chosen. A
 #: longer one's extra rows are paid for sure, its extra tokens only expected, from the
-#: positions measured least
-#: (measured on a 1B hybrid model with 4 requests at acceptance 0.9: 5 drafts predicted
-#: the same return as 3, and came 5-7% slower).
+#: positions measured least (measured on a 1B hybrid model with 4 requests at
+#: acceptance 0.9: 5 drafts predicted the same return as 3, and came 5-7% slower).
 LONGER_MARGIN = 1.02
 #: Lengths in a row that do not beat the best before the search stops (a step's plan
 #: is computed on every step: a fraction of a millisecond is a percent of a small

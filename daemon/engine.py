@@ -283,12 +283,6 @@ class Generation:
         return max(0, min(self.settings.draft_max,
                           self.max_tokens - len(self.committed) - 1, room))
 
-    def draft_cost(self) -> float:
-        """One drafted token lately, in single-row decodes (0 until both are measured)."""
-        decode_s = self.costs.decode_seconds() if self.costs is not None else None
-        per_token = self.gate.draft_s_per_token
-        return per_token / decode_s if decode_s and per_token is not None else 0.0
-
     def plan(self, cap: int | None = None) -> Window:
         """Choose this step's window: ask the proposer for up to k drafts (gated), and
         no more than ``cap`` (the length chosen for a shared forward)."""

@@ -30,6 +30,7 @@ from typing import Protocol
 
 from meshd.native.session import SequenceSession
 from meshd.policy.costs import CostModel
+from meshd.policy.gate import StepGate
 from meshd.policy.shared_window import Member, RunningAcceptance, plan_shared
 
 from .sampling import Sampler
@@ -48,9 +49,9 @@ class Sharer(Protocol):
     acceptance: RunningAcceptance
     shared_idle: int
 
-    def draft_cap(self) -> int: ...
+    gate: StepGate
 
-    def draft_cost(self) -> float: ...
+    def draft_cap(self) -> int: ...
 
 
 #: Shared steps without drafts after which the group drafts one token each, so that
@@ -76,7 +77,7 @@ def shared_caps(generations: Sequence[Sharer]) -> list[int] | None:
     for g in generations:
         cap = g.draft_cap()
         members.append(Member(tuple(g.acceptance.rates(cap)) if cap > 0 else None, cap,
-                              g.draft_cost(), g.acceptance.offer_rate))
+                              g.gate.draft_cost(), g.acceptance.offer_rate))
     if first.session.context.recurrent:
         longest = min(g.session.rollback_window for g in generations)
         if longest < 1:

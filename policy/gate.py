@@ -191,11 +191,11 @@ class StepGate:
             return Verdict(facts.k_max)
         if self.costs is not None:
             adaptive.curve = self.costs.curve()
-            decode_s = self.costs.decode_seconds()
-            if decode_s and self.draft_s_per_token is not None:
+            draft_cost = self.draft_cost()
+            if draft_cost > 0.0:
                 # Drafting is not free (an MTP head or draft model runs forwards):
                 # the cost model charges each drafted token what it measurably costs.
-                adaptive.draft_cost = self.draft_s_per_token / decode_s
+                adaptive.draft_cost = draft_cost
         adaptive.repair = facts.repair
         head = facts.head
         self._following = head is not None
@@ -217,6 +217,12 @@ class StepGate:
     def _drop_head(self) -> Verdict:
         self.adaptive = None
         return Verdict(0, Refusal.MTP_HEAD_DROPPED, drop_head=True)
+
+    def draft_cost(self) -> float:
+        """One drafted token lately, in single-row decodes (0 until both are measured)."""
+        decode_s = self.costs.decode_seconds() if self.costs is not None else None
+        per_token = self.draft_s_per_token
+        return per_token / decode_s if decode_s and per_token is not None else 0.0
 
     def drafted(self, seconds: float, tokens: int) -> None:
         """A proposal of ``tokens`` tokens took ``seconds`` (an empty one counts as one)."""

@@ -137,3 +137,74 @@ def test_trim_on_attention_model_and_rollback_refused(
         assert not s.can_rollback_in_place(s.n_past - 1)
         with pytest.raises(RuntimeStateError):
             s.rollback_in_place(s.n_past - 1)
+
+
+# ------------------------------------------------------------------ bits of a window
+
+_LONG_TEXT = (
+    "The committee met on Tuesday to review the budget. Every department presented "
+    "its figures, and the chair asked each head to explain the largest changes since "
+    "last year. Questions followed about travel, equipment and the new building. "
+) * 12
+
+
+def _rows_by_width(ctx: TargetContext, tokens: list[int], n_prompt: int,
+                   width: int) -> np.ndarray:
+    """Logits of ``tokens[n_prompt:]``, fed ``width`` rows per forward after a prefill
+    (width 1: plain decodes)."""
+    rows = []
+    with SequenceSession.open(ctx) as s:
+        s.prefill(tokens[:n_prompt])
+        rest = tokens[n_prompt:]
+        for start in range(0, len(rest), width):
+            part = rest[start:start + width]
+            if width == 1:
+                rows.append(s.decode(part[0])[None, :])
+            else:
+                rows.append(np.array(s.verify(part)))
+                s.retire()
+    return np.concatenate(rows)
+
+
+def test_window_width_does_not_change_the_logits(smollm2: Model,
+                                                 smol_ctx: TargetContext) -> None:
+    """Why speculation (and a padded shared window) keeps plain decoding's tokens.
+
+    Within 256 tokens of context a window of any width computes the same bits as
+    one-token decodes. Past that, ggml's CPU flash-attention kernel runs a one-row
+    forward differently (README, Identity and its limits), but windows of every width
+    of two rows or more still agree with each other bit for bit: padding a window to a
+    shared length changes nothing.
+    """
+    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)
+    assert len(tokens) >= 420
+    short = tokens[:150 + 40]
+    plain = _rows_by_width(smol_ctx, short, 150, 1)
+    for width in (2, 5, 8):
+        assert np.array_equal(_rows_by_width(smol_ctx, short, 150, width), plain), width
+    long = tokens[:380 + 40]
+    wide = _rows_by_width(smol_ctx, long, 380, 2)
+    for width in (5, 8):
+        assert np.array_equal(_rows_by_width(smol_ctx, long, 380, width), wide), width
+
+
+def test_a_window_shared_with_other_sequences_keeps_its_bits(
+        smollm2: Model, smol_ctx: TargetContext) -> None:
+    """A window verified in one forward with other requests' windows (same width, as
+    the shared plan makes them) gives the bits it gives alone."""
+    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:420]
+    n_prompt, width = 380, 4
+    alone = _rows_by_width(smol_ctx, tokens, n_prompt, width)
+    other = tokens[7:7 + n_prompt]
+    with SequenceSession.open(smol_ctx) as a, SequenceSession.open(smol_ctx) as b:
+        a.prefill(tokens[:n_prompt])
+        b.prefill(other)
+        rows = []
+        rest = tokens[n_prompt:]
+        for start in range(0, len(rest), width):
+            part = rest[start:start + width]
+            out = verify_many([(a, part), (b, other[start % 50:start % 50 + len(part)])])
+            rows.append(np.array(out[0]))
+            a.retire()
+            b.retire()
+    assert np.array_equal(np.concatenate(rows), alone)

@@ -51,7 +51,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         if curve:
             costs = " ".join(f"k={k}:{c:.2f}" for k, c in enumerate(curve) if k)
             lim = m["limit"]
-            lines.append(f"   cost of k+1 rows vs 1: {costs}")
+            lines.append(f"   cost of k+1 rows vs 1 (64 tokens of context): {costs}")
             lines.append(f"   physical limit (acceptance 1): {lim['speedup']:.2f}x at "
                          f"k={lim['k']}")
         for arm, why in m.get("unavailable", {}).items():
@@ -66,6 +66,12 @@ def format_report(report: Mapping[str, Any]) -> str:
         for w in m["workloads"]:
             cut = ", cut from the left to fit the context" if w["truncated"] else ""
             lines.append(f"-- {w['name']}: {w['prompt_tokens']} prompt tokens{cut}")
+            wcurve = w.get("cost_curve")
+            if wcurve:
+                picks = [k for k in (1, 3, 7, 15, 31) if k < len(wcurve)]
+                lines.append(f"   cost of k+1 rows vs 1 at {w['cost_context']} tokens of "
+                             "context (the limits below use it): "
+                             + " ".join(f"k={k}:{wcurve[k]:.2f}" for k in picks))
             lines.append(head)
             for arm, s in w["arms"].items():
                 per_pos = s.get("acceptance_per_position") or []

@@ -31,6 +31,7 @@ JSON report (``--json FILE``), format 1::
                  "cost_curve", "runtime_curve", "draft_model", "limit": {"k", "speedup"},
                  "reference", "unavailable": {arm: reason},
                  "workloads": [{"name", "copies", "prompt_tokens", "truncated",
+                                "cost_context", "cost_curve",
                                 "arms": {arm: ArmSummary}}]}],
      "targets": [{"target", "model", "workload", "arm", "status", "value", "threshold",
                   "detail"}]}
@@ -175,6 +176,19 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
             entry.update(cost_curve=list(curve.costs), limit={"k": k, "speedup": s})
         else:
             entry.update(cost_curve=None, limit=None)
+        # Each workload's limit is priced at the context its decoding runs at: a window
+        # attends to the whole prompt, so at a few hundred tokens wide forwards cost
+        # relatively more than at the 64 tokens of the model-level curve above.
+        curves: dict[str, CostCurve | None] = {}
+        for w in workloads:
+            curves[w.name] = curve
+            if curve is not None:
+                at = workload_cost_context(len(prompts[w.name][0]), config.max_tokens,
+                                           bm.n_ctx, config.draft_max)
+                log(f"{spec.name}: cost of k+1 rows at {at} tokens of context ({w.name})")
+                curves[w.name] = CostCurve.sanitized(measure_row_costs(
+                    bm.rt.context, config.draft_max, reps=config.cost_reps,
+                    context_tokens=at))
         runners, unavailable = _open_arms(arms, bm, log)
         entry["unavailable"] = unavailable
         order = [a.name for a in arms if a.name in runners]
@@ -228,7 +242,7 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                 arm_runs = runs.get((w.name, arm), [])
                 shares = [r.cpu_s / (r.wall_s * threads) for (_, a), rs in runs.items()
                           if a == arm for r in rs if r.cpu_s is not None and r.wall_s > 0]
-                summary = summarize_arm(arm_runs, ref_runs, curve,
+                summary = summarize_arm(arm_runs, ref_runs, curves[w.name],
                                         error=errors.get((w.name, arm)), unit_forward_ms=unit,
                                         threads=threads,
                                         best_cpu_share=max(shares, default=None),
@@ -245,15 +259,27 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                     except (NativeError, ValueError) as exc:
                         summary["margin"] = {"error": str(exc)}
                 arms_out[arm] = summary
+            wcurve = curves[w.name]
             entry["workloads"].append({
                 "name": w.name, "copies": w.copies, "prompt_tokens": len(prompts[w.name][0]),
                 "truncated": prompts[w.name][1], "arms": arms_out,
+                "cost_context": (None if wcurve is None else workload_cost_context(
+                    len(prompts[w.name][0]), config.max_tokens, bm.n_ctx, config.draft_max)),
+                "cost_curve": None if wcurve is None else list(wcurve.costs),
             })
         return entry
     finally:
         for runner in runners.values():
             runner.close()
         bm.close()
+
+
+def workload_cost_context(prompt_tokens: int, max_tokens: int, n_ctx: int,
+                          draft_max: int) -> int:
+    """The context a workload's cost curve is measured at: its prompt plus half the
+    tokens it generates (the mean context of its decode steps), within the room a
+    window of ``draft_max + 1`` rows needs."""
+    return max(1, min(prompt_tokens + max_tokens // 2, n_ctx - draft_max - 2))
 
 
 def run_bench(config: BenchConfig, *, arms: Sequence[ArmSpec] = ARMS,

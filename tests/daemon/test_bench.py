@@ -35,7 +35,7 @@ from meshd.daemon.bench.targets import evaluate_targets
 from meshd.daemon.bench.workloads import load_workloads
 from meshd.daemon.cli import main
 from meshd.native.context import DEFAULT_DRAFT_MAX
-from meshd.policy.costs import CostCurve
+from meshd.policy.costs import CostCurve, speedup_limit
 
 SYNTHETIC = ("llama", "qwen35", "mimo2")
 
@@ -144,6 +144,11 @@ def test_tiny_bench_report_structure(tmp_path: Path) -> None:
     assert model["unavailable"] == {}
     (wl,) = model["workloads"]
     assert set(wl["arms"]) == {a.name for a in ARMS}
+    # The workload's own curve, measured at the mean context of its decode steps.
+    assert wl["cost_context"] == min(wl["prompt_tokens"] + 12 // 2,
+                                     model["n_ctx"] - DEFAULT_DRAFT_MAX - 2)
+    assert len(wl["cost_curve"]) == DEFAULT_DRAFT_MAX + 1 and wl["cost_curve"][0] == 1.0
+    ceiling = speedup_limit(CostCurve.sanitized(wl["cost_curve"]))[1]
     ref = wl["arms"][REFERENCE_ARM]
     ref_tok = statistics.median(r["tok_s"] for r in ref["runs"])
     ref_dec = statistics.median(r["decode_tok_s"] for r in ref["runs"])
@@ -177,6 +182,8 @@ def test_tiny_bench_report_structure(tmp_path: Path) -> None:
         assert 0 <= plain <= n
         assert lim["speedup"] == pytest.approx(
             n / (plain + (n - plain) / lim["drafting_speedup"]))
+        # Priced by the workload's curve: never above its limit at full acceptance.
+        assert lim["drafting_speedup"] <= ceiling + 1e-9
     statuses = {t["status"] for t in report["targets"]}
     assert statuses <= {"PASS", "MISS", "n/a"}
     assert any(t["target"].startswith("MTP: forwards/token") and t["arm"] == "meshd-mtp-fixed"

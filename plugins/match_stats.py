@@ -23,8 +23,8 @@ verified row costs nearly a decode, drafting on them would lose), so they start 
 odds or worse; a long match is far rarer by chance than a short one, and where it occurs
 the text is usually being copied, so trusting it costs little elsewhere and pays at once
 where copying begins. ``f`` is the text's *copy factor*, measured across all classes at
-once (the trial-weighted mean, in log space, of each class's observed odds over the
-curve's, shrunk toward ``f = 1``): once long matches are seen to hold, shorter ones are
+once (the ``f`` under which what every class observed is most likely, shrunk toward
+``f = 1``: :func:`copy_factor`): once long matches are seen to hold, shorter ones are
 trusted too, and where long matches fail (text that repeats phrases, not passages) every
 length is trusted less. Each class's own counts then refine its estimate. Nothing about
 any particular text is built in; what a workload does is measured.
@@ -82,24 +82,47 @@ def prior(length: float, factor: float = 1.0) -> float:
     return odds / (odds + 1.0)
 
 
-def copy_factor(hits: list[float], trials: list[float]) -> float:
-    """The ``f`` that fits observed acceptance by class best (see the module docstring).
+def copy_factor(hits: list[float], trials: list[float], start: float = 1.0) -> float:
+    """The ``f`` under which the observed acceptance by class is most likely.
 
-    Per class, ``f_c`` = observed odds (half a count of smoothing) over the curve's;
-    the result is their trial-weighted mean in log space, with ``f = 1`` weighing
-    :data:`FACTOR_WEIGHT` observations.
+    The model is a logistic one with one free parameter: class ``c`` continues with
+    probability ``p_c = f o_c / (f o_c + 1)``, ``o_c`` the curve's odds at the class's
+    representative length. ``f = 1`` weighs :data:`FACTOR_WEIGHT` observations (as many
+    pseudo-outcomes at even odds, half of them hits). Maximum likelihood, not a mean of
+    per-class odds ratios: a class whose every draft held can only raise ``f``, however
+    high the curve already puts it (a smoothed odds ratio would read ten hits out of ten
+    at length 50 as *below* the curve's 99%, and long copies that held would make short
+    matches less trusted). The log-likelihood is concave in ``log f``: a few damped
+    Newton steps from ``start`` (the previous fit) reach it.
     """
-    total = FACTOR_WEIGHT
-    acc = 0.0
-    for c, t in enumerate(trials):
-        if t <= 0.0:
-            continue
-        h = hits[c]
-        odds = (h + 0.5) / (t - h + 0.5)
-        acc += t * math.log(odds / prior_odds(_MIDS[c]))
-        total += t
-    f = math.exp(acc / total)
-    return min(FACTOR_LIMIT, max(1.0 / FACTOR_LIMIT, f))
+    theta = min(_THETA_LIMIT, max(-_THETA_LIMIT, math.log(start)))
+    for _ in range(32):
+        s0 = _sigmoid(theta)
+        grad = FACTOR_WEIGHT * (0.5 - s0)
+        curv = FACTOR_WEIGHT * s0 * (1.0 - s0)
+        for c, t in enumerate(trials):
+            if t <= 0.0:
+                continue
+            p = _sigmoid(theta + _LOG_ODDS[c])
+            grad += hits[c] - t * p
+            curv += t * p * (1.0 - p)
+        step = max(-1.0, min(1.0, grad / curv))
+        theta = min(_THETA_LIMIT, max(-_THETA_LIMIT, theta + step))
+        if abs(step) < 1e-6:
+            break
+    return math.exp(theta)
+
+
+def _sigmoid(x: float) -> float:
+    if x >= 0.0:
+        return 1.0 / (1.0 + math.exp(-x))
+    z = math.exp(x)
+    return z / (1.0 + z)
+
+
+#: log of the curve's odds at each class's representative length.
+_LOG_ODDS = tuple(math.log(prior_odds(m)) for m in _MIDS)
+_THETA_LIMIT = math.log(FACTOR_LIMIT)
 
 
 class SharedMatchStats:
@@ -147,6 +170,8 @@ class MatchStats:
         self._new_hits = [0.0] * len(CLASS_STARTS)
         self._new_trials = [0.0] * len(CLASS_STARTS)
         self._factor: float | None = None
+        #: The last fit, where the next one starts (the counts change a little per step).
+        self._last_factor = 1.0
         self.updates = 0
 
     @property
@@ -155,7 +180,8 @@ class MatchStats:
         they changed: a step that drafts nothing judges several shadow positions and
         reads the estimates once, if at all)."""
         if self._factor is None:
-            self._factor = copy_factor(self._hits, self._trials)
+            self._factor = copy_factor(self._hits, self._trials, self._last_factor)
+            self._last_factor = self._factor
         return self._factor
 
     def p(self, length: int) -> float:

@@ -4,6 +4,7 @@ and the cost curve."""
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Sequence
 
@@ -280,13 +281,45 @@ def test_match_stats_prior_and_sharing() -> None:
     for _ in range(5):
         copying.update(12, 8, 8)
         phrasing.update(12, 8, 0)
-    assert copying.factor > 2 and phrasing.factor < 0.5
+    assert copying.factor > 1.5 and phrasing.factor < 0.5
     assert copying.p(3) > fresh.p(3) + 0.1 > phrasing.p(3) + 0.2
     # Censored outcomes (cut short by the budget) are no rejection.
     cut, rejected = MatchStats(), MatchStats()
     cut.update(4, 4, 2, censored=True)
     rejected.update(4, 4, 2)
     assert cut.p(6) > rejected.p(6) and cut.p(6) >= fresh.p(6)
+
+
+def test_long_copies_that_held_raise_trust_in_short_matches() -> None:
+    """Drafts at lengths where the curve already expects 99% that all held are
+    evidence of copying, never against it: a copied document must not make the next
+    request start its copies more timidly."""
+    fresh = MatchStats()
+    copying = MatchStats()
+    for length in (18, 46, 78, 110):
+        copying.update(length, 31, 31)
+    assert copying.factor > 1.0
+    assert copying.p(2) > fresh.p(2) and copying.p(4) > fresh.p(4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 200), st.integers(0, 6), st.integers(0, 6)),
+                max_size=12),
+       st.integers(1, 200))
+def test_a_hit_never_lowers_the_copy_factor_and_a_miss_never_raises_it(
+        outcomes: list[tuple[int, int, int]], length: int) -> None:
+    base = MatchStats()
+    for n, hits, misses in outcomes:
+        for _ in range(hits):
+            base.record(n, True)
+        for _ in range(misses):
+            base.record(n, False)
+    f = base.factor
+    hit, miss = copy.deepcopy(base), copy.deepcopy(base)
+    hit.record(length, True)
+    miss.record(length, False)
+    assert hit.factor >= f * (1 - 1e-9)
+    assert miss.factor <= f * (1 + 1e-9)
 
 
 class CountingSeq(Sequence[int]):

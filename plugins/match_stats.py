@@ -31,9 +31,12 @@ any particular text is built in; what a workload does is measured.
 
 Sharing: a :class:`SharedMatchStats` (one per daemon and model) pools what requests
 measured; each request's :class:`MatchStats` starts from a few observations' worth of
-the pool and hands its own counts back when it ends. This can change how long drafts
-are, never which tokens are committed (every draft is verified), so it is safe to share
-across requests.
+the pool and hands its own counts back when it ends. The copy factor is fitted on the
+request's own counts alone: how often a match of each length holds on this daemon's
+traffic carries over, whether *this* text is being copied does not (a copied document
+must not make the next request, a story, draft long on three-token matches). Sharing
+can change how long drafts are, never which tokens are committed (every draft is
+verified), so it is safe across requests.
 """
 
 from __future__ import annotations
@@ -169,6 +172,9 @@ class MatchStats:
         # Undecayed counts of this request, for the pool.
         self._new_hits = [0.0] * len(CLASS_STARTS)
         self._new_trials = [0.0] * len(CLASS_STARTS)
+        # This request's own counts, decayed like the rest: the copy factor's evidence.
+        self._own_hits = [0.0] * len(CLASS_STARTS)
+        self._own_trials = [0.0] * len(CLASS_STARTS)
         self._factor: float | None = None
         #: The last fit, where the next one starts (the counts change a little per step).
         self._last_factor = 1.0
@@ -176,11 +182,15 @@ class MatchStats:
 
     @property
     def factor(self) -> float:
-        """The copy factor of the counts as they are now (fitted when first read after
-        they changed: a step that drafts nothing judges several shadow positions and
-        reads the estimates once, if at all)."""
+        """The copy factor of this request's own counts as they are now (fitted when
+        first read after they changed: a step that drafts nothing judges several shadow
+        positions and reads the estimates once, if at all).
+
+        Only this request's evidence: whether a text is being copied is a property of
+        the request (a reformatted document before, a story now), while the pooled
+        counts say how each match length fares on this daemon's traffic."""
         if self._factor is None:
-            self._factor = copy_factor(self._hits, self._trials, self._last_factor)
+            self._factor = copy_factor(self._own_hits, self._own_trials, self._last_factor)
             self._last_factor = self._factor
         return self._factor
 
@@ -228,6 +238,8 @@ class MatchStats:
         for c in range(len(CLASS_STARTS)):
             self._hits[c] *= DECAY
             self._trials[c] *= DECAY
+            self._own_hits[c] *= DECAY
+            self._own_trials[c] *= DECAY
 
     def record(self, length: int, hit: bool) -> None:
         """One position judged without a draft: did the token after a match of
@@ -239,6 +251,8 @@ class MatchStats:
         c = length_class(length)
         self._hits[c] += hit
         self._trials[c] += 1.0
+        self._own_hits[c] += hit
+        self._own_trials[c] += 1.0
         self._new_hits[c] += hit
         self._new_trials[c] += 1.0
 

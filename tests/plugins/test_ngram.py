@@ -302,6 +302,22 @@ def test_long_copies_that_held_raise_trust_in_short_matches() -> None:
     assert copying.p(2) > fresh.p(2) and copying.p(4) > fresh.p(4)
 
 
+def test_a_copied_request_does_not_make_the_next_one_draft_on_short_matches() -> None:
+    """The pool carries how each match length fared, not whether a text was copied:
+    after a reformatted document, a new request trusts short matches no more than a
+    fresh one (its own drafts and shadows decide), but long ones more."""
+    shared = SharedMatchStats()
+    first = MatchStats(shared)
+    for length in (18, 46, 78, 110):
+        first.update(length, 31, 31)
+    assert first.factor > 1.0
+    first.close()
+    second, fresh = MatchStats(shared), MatchStats()
+    assert second.factor == pytest.approx(1.0)
+    assert second.p(3) == pytest.approx(fresh.p(3))
+    assert second.p(40) > fresh.p(40)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 200), st.integers(0, 6), st.integers(0, 6)),
                 max_size=12),

@@ -15,7 +15,7 @@ def _fmt(value: float | None, spec: str, none: str = "-") -> str:
         else format(value, spec)
 
 
-def _identity_cell(s: Mapping[str, Any], is_ref: bool) -> str:
+def _identity_cell(s: Mapping[str, Any], is_ref: bool, prompt_tokens: int) -> str:
     if is_ref:
         return "ref"
     if s.get("error"):
@@ -25,11 +25,15 @@ def _identity_cell(s: Mapping[str, Any], is_ref: bool) -> str:
         return "-"
     if ident:
         return "yes"
-    cell = f"no @{s.get('first_divergence')}"
+    at = s.get("first_divergence")
+    cell = f"no @{at}"
+    notes = []
     margin = s.get("margin")
     if isinstance(margin, Mapping) and "margin" in margin:
-        cell += f" (margin {margin['margin']:.3f})"
-    return cell
+        notes.append(f"margin {margin['margin']:.3f}")
+    if isinstance(at, int):
+        notes.append(f"context {prompt_tokens + at}")
+    return cell + (f" ({', '.join(notes)})" if notes else "")
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -88,7 +92,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                     f"{_fmt(s['forward_cost_vs_plain'], '5.2f'):>5} "
                     f"{_fmt(s['host_ms_per_token'], '5.2f'):>5} "
                     f"{_fmt(None if ckpt is None else ckpt / 1024, '7.1f'):>7}  "
-                    f"{_identity_cell(s, arm == m['reference'])}"
+                    f"{_identity_cell(s, arm == m['reference'], w['prompt_tokens'])}"
                 )
                 lim = s.get("limit")
                 if lim:
@@ -111,7 +115,10 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append("columns: tok/s end-to-end, dec t/s after the first token, x = ratio to "
                  "plain; fwd/tok = decode forwards per token; acc = accepted/drafted; "
                  "fwd ms = mean forward (x plain's decode); host = ms/token outside "
-                 "llama.cpp forwards")
+                 "llama.cpp forwards; identical: 'no @i' = first differing token, the "
+                 "reference's top-2 logit margin there and the context length (past 256 "
+                 "tokens one-token and wider forwards round differently, so near-ties "
+                 "may flip: README, Identity and its limits)")
     lines.append(f"llama-server arms: {report.get('llama_server', 'not run')}")
     lines.append("")
     lines.append("targets (decode-rate ratios):")

@@ -228,6 +228,7 @@ def test_injected_divergence_is_reported() -> None:
     assert margin["margin"] > 0
     table = format_report(report)
     assert "no @5 (margin" in table
+    assert f"context {wl['prompt_tokens'] + 5})" in table  # where it parted, in tokens
 
 
 def test_unknown_names_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:

@@ -405,8 +405,9 @@ class Generation:
                 st.drafted_per_position[i] += 1
             for i in range(accepted):
                 st.accepted_per_position[i] += 1
-            self.gate.verified(k, min(decision.matched, k))
-            self.acceptance.observe(k, min(decision.matched, k))
+            matched = min(decision.matched, k)
+            self.gate.verified(k, matched)
+            self.acceptance.observe(k, matched)
         if self.proposer is not None and k > 0:
             try:
                 self.proposer.observe(Outcome(k, accepted, decision.committed))

@@ -29,7 +29,6 @@ class Window:
         return len(self.draft) if self.real is None else self.real
 
 
-
 class MtpHead:
     """The session's MTP context bound to the engine's current ``last`` token.
 

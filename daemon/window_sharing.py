@@ -30,6 +30,7 @@ from typing import Protocol
 
 from meshd.native.session import SequenceSession
 from meshd.policy.costs import CostModel
+from meshd.policy.decision import RepairCaps, needs_checkpoint
 from meshd.policy.gate import StepGate
 from meshd.policy.shared_window import Member, RunningAcceptance, plan_shared
 
@@ -48,7 +49,6 @@ class Sharer(Protocol):
     last: int
     acceptance: RunningAcceptance
     shared_idle: int
-
     gate: StepGate
 
     def draft_cap(self) -> int: ...
@@ -115,7 +115,8 @@ def pad_windows(generations: Sequence[Sharer], windows: list[Window],
         s = g.session
         if s.n_past + length + 1 > s.context.config.n_ctx_seq:
             return windows
-        if s.recurrent and (s.has_checkpoint or length > s.rollback_window):
+        if s.has_checkpoint or needs_checkpoint(
+                length, RepairCaps(s.recurrent, s.rollback_window)):
             return windows
     return [w if len(w.draft) == length else
             padded(w, length) for w in windows]

@@ -16,9 +16,13 @@ import attrs
 from .context import TargetContext
 from .session import SequenceSession
 
+#: Tokens of context the calibration forwards run after (a short prompt's worth).
+CALIBRATION_CONTEXT = 64
+
 
 def measure_row_costs(
-    context: TargetContext, k_max: int, *, reps: int = 5, context_tokens: int = 64
+    context: TargetContext, k_max: int, *, reps: int = 5,
+    context_tokens: int = CALIBRATION_CONTEXT,
 ) -> list[float]:
     """Relative cost of a forward of k+1 rows vs 1 row, for k = 0..k_max (c[0] == 1).
 
@@ -59,7 +63,7 @@ class MtpCosts:
 
 
 def measure_mtp_costs(context: TargetContext, *, steps: int = 15, draft_len: int = 4,
-                      context_tokens: int = 64) -> MtpCosts | None:
+                      context_tokens: int = CALIBRATION_CONTEXT) -> MtpCosts | None:
     """Measure the MTP head's costs on this model and machine (None: no head).
 
     Why: a head is worth following only if what its drafts save beats what catching it

@@ -69,8 +69,6 @@ class MtpSession:
         vocabulary (150k entries on real models), host work per drafted token that only
         a probability cut needs; the argmax alone reads the logits in place.
         """
-        if k <= 0 or self.stale:
-            return [], []
         (tokens,), (chances,) = self.owner.draft_many([(self, last, pos0, k)], probs=probs)
         return tokens, chances
 

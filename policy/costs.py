@@ -364,7 +364,7 @@ class CostModel:
         points = {r: curve.cost(r - 1) for r in range(1, curve.max_k + 2)}
         base = self.decode_seconds()
         if base:
-            for r, s in list(self._wide.items()):
+            for r, s in self._wide.items():
                 if len(s) >= MIN_SAMPLES:
                     points[r] = statistics.median(s) / base
         if rows in points:

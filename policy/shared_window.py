@@ -188,11 +188,13 @@ def plan_shared(members: Sequence[Member], row_cost: Callable[[int], float], *,
         return plain
     floor = (n / row_cost(n)) * margin
     plans: list[tuple[float, SharedPlan]] = []
+    best = 0.0
     behind = 0
     for length in range(1, top + 1):
         r, plan = plan_at(members, length, row_cost)
         if plan.length > 0 and r > floor:
-            behind = 0 if not plans or r > max(p[0] for p in plans) else behind + 1
+            behind = 0 if r > best else behind + 1
+            best = max(best, r)
             plans.append((r, plan))
         else:
             behind += 1
@@ -200,5 +202,4 @@ def plan_shared(members: Sequence[Member], row_cost: Callable[[int], float], *,
             break  # past the peak (or no peak): longer windows only cost more rows
     if not plans:
         return plain
-    best = max(r for r, _ in plans)
     return next(plan for r, plan in plans if r * LONGER_MARGIN >= best)

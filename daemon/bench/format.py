@@ -6,6 +6,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from meshd.native.calibrate import CALIBRATION_CONTEXT
+
 from .arms import REFERENCE_ARM
 from .summary import CONTENDED_CPU_SHARE
 
@@ -55,7 +57,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         if curve:
             costs = " ".join(f"k={k}:{c:.2f}" for k, c in enumerate(curve) if k)
             lim = m["limit"]
-            lines.append(f"   cost of k+1 rows vs 1 (64 tokens of context): {costs}")
+            lines.append(f"   cost of k+1 rows vs 1 ({CALIBRATION_CONTEXT} tokens of context): "
+                         f"{costs}")
             lines.append(f"   physical limit (acceptance 1): {lim['speedup']:.2f}x at "
                          f"k={lim['k']}")
         for arm, why in m.get("unavailable", {}).items():

@@ -179,16 +179,16 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
         # Each workload's limit is priced at the context its decoding runs at: a window
         # attends to the whole prompt, so at a few hundred tokens wide forwards cost
         # relatively more than at the 64 tokens of the model-level curve above.
-        curves: dict[str, CostCurve | None] = {}
+        curves: dict[str, tuple[int, CostCurve] | None] = {}
         for w in workloads:
-            curves[w.name] = curve
+            curves[w.name] = None
             if curve is not None:
                 at = workload_cost_context(len(prompts[w.name][0]), config.max_tokens,
                                            bm.n_ctx, config.draft_max)
                 log(f"{spec.name}: cost of k+1 rows at {at} tokens of context ({w.name})")
-                curves[w.name] = CostCurve.sanitized(measure_row_costs(
+                curves[w.name] = (at, CostCurve.sanitized(measure_row_costs(
                     bm.rt.context, config.draft_max, reps=config.cost_reps,
-                    context_tokens=at))
+                    context_tokens=at)))
         runners, unavailable = _open_arms(arms, bm, log)
         entry["unavailable"] = unavailable
         order = [a.name for a in arms if a.name in runners]
@@ -235,6 +235,7 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
             if (w.name, reference) in errors:
                 ref_runs = None
             arms_out: dict[str, Any] = {}
+            measured = curves[w.name]
             unit = forward_ms(runs.get((w.name, "meshd-off"), []))
             ctx = bm.rt.context
             repair = RepairCost(ctx.rollback_window) if ctx.recurrent else None
@@ -242,7 +243,8 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                 arm_runs = runs.get((w.name, arm), [])
                 shares = [r.cpu_s / (r.wall_s * threads) for (_, a), rs in runs.items()
                           if a == arm for r in rs if r.cpu_s is not None and r.wall_s > 0]
-                summary = summarize_arm(arm_runs, ref_runs, curves[w.name],
+                summary = summarize_arm(arm_runs, ref_runs,
+                                        None if measured is None else measured[1],
                                         error=errors.get((w.name, arm)), unit_forward_ms=unit,
                                         threads=threads,
                                         best_cpu_share=max(shares, default=None),
@@ -259,13 +261,11 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                     except (NativeError, ValueError) as exc:
                         summary["margin"] = {"error": str(exc)}
                 arms_out[arm] = summary
-            wcurve = curves[w.name]
             entry["workloads"].append({
                 "name": w.name, "copies": w.copies, "prompt_tokens": len(prompts[w.name][0]),
                 "truncated": prompts[w.name][1], "arms": arms_out,
-                "cost_context": (None if wcurve is None else workload_cost_context(
-                    len(prompts[w.name][0]), config.max_tokens, bm.n_ctx, config.draft_max)),
-                "cost_curve": None if wcurve is None else list(wcurve.costs),
+                "cost_context": None if measured is None else measured[0],
+                "cost_curve": None if measured is None else list(measured[1].costs),
             })
         return entry
     finally:

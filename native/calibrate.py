@@ -8,6 +8,7 @@ from the model actually loaded, on the machine actually running it.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -22,32 +23,56 @@ CALIBRATION_CONTEXT = 64
 
 def measure_row_costs(
     context: TargetContext, k_max: int, *, reps: int = 5,
-    context_tokens: int = CALIBRATION_CONTEXT,
+    context_tokens: int = CALIBRATION_CONTEXT, baseline: TargetContext | None = None,
 ) -> list[float]:
-    """Relative cost of a forward of k+1 rows vs 1 row, for k = 0..k_max (c[0] == 1).
+    """Relative cost of a forward of k+1 rows vs 1 row, for k = 0..k_max.
 
     Arms are interleaved (1, 2, ..., k_max+1, 1, 2, ...) and medians taken, so machine
     noise hits every size alike. Uses one temporary session slot.
+
+    Without ``baseline`` the unit is a one-row forward on ``context`` itself (``c[0] ==
+    1``): what the adaptive draft length compares on the context it decodes on. With
+    ``baseline`` (the same model without in-place rollback) the unit is a one-row forward
+    there, timed in the same interleaved rounds: a recurrent context that can roll back
+    in place stores per-token state snapshots on every forward, one-row ones included,
+    which decoding without speculation never pays. Against that unit ``c[0]`` is what
+    the snapshots cost a plain decode and every window's cost includes them, so a limit
+    computed from it is the best any speculation on this context can do against plain
+    decoding.
     """
     n_vocab = context.n_vocab
     filler = [(7 * i + 3) % n_vocab for i in range(context_tokens)]
     times: dict[int, list[float]] = {n: [] for n in range(1, k_max + 2)}
-    with SequenceSession.open(context) as session:
+    unit_times: list[float] = []
+    with contextlib.ExitStack() as stack:
+        session = stack.enter_context(SequenceSession.open(context))
         session.prefill(filler)
         base_pos = session.n_past
+        plain = None
+        if baseline is not None:
+            plain = stack.enter_context(SequenceSession.open(baseline))
+            plain.prefill(filler)
         for _ in range(reps):
+            if plain is not None:
+                unit_times.append(_time_window(plain, filler[:1], base_pos))
             for n in times:
-                if session.recurrent:
-                    session.checkpoint()
-                t0 = time.perf_counter()
-                session.verify(filler[:n])
-                times[n].append(time.perf_counter() - t0)
-                if session.recurrent:
-                    session.restore_and_replay(base_pos, ())
-                else:
-                    session.trim(base_pos)
-    base = statistics.median(times[1])
+                times[n].append(_time_window(session, filler[:n], base_pos))
+    base = statistics.median(unit_times if unit_times else times[1])
     return [statistics.median(times[n]) / base for n in range(1, k_max + 2)]
+
+
+def _time_window(session: SequenceSession, window: list[int], base_pos: int) -> float:
+    """Seconds one forward of ``window`` takes; the session is put back at ``base_pos``."""
+    if session.recurrent:
+        session.checkpoint()
+    t0 = time.perf_counter()
+    session.verify(window)
+    elapsed = time.perf_counter() - t0
+    if session.recurrent:
+        session.restore_and_replay(base_pos, ())
+    else:
+        session.trim(base_pos)
+    return elapsed
 
 
 @attrs.frozen

@@ -61,6 +61,10 @@ def format_report(report: Mapping[str, Any]) -> str:
                          f"{costs}")
             lines.append(f"   physical limit (acceptance 1): {lim['speedup']:.2f}x at "
                          f"k={lim['k']}")
+            snap = m.get("snapshot_cost")
+            if snap is not None:
+                lines.append(f"   a one-row forward keeping rollback snapshots costs {snap:.2f} "
+                             "plain decodes; costs above are in plain decodes")
         for arm, why in m.get("unavailable", {}).items():
             lines.append(f"   {arm}: not run ({why})")
         contended = sum(s.get("contended_runs", 0) for w in m["workloads"]

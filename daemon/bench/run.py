@@ -18,7 +18,11 @@ end-to-end ones next to them.
 
 Next to the speeds it prints the physical limit of speculation on this machine: the
 measured cost of a verify batch of ``k + 1`` rows against one decode, and the best
-speedup that curve allows at full and at the measured acceptance. Every arm's output is
+speedup that curve allows at full and at the measured acceptance. On a recurrent model
+that rolls back in place the one-row unit is a decode on a context without rollback
+snapshots (what plain decoding runs), so every window's cost includes the snapshots it
+needs and the limit is what speculation can reach against plain decoding; the
+snapshots' own cost on a one-row decode is reported as ``snapshot_cost``. Every arm's output is
 compared token by token with ``plain``; a divergence is reported with its index and the
 reference model's top-1/top-2 logit margin there.
 
@@ -29,6 +33,7 @@ JSON report (``--json FILE``), format 1::
     {"format": 1, "config": {...}, "machine": {...}, "llama_server": "...",
      "models": [{"name", "path", "note", "synthetic", "has_mtp", "recurrent", "n_ctx",
                  "cost_curve", "runtime_curve", "draft_model", "limit": {"k", "speedup"},
+                 "snapshot_cost",
                  "reference", "unavailable": {arm: reason},
                  "workloads": [{"name", "copies", "prompt_tokens", "truncated",
                                 "cost_context", "cost_curve",
@@ -61,7 +66,7 @@ from typing import Any
 import attrs
 
 from meshd.native.calibrate import measure_row_costs
-from meshd.native.context import DEFAULT_DRAFT_MAX
+from meshd.native.context import DEFAULT_DRAFT_MAX, TargetContext
 from meshd.native.errors import NativeError
 from meshd.policy.costs import CostCurve, RepairCost, speedup_limit
 
@@ -157,6 +162,7 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                     llama_flash_attn=config.llama_flash_attn, pld_tokens=config.pld_tokens,
                     draft_path=draft)
     runners: dict[str, ArmRunner] = {}
+    baseline: TargetContext | None = None
     try:
         info = bm.rt.model.info
         entry: dict[str, Any] = {
@@ -168,12 +174,20 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
         }
         prompts = {w.name: render_prompt(bm.rt, w, room=config.max_tokens) for w in workloads}
         curve: CostCurve | None = None
+        # A context that rolls back in place pays for its snapshots on every forward;
+        # the costs are priced against a decode on one without them (plain decoding).
+        if config.draft_max > 0:
+            baseline = plain_baseline(bm.rt.context)
+        entry["snapshot_cost"] = None
         if config.draft_max > 0:
             log(f"{spec.name}: measuring the cost of k+1 rows vs 1 (k = 1..{config.draft_max})")
-            curve = CostCurve.sanitized(
-                measure_row_costs(bm.rt.context, config.draft_max, reps=config.cost_reps))
+            raw = measure_row_costs(bm.rt.context, config.draft_max, reps=config.cost_reps,
+                                    baseline=baseline)
+            curve = CostCurve.sanitized(raw)
             k, s = speedup_limit(curve)
             entry.update(cost_curve=list(curve.costs), limit={"k": k, "speedup": s})
+            if baseline is not None:
+                entry["snapshot_cost"] = raw[0]
         else:
             entry.update(cost_curve=None, limit=None)
         # Each workload's limit is priced at the context its decoding runs at: a window
@@ -188,7 +202,7 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
                 log(f"{spec.name}: cost of k+1 rows at {at} tokens of context ({w.name})")
                 curves[w.name] = (at, CostCurve.sanitized(measure_row_costs(
                     bm.rt.context, config.draft_max, reps=config.cost_reps,
-                    context_tokens=at)))
+                    context_tokens=at, baseline=baseline)))
         runners, unavailable = _open_arms(arms, bm, log)
         entry["unavailable"] = unavailable
         order = [a.name for a in arms if a.name in runners]
@@ -271,7 +285,23 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
     finally:
         for runner in runners.values():
             runner.close()
+        if baseline is not None:
+            baseline.close()
         bm.close()
+
+
+def plain_baseline(context: TargetContext) -> TargetContext | None:
+    """A one-sequence context like ``context`` without in-place rollback, to time the
+    decodes window costs are priced against; None where ``context`` keeps no rollback
+    snapshots (their cost is then nothing) or llama.cpp cannot make a second one."""
+    if not context.recurrent or context.rollback_window == 0:
+        return None
+    config = attrs.evolve(context.config, n_seq_max=1, use_mtp=False,
+                          in_place_rollback=False)
+    try:
+        return TargetContext(context.model, config)
+    except NativeError:
+        return None
 
 
 def workload_cost_context(prompt_tokens: int, max_tokens: int, n_ctx: int,

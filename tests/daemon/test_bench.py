@@ -8,6 +8,7 @@ against ``plain``) and reports a divergence where one happened.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -29,12 +30,15 @@ from meshd.daemon.bench.arms import (
 )
 from meshd.daemon.bench.format import format_report
 from meshd.daemon.bench.plot import write_plot
-from meshd.daemon.bench.run import FORMAT, BenchConfig, run_bench
+from meshd.daemon.bench.run import FORMAT, BenchConfig, plain_baseline, run_bench
 from meshd.daemon.bench.summary import conditional_acceptance, summarize_arm
 from meshd.daemon.bench.targets import evaluate_targets
 from meshd.daemon.bench.workloads import load_workloads
 from meshd.daemon.cli import main
-from meshd.native.context import DEFAULT_DRAFT_MAX
+from meshd.native import testmodels
+from meshd.native.calibrate import measure_row_costs
+from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
+from meshd.native.model import Model
 from meshd.policy.costs import CostCurve, speedup_limit
 
 SYNTHETIC = ("llama", "qwen35", "mimo2")
@@ -141,6 +145,8 @@ def test_tiny_bench_report_structure(tmp_path: Path) -> None:
     assert model["has_mtp"] and model["recurrent"]
     assert len(model["cost_curve"]) == DEFAULT_DRAFT_MAX + 1 and model["cost_curve"][0] == 1.0
     assert model["limit"]["speedup"] >= 1.0
+    # Priced against a decode without the in-place rollback's snapshots.
+    assert model["snapshot_cost"] is not None and model["snapshot_cost"] > 0
     assert model["unavailable"] == {}
     (wl,) = model["workloads"]
     assert set(wl["arms"]) == {a.name for a in ARMS}
@@ -338,3 +344,32 @@ def test_auto_without_drafts_is_held_to_the_mtp_arms_limit_never_below_plain() -
     assert "meshd-mtp" in paying["detail"]
     losing = limit_line(0.8)  # no draft length pays: plain decoding is the limit
     assert losing["value"] == pytest.approx(0.99) and losing["status"] == "PASS"
+
+
+def test_window_costs_are_priced_against_a_decode_without_snapshots() -> None:
+    """A hybrid context that rolls back in place stores snapshots on every forward;
+    the bench prices windows against a decode on one that does not (plain decoding's)."""
+    model = Model.load(testmodels.test_model_path("qwen35", acceptance=1.0))
+    try:
+        with TargetContext(model, ContextConfig(n_ctx_seq=256, draft_max=4)) as ctx:
+            assert ctx.rollback_window > 0
+            baseline = plain_baseline(ctx)
+            assert baseline is not None
+            try:
+                assert baseline.rollback_window == 0 and baseline.mtp is None
+                costs = measure_row_costs(ctx, 4, reps=2, context_tokens=32,
+                                          baseline=baseline)
+                assert len(costs) == 5
+                assert all(math.isfinite(c) and c > 0 for c in costs)
+            finally:
+                baseline.close()
+            # Both hand their session slots back.
+            assert ctx.free_slots == ctx.config.n_seq_max
+        attention = Model.load(testmodels.test_model_path("llama", acceptance=1.0))
+        try:
+            with TargetContext(attention, ContextConfig(n_ctx_seq=256)) as plain_ctx:
+                assert plain_baseline(plain_ctx) is None
+        finally:
+            attention.close()
+    finally:
+        model.close()

@@ -47,7 +47,7 @@ from .generation_stats import GenerationStats
 from .sampling import GREEDY, FloatArray, Sampler, SamplingParams
 from .stopping import StopMatcher
 from .window import MtpHead, Window
-from .window_sharing import draft_ahead, pad_windows, shared_caps
+from .window_sharing import draft_ahead, pad_alone, pad_windows, shared_caps
 
 #: How long a proposer may take to answer before its draft counts as late.
 PROPOSER_DEADLINE_S = 0.050
@@ -224,9 +224,13 @@ class Generation:
             return 0
         remaining = self.max_tokens - len(self.committed)
         room = self.session.context.config.n_ctx_seq - self.session.n_past - 1
+        # Never price a window longer than the proposer can fill: asked for 32, a head
+        # that drafts at most 8 makes a 9-row window, which may cost far more than the
+        # 8-row one the gate would have chosen within its reach.
+        reach = self.proposer.capabilities.max_len
         verdict = self.gate.decide(StepFacts(
             exact_verifiable=self.sampler.params.exact_verifiable,
-            k_max=min(self.settings.draft_max, remaining - 1, room),
+            k_max=min(self.settings.draft_max, remaining - 1, room, reach),
             head=self._head_load() if self.mtp_head is not None else None,
             repair=self._repair_cost() if self.session.recurrent else None,
         ))
@@ -490,6 +494,8 @@ def step_many(generations: Sequence[Generation], *,
             out[i] = exc
     if len(planned) == len(generations):
         windows = pad_windows(generations, [w for _, _, w in planned], caps)
+        if caps is None and len(windows) == 1:
+            windows = [pad_alone(generations[0], windows[0])]
         planned = [(i, gen, w) for (i, gen, _), w in zip(planned, windows, strict=True)]
     for group in forward_groups_of([(gen.session, w) for _, gen, w in planned]):
         _verify_and_apply([planned[j] for j in group], out, on_forward)

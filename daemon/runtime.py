@@ -319,7 +319,7 @@ class ModelRuntime:
 
     @curve.setter
     def curve(self, value: CostCurve | None) -> None:
-        self.costs = CostModel(value.costs) if value is not None else None
+        self.costs = CostModel(value) if value is not None else None
 
     @property
     def idle_slots(self) -> int:

@@ -122,6 +122,26 @@ def pad_windows(generations: Sequence[Sharer], windows: list[Window],
             padded(w, length) for w in windows]
 
 
+def pad_alone(generation: Sharer, window: Window) -> Window:
+    """A request stepping alone: ``window`` padded with filler to the length its cost
+    curve priced it at, where a wider forward costs less (whole blocks of rows for the
+    matrix kernels: :meth:`meshd.policy.costs.CostCurve.sanitized`). The filler rows
+    are free guesses. Padded only where it is exact and cheap to undo, as for shared
+    windows: verifiable sampling, within the request's draft cap (tokens left, context
+    room), and on a recurrent model within the in-place rollback with no checkpoint."""
+    k = len(window.draft)
+    costs = generation.costs
+    if k == 0 or costs is None or not generation.sampler.params.exact_verifiable:
+        return window
+    length = min(costs.curve().padded_length(k), generation.draft_cap())
+    if length <= k:
+        return window
+    s = generation.session
+    if s.has_checkpoint or needs_checkpoint(length, RepairCaps(s.recurrent, s.rollback_window)):
+        return window
+    return padded(window, length)
+
+
 def padded(window: Window, length: int) -> Window:
     """``window`` with filler drafts up to ``length``: its last token repeated (text that
     repeats itself then still commits them)."""

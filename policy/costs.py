@@ -40,7 +40,6 @@ seen lately fall back to the calibration (scaled by the same base).
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,6 +55,10 @@ def _to_floats(values: Iterable[float]) -> tuple[float, ...]:
     return tuple(float(x) for x in values)
 
 
+def _to_ints(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(x) for x in values)
+
+
 def _check_costs(_instance: object, _attribute: object, costs: tuple[float, ...]) -> None:
     if not costs:
         raise ValueError("a cost curve needs at least c(0)")
@@ -68,18 +71,46 @@ def _check_costs(_instance: object, _attribute: object, costs: tuple[float, ...]
             raise ValueError(f"cost curve must be non-decreasing: c({k}) = {c} < c({k - 1})")
 
 
+#: How many rows beyond a window's own a cheaper forward is looked for (see
+#: :meth:`CostCurve.sanitized`): past a tile of the matrix kernels' row blocking.
+PAD_LOOKAHEAD = 7
+
+
+def _check_pad(instance: CostCurve, _attribute: object, pad: tuple[int, ...]) -> None:
+    if not pad:
+        return
+    if len(pad) != len(instance.costs) or pad[0] != 0:
+        raise ValueError("a padding plan needs one entry per draft length and pad[0] == 0")
+    for k, j in enumerate(pad):
+        if not k <= j < len(pad):
+            raise ValueError(f"pad[{k}] = {j} is not a draft length from {k} to the curve's end")
+
+
 @attrs.frozen
 class CostCurve:
     """Relative cost ``c(k)`` of verifying ``k`` drafts (``k + 1`` rows) vs one decode.
 
     ``costs[k]`` is ``c(k)`` for ``k = 0 .. max_k``; ``costs[0]`` is 1 and the sequence
-    is non-decreasing (a bigger batch never costs less). Build it from measurements with
+    is non-decreasing. Build it from measurements with :meth:`sanitized`,
     :meth:`from_times` or :meth:`from_row_costs`, which repair noisy numbers; the plain
     constructor validates instead of repairing so a hand-written curve with a typo fails.
     Drafts beyond ``max_k`` were never measured, so callers never choose them.
+
+    ``pad`` (empty: none) is the padding plan behind the costs: a window of ``k`` drafts
+    is verified as ``pad[k]`` rows-minus-one (the rest filler), where that forward is
+    cheaper than ``k + 1`` rows (:meth:`sanitized` says why that happens).
     """
 
     costs: tuple[float, ...] = attrs.field(converter=_to_floats, validator=_check_costs)
+    pad: tuple[int, ...] = attrs.field(default=(), converter=_to_ints, validator=_check_pad)
+    #: The measured cost of each size before the repair (empty: ``costs`` were given).
+    raw: tuple[float, ...] = attrs.field(default=(), converter=_to_floats)
+
+    @property
+    def forward_costs(self) -> tuple[float, ...]:
+        """What a forward of ``k + 1`` rows itself costs, unpadded, as measured (for
+        rebuilding a curve from it, and for forwards whose rows are not padded)."""
+        return self.raw if self.raw else self.costs
 
     @property
     def max_k(self) -> int:
@@ -92,23 +123,44 @@ class CostCurve:
             raise ValueError(f"k = {k} outside the measured range 0..{self.max_k}")
         return self.costs[k]
 
-    @classmethod
-    def sanitized(cls, costs: Sequence[float]) -> CostCurve:
-        """Repair measured relative costs: force ``c(0) = 1``, then make it non-decreasing.
+    def padded_length(self, k: int) -> int:
+        """How many drafts-worth of rows a window of ``k`` drafts is priced at: ``k``
+        itself unless the plan pads it to a cheaper forward (``k`` beyond the curve:
+        ``k``)."""
+        return self.pad[k] if 0 <= k < len(self.pad) else k
 
-        Timing noise can make a 2-row batch look cheaper than a decode, or 5 rows cheaper
-        than 4; physically neither happens, and a dip would make the optimiser pick that
-        ``k`` for the wrong reason. Each value is raised to the running maximum.
+    @classmethod
+    def sanitized(cls, costs: Sequence[float], *, lookahead: int = PAD_LOOKAHEAD,
+                  ) -> CostCurve:
+        """Repair measured relative costs: ``c(0) = 1``; each window priced at the
+        cheapest forward of its rows up to ``lookahead`` more (recorded in ``pad``: its
+        filler rows are verified like drafts and commit only where the target itself
+        produced them, so padding is exact); then non-decreasing.
+
+        Why padding: the matrix kernels work on blocks of rows, so a forward whose rows
+        fill whole blocks can cost less than a narrower one (measured on 1B models,
+        Q8_0, 2 threads: 8 rows 2.7 decodes, 5-7 rows 2.9-3.4; 12 rows below 9-11).
+        Why non-decreasing: timing noise can make a 2-row batch look cheaper than a
+        decode, or 5 rows cheaper than 4 by a hair; a dip of that kind would make the
+        optimiser pick that ``k`` for the wrong reason, so each value is raised to the
+        running maximum after the padding.
         """
         if not costs:
             raise ValueError("a cost curve needs at least c(0)")
-        fixed = [1.0]
+        raw = [1.0]
         for k, c in enumerate(costs[1:], start=1):
             c = float(c)
             if not math.isfinite(c) or c <= 0.0:
                 raise ValueError(f"c({k}) = {c} is not a positive finite cost")
-            fixed.append(max(c, fixed[-1]))
-        return cls(tuple(fixed))
+            raw.append(c)
+        fixed, pad = [1.0], [0]
+        for k in range(1, len(raw)):
+            j = min(range(k, min(len(raw) - 1, k + max(0, lookahead)) + 1),
+                    key=lambda i: (raw[i], i))
+            pad.append(j)
+            fixed.append(max(raw[j], fixed[-1]))
+        return cls(tuple(fixed), tuple(pad) if any(j != k for k, j in enumerate(pad)) else (),
+                   tuple(raw))
 
     @classmethod
     def from_row_costs(cls, row_costs: Mapping[int, float]) -> CostCurve:
@@ -283,11 +335,14 @@ MAX_SHIFT = 2.0
 
 
 def is_plausible(costs: Sequence[float], *, tolerance: float = 0.85) -> bool:
-    """A measured curve looks sane: c(1) > 1, it never drops much as rows grow, and no
-    size costs far more than that many single decodes.
+    """A measured curve looks sane: c(1) > 1, no forward costs much less than one of
+    half its rows or fewer, and no size costs far more than that many single decodes.
 
     Measurements under heavy contention come out non-monotone (seen here: a 2-row
-    forward "cheaper" than 1 row); such a curve must not be cached.
+    forward "cheaper" than 1 row); such a curve must not be cached. A forward may
+    cost less than a slightly narrower one (whole blocks of rows for the matrix
+    kernels: 8 rows 0.78x the cost of 7 on 1B Q8_0 models), never than one of half
+    its rows.
     """
     if len(costs) < 2 or costs[1] <= 1.0:
         return False
@@ -295,7 +350,14 @@ def is_plausible(costs: Sequence[float], *, tolerance: float = 0.85) -> bool:
     # contention: c(8) = 18.3).
     if any(c > 1.5 * (k + 1) for k, c in enumerate(costs)):
         return False
-    return all(b >= a * tolerance for a, b in itertools.pairwise(costs))
+    dearest = 0.0  # the dearest forward of at most half the rows of the one checked
+    for k, c in enumerate(costs):
+        half = (k + 1) // 2  # rows
+        if half >= 1:
+            dearest = max(dearest, max(costs[:half]))
+        if c < dearest * tolerance:
+            return False
+    return True
 
 
 def within_rows(costs: Sequence[float]) -> list[float]:
@@ -317,8 +379,12 @@ class CostModel:
     curve once more than needed).
     """
 
-    def __init__(self, calibrated: Sequence[float]) -> None:
+    def __init__(self, calibrated: Sequence[float] | CostCurve) -> None:
+        if isinstance(calibrated, CostCurve):
+            calibrated = calibrated.forward_costs
         self._prior = CostCurve.sanitized(list(calibrated))
+        #: The calibration as measured: sizes without samples of their own follow it.
+        self._prior_raw = self._prior.forward_costs
         self._samples: dict[int, tuple[float, ...]] = {
             rows: () for rows in range(1, len(calibrated) + 1)
         }
@@ -345,10 +411,10 @@ class CostModel:
 
     def row_cost(self, rows: int) -> float:
         """A forward of ``rows`` rows (any number, wider than the curve too) relative to
-        a one-row decode: the curve up to its end; beyond it, the median of such
-        forwards measured (:data:`MIN_SAMPLES` of them), linear between measured sizes,
-        and past the widest one every further row at the average extra cost per row
-        of the widest measured forward.
+        a one-row decode: the curve's measured (unpadded) cost up to its end; beyond
+        it, the median of such forwards measured (:data:`MIN_SAMPLES` of them), linear
+        between measured sizes, and past the widest one every further row at the
+        average extra cost per row of the widest measured forward.
 
         Why that extrapolation: a forward's extra rows get dearer per row once the batch
         is past the part the weights' reading dominates, but never dearer than their
@@ -359,9 +425,10 @@ class CostModel:
         if rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
         curve = self.curve()
+        measured = curve.forward_costs  # a group's forward is not padded
         if rows <= curve.max_k + 1:
-            return curve.cost(rows - 1)
-        points = {r: curve.cost(r - 1) for r in range(1, curve.max_k + 2)}
+            return measured[rows - 1]
+        points = {r: measured[r - 1] for r in range(1, curve.max_k + 2)}
         base = self.decode_seconds()
         if base:
             for r, s in self._wide.items():
@@ -413,7 +480,7 @@ class CostModel:
         shift = self.extra_shift(base)
         costs = [
             medians[k + 1] / base if k + 1 in medians
-            else 1.0 + (self._prior.cost(k) - 1.0) * shift
+            else 1.0 + (self._prior_raw[k] - 1.0) * shift
             for k in range(self._prior.max_k + 1)
         ]
         self._curve = CostCurve.sanitized(costs)
@@ -438,7 +505,7 @@ class CostModel:
         ratios_seen = [
             (t / base - 1.0) / extra
             for rows, samples in list(self._samples.items()) if rows > 1
-            for extra in (self._prior.cost(rows - 1) - 1.0,) if extra > 0.0
+            for extra in (self._prior_raw[rows - 1] - 1.0,) if extra > 0.0
             for t in samples
         ]
         if len(ratios_seen) < MIN_SAMPLES:

@@ -98,10 +98,16 @@ class AdaptiveK:
         bucket = sum(1 for start in STREAK_BUCKETS if self.run >= start) - 1
         return self.streak_trackers[bucket]
 
-    def next_k(self) -> int:
-        """The draft length for this step (> 0 when it is a probe, 0 for plain decode)."""
+    def next_k(self, limit: int | None = None) -> int:
+        """The draft length for this step (> 0 when it is a probe, 0 for plain decode),
+        at most ``limit`` (this step's reach: tokens left, the proposer's longest draft).
+
+        Why the limit goes into the choice and is not applied to it: the best length
+        within reach is not the best overall cut down (a 32-draft choice cut to 8 may
+        cost a block of rows more than the 7 that were best within 8)."""
         self._planned = self.current_tracker()
-        k = choose_k(self.curve, self.acceptances(), self.k_max, margin=self.margin,
+        k_max = self.k_max if limit is None else max(0, min(limit, self.k_max))
+        k = choose_k(self.curve, self.acceptances(), k_max, margin=self.margin,
                      draft_cost=self.draft_cost, repair=self.repair)
         if k > 0:
             self.probing = False
@@ -109,11 +115,11 @@ class AdaptiveK:
             return k
         # A probe costs c(1) - 1 plus its drafting and saves a decode when it hits:
         # keep its expected cost under PROBE_BUDGET of a decode per step on average.
-        if self.k_max >= 1:
+        if k_max >= 1:
             hit = self.tracker.acceptances(1)[0]
             probe_cost = self.curve.cost(1) - 1.0 + self.draft_cost - hit
             self.explorer.min_interval = probe_interval_floor(probe_cost, self.probe_budget)
-        if self.k_max >= 1 and self.explorer.idle_step():
+        if k_max >= 1 and self.explorer.idle_step():
             self.explorer.probed()
             self.probing = True
             return 1

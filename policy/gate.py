@@ -206,7 +206,7 @@ class StepGate:
             if ((value.steps >= HEAD_VALUE_STEPS and value.ratio < 1.0)
                     or self._head_cannot_pay(adaptive, head)):
                 return self._drop_head()
-        k = min(adaptive.next_k(), facts.k_max)
+        k = adaptive.next_k(facts.k_max)
         if head is not None and k == 0:
             if adaptive.tracker.updates < HEAD_EVIDENCE_WINDOWS:
                 k = min(HEAD_EVIDENCE_K, facts.k_max)  # gather evidence on the head

@@ -27,7 +27,7 @@ def conditional_acceptance(accepted: Sequence[int], drafted: Sequence[int]) -> l
     that accepted it (so ``0..i`` were all accepted). Their ratio ``u_i`` is the chance
     that a window of length > i got that far; ``u_i / u_{i-1}`` is the conditional rate
     :func:`meshd.policy.costs.speedup_limit` expects. Positions never drafted end the
-    list (the limit repeats the last value for them).
+    list, and the limit considers no window longer than it.
     """
     out: list[float] = []
     prev = 1.0
@@ -192,7 +192,11 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
         if curve is not None and cond:
             paid = (curve if overhead == 0.0 else CostCurve(
                 (1.0, *(c * (1.0 + overhead) for c in curve.costs[1:]))))
-            k, drafting = speedup_limit(paid, cond, draft_cost=draft_cost, repair=repair)
+            # Only the positions the arm drafted were measured: no acceptance is assumed
+            # for longer windows (repeating the last conditional rate, often 1.0 after a
+            # few positions, made 32-draft windows look nearly free).
+            k, drafting = speedup_limit(paid, cond, k_max=len(cond), draft_cost=draft_cost,
+                                        repair=repair)
             # The acceptance was measured where the arm drafted; the steps it decoded
             # plainly (a proposer that drafts only where drafts pay) are held to plain
             # decoding, not to that acceptance, which they never had.

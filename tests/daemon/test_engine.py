@@ -355,10 +355,13 @@ def test_an_mtp_head_that_cannot_pay_is_dropped(kind: str) -> None:
     rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=1,
                                     calibrate=False))
     try:
-        rt.curve = CostCurve([1.0 + k for k in range(K_MAX + 1)])
         assert rt.context.mtp is not None
         prompt = prompt_for(rt, "the head does not pay here")
         ref = generate(rt, prompt, max_tokens=200)
+        # Set after the reference: the cost model would otherwise measure its one-row
+        # forwards, and a measured size replaces the hand-set one (which is the point
+        # of measuring, but this test is about the curve given).
+        rt.curve = CostCurve([1.0 + k for k in range(K_MAX + 1)])
         gen = rt.generation(prompt, max_tokens=200, proposer="mtp", adaptive=True)
         forwards_at_drop = None
         for _ in gen.run():

@@ -170,3 +170,47 @@ def test_one_head_forward_drafts_for_several_sequences(runtime: ModelRuntime) ->
     finally:
         for s in sessions:
             s.close()
+
+
+#: A curve on which 7 rows cost less than 2-6 (as a forward of whole blocks of rows can,
+#: measured on 1B Q8_0 models: 8 rows below 5-7): every window is priced at 6 drafts.
+BLOCKY = CostCurve.sanitized([1.0, 3.0, 3.2, 3.4, 3.6, 3.8, 2.5])
+
+
+def test_a_request_alone_pads_its_window_to_a_cheaper_forward(
+        runtime: ModelRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short window is verified with filler up to the cheaper forward its curve
+    priced; the tokens stay plain decoding's, and filler is no draft."""
+    prompt = _prompts(runtime)[0]
+    alone = reference(runtime, prompt, max_tokens=60)[0]
+    saved = runtime.curve
+    runtime.curve = BLOCKY
+    gen = runtime.generation(prompt, max_tokens=60, proposer="ngram", adaptive=False)
+    seen: list[tuple[int, int]] = []  # (rows verified, drafts the request had room for)
+    verify = SequenceSession.verify
+
+    def spy(self: SequenceSession, tokens: Sequence[int]) -> object:
+        if self is gen.session:
+            seen.append((len(tokens), min(6, gen.max_tokens - len(gen.committed) - 1)))
+        return verify(self, tokens)
+
+    propose = Generation._propose
+
+    def short(self: Generation, proposer: object, k: int) -> tuple[int, ...]:
+        return propose(self, proposer, k)[:2]  # a proposer with less to offer than asked
+
+    monkeypatch.setattr(SequenceSession, "verify", spy)
+    monkeypatch.setattr(Generation, "_propose", short)
+    try:
+        for _ in gen.run():
+            pass
+        assert list(gen.committed) == alone
+        assert gen.stats.verify_calls > 0 and len(gen.stats.drafted_per_position) <= 2
+        # Every drafted window was verified at the padded width.
+        windows = [(rows, room) for rows, room in seen if rows > 1]
+        assert len(windows) == gen.stats.verify_calls
+        assert all(rows == 1 + room for rows, room in windows)
+        assert gen.stats.drafted < sum(rows - 1 for rows, _ in windows)
+    finally:
+        gen.close()
+        runtime.curve = saved

@@ -217,7 +217,8 @@ def test_factory_builds_children_from_the_registry() -> None:
             options={"cost_curve": [1.0, 1.3, 1.2]},
         )
     )
-    assert raw.curve.costs == (1.0, 1.3, 1.3)
+    # A 2-row window dearer than 3 rows: priced at 3 rows (padded), as the runtime's are.
+    assert raw.curve.costs == (1.0, 1.2, 1.2) and raw.curve.padded_length(1) == 2
 
 
 def test_factory_errors() -> None:

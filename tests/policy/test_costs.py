@@ -30,6 +30,8 @@ def test_plausibility() -> None:
     assert not is_plausible([1.0, 0.898, 0.545, 1.228, 2.879, 3.259, 2.146, 2.125, 3.484])
     assert not is_plausible([1.0, 1.50, 1.55, 0.998, 1.79, 3.34, 3.49, 1.68, 3.88])
     assert not is_plausible([1.0])
+    # Forwards of whole blocks of rows cost less than slightly narrower ones (1B Q8_0).
+    assert is_plausible([1.0, 1.82, 2.11, 2.31, 2.90, 3.27, 3.43, 2.68, 3.26, 3.62, 3.76, 3.35])
     assert not is_plausible([1.0, 1.8, 2.2, 2.5, 3.1, 3.6, 4.1, 4.4, 18.3])
 
 

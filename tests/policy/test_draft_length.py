@@ -143,12 +143,48 @@ def test_higher_acceptance_never_chooses_a_smaller_k(
 
 def test_curve_repairs_noisy_measurements() -> None:
     curve = CostCurve.sanitized([0.97, 0.95, 1.6, 1.5, 2.0])
-    assert curve.costs == (1.0, 1.0, 1.6, 1.6, 2.0)
+    # 2 rows "cheaper" than a decode is noise: raised. 3 rows dearer than 4: a window of
+    # 2 drafts is padded to 3 and priced at 4 rows.
+    assert curve.costs == (1.0, 1.0, 1.5, 1.5, 2.0)
+    assert [curve.padded_length(k) for k in range(5)] == [0, 1, 3, 3, 4]
     timed = CostCurve.from_times(0.010, {2: 0.0175, 4: 0.034, 3: 0.0232})
     assert timed.costs == pytest.approx((1.0, 1.75, 2.32, 3.40))
     dip = CostCurve.from_row_costs({1: 0.9, 2: 1.8, 3: 1.7, 5: 2.7})
     assert dip.costs == pytest.approx((1.0, 1.8, 1.8, 2.25, 2.7))
     assert CostCurve.from_row_costs({}).costs == (1.0,)
+
+
+def test_windows_are_priced_at_the_cheaper_forward_of_whole_row_blocks() -> None:
+    """Measured on a 1B Q8_0 model: 8 rows cost less than 5, 6 or 7, 12 less than 9-11."""
+    rows = [1.0, 1.82, 2.11, 2.31, 2.90, 3.27, 3.43, 2.68, 3.26, 3.62, 3.76, 3.35, 4.00]
+    curve = CostCurve.sanitized(rows)
+    assert [curve.padded_length(k) for k in range(13)] == [
+        0, 1, 2, 3, 7, 7, 7, 7, 8, 11, 11, 11, 12]
+    assert curve.costs[4:8] == (2.68,) * 4
+    # No look-ahead: the running maximum alone, no padding.
+    plain = CostCurve.sanitized(rows, lookahead=0)
+    assert plain.pad == () and plain.costs[7] == 3.43
+    # Up to 8 drafts (a rollback depth of 8) at acceptance 0.9: 7 drafts in 8 rows pay
+    # 2.13x, where without padding the best is 8 drafts at 1.79x.
+    k, r = speedup_limit(curve, 0.9, k_max=8)
+    assert k == 7 and r == pytest.approx(expected_committed(0.9, 7) / 2.68)
+    k0, r0 = speedup_limit(plain, 0.9, k_max=8)
+    assert k0 == 8 and r0 < 0.85 * r
+
+
+@given(raw=st.lists(st.floats(0.01, 40.0), min_size=1, max_size=34),
+       lookahead=st.integers(0, 9))
+def test_padding_never_prices_a_window_dearer(raw: list[float], lookahead: int) -> None:
+    curve = CostCurve.sanitized([1.0, *raw[1:]], lookahead=lookahead)
+    measured = [1.0, *raw[1:]]
+    assert all(b >= a for a, b in itertools.pairwise(curve.costs))
+    for k in range(len(measured)):
+        j = curve.padded_length(k)
+        assert k <= j <= min(k + lookahead, curve.max_k)
+        # Priced at the padded forward (raised only to keep the curve non-decreasing),
+        # and never above what the unpadded running maximum would have said.
+        assert curve.costs[k] >= measured[j] or k == 0
+        assert curve.costs[k] <= max([1.0, *measured[1:k + 1]]) + 1e-12
 
 
 @given(points=st.dictionaries(st.integers(1, 12), st.floats(0.01, 20.0), max_size=8))
@@ -443,3 +479,15 @@ def test_deeper_in_a_copy_run_the_windows_grow() -> None:
     mean = {b: sum(ks) / len(ks) for b, ks in by_bucket.items() if ks}
     assert mean[3] >= 12, mean
     assert mean[3] > mean[1] + 3, mean
+
+
+def test_the_length_is_chosen_within_reach_not_cut_to_it() -> None:
+    """Deep in a copy run the best window overall is the longest; a proposer that drafts
+    at most 8 must get the best window within 8 (7 drafts: 8 rows, a whole block), not
+    the overall choice cut to 8 (9 rows, a block dearer)."""
+    rows = [1.0, 1.82, 2.11, 2.31, 2.90, 3.27, 3.43, 2.68, 3.26, 3.62, 3.76, 3.35, 4.00,
+            4.2, 4.5, 4.03, 4.66]
+    adaptive = AdaptiveK(CostCurve.sanitized(rows), AcceptanceTracker(prior=0.99))
+    assert adaptive.next_k() > 8
+    assert adaptive.next_k(8) == 7
+    assert adaptive.next_k(0) == 0

@@ -19,7 +19,8 @@ is narrow, and checked here: every request's sampling must be exactly verifiable
 (greedy or seeded: a filler token is then committed only where the target itself
 produced it, so output does not change), a recurrent session's padded window must be
 undone in place (within its rollback window, no checkpoint), and the context must
-have room for the rows.
+have room for the rows. A request stepping alone is padded the same way, to the width
+its cost curve priced it at where a wider forward costs less (:func:`pad_alone`).
 """
 
 from __future__ import annotations

@@ -112,15 +112,17 @@ def pad_windows(generations: Sequence[Sharer], windows: list[Window],
     length = max(len(w.draft) for w in windows)  # within the caps: plan() held to them
     if length == 0:
         return windows
-    for g in generations:
-        s = g.session
-        if s.n_past + length + 1 > s.context.config.n_ctx_seq:
-            return windows
-        if s.has_checkpoint or needs_checkpoint(
-                length, RepairCaps(s.recurrent, s.rollback_window)):
-            return windows
+    if not all(_fits(g.session, length) for g in generations):
+        return windows
     return [w if len(w.draft) == length else
             padded(w, length) for w in windows]
+
+
+def _fits(s: SequenceSession, length: int) -> bool:
+    """Whether a window of ``length`` drafts (filler included) has room in ``s``'s
+    context and is undone in place: no checkpoint held or needed for it."""
+    return (s.n_past + length + 1 <= s.context.config.n_ctx_seq and not s.has_checkpoint
+            and not needs_checkpoint(length, RepairCaps(s.recurrent, s.rollback_window)))
 
 
 def pad_alone(generation: Sharer, window: Window) -> Window:
@@ -135,10 +137,7 @@ def pad_alone(generation: Sharer, window: Window) -> Window:
     if k == 0 or costs is None or not generation.sampler.params.exact_verifiable:
         return window
     length = min(costs.curve().padded_length(k), generation.draft_cap())
-    if length <= k:
-        return window
-    s = generation.session
-    if s.has_checkpoint or needs_checkpoint(length, RepairCaps(s.recurrent, s.rollback_window)):
+    if length <= k or not _fits(generation.session, length):
         return window
     return padded(window, length)
 

@@ -54,7 +54,7 @@ def measure_row_costs(
             plain.prefill(filler)
         for _ in range(reps):
             if plain is not None:
-                unit_times.append(_time_window(plain, filler[:1], base_pos))
+                unit_times.append(_time_window(plain, filler[:1], len(filler)))
             for n in times:
                 times[n].append(_time_window(session, filler[:n], base_pos))
     base = statistics.median(unit_times if unit_times else times[1])

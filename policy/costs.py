@@ -350,14 +350,9 @@ def is_plausible(costs: Sequence[float], *, tolerance: float = 0.85) -> bool:
     # contention: c(8) = 18.3).
     if any(c > 1.5 * (k + 1) for k, c in enumerate(costs)):
         return False
-    dearest = 0.0  # the dearest forward of at most half the rows of the one checked
-    for k, c in enumerate(costs):
-        half = (k + 1) // 2  # rows
-        if half >= 1:
-            dearest = max(dearest, max(costs[:half]))
-        if c < dearest * tolerance:
-            return False
-    return True
+    # Each size against the dearest forward of at most half its rows.
+    return all(c >= max(costs[:(k + 1) // 2], default=0.0) * tolerance
+               for k, c in enumerate(costs))
 
 
 def within_rows(costs: Sequence[float]) -> list[float]:
@@ -383,8 +378,6 @@ class CostModel:
         if isinstance(calibrated, CostCurve):
             calibrated = calibrated.forward_costs
         self._prior = CostCurve.sanitized(list(calibrated))
-        #: The calibration as measured: sizes without samples of their own follow it.
-        self._prior_raw = self._prior.forward_costs
         self._samples: dict[int, tuple[float, ...]] = {
             rows: () for rows in range(1, len(calibrated) + 1)
         }
@@ -431,7 +424,7 @@ class CostModel:
         points = {r: measured[r - 1] for r in range(1, curve.max_k + 2)}
         base = self.decode_seconds()
         if base:
-            for r, s in self._wide.items():
+            for r, s in list(self._wide.items()):
                 if len(s) >= MIN_SAMPLES:
                     points[r] = statistics.median(s) / base
         if rows in points:
@@ -478,9 +471,10 @@ class CostModel:
         if base is None:
             return self._curve
         shift = self.extra_shift(base)
+        prior = self._prior.forward_costs  # as calibrated: unmeasured sizes follow it
         costs = [
             medians[k + 1] / base if k + 1 in medians
-            else 1.0 + (self._prior_raw[k] - 1.0) * shift
+            else 1.0 + (prior[k] - 1.0) * shift
             for k in range(self._prior.max_k + 1)
         ]
         self._curve = CostCurve.sanitized(costs)
@@ -502,10 +496,11 @@ class CostModel:
         forgoes some gain until the sizes in use are measured, one too cheap loses
         time against plain decoding, so a cheaper cost needs each size's own evidence.
         """
+        prior = self._prior.forward_costs
         ratios_seen = [
             (t / base - 1.0) / extra
             for rows, samples in list(self._samples.items()) if rows > 1
-            for extra in (self._prior_raw[rows - 1] - 1.0,) if extra > 0.0
+            for extra in (prior[rows - 1] - 1.0,) if extra > 0.0
             for t in samples
         ]
         if len(ratios_seen) < MIN_SAMPLES:

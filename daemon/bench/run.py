@@ -174,12 +174,11 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
         }
         prompts = {w.name: render_prompt(bm.rt, w, room=config.max_tokens) for w in workloads}
         curve: CostCurve | None = None
-        # A context that rolls back in place pays for its snapshots on every forward;
-        # the costs are priced against a decode on one without them (plain decoding).
-        if config.draft_max > 0:
-            baseline = plain_baseline(bm.rt.context)
         entry["snapshot_cost"] = None
         if config.draft_max > 0:
+            # A context that rolls back in place pays for its snapshots on every forward;
+            # the costs are priced against a decode on one without them (plain decoding).
+            baseline = plain_baseline(bm.rt.context)
             log(f"{spec.name}: measuring the cost of k+1 rows vs 1 (k = 1..{config.draft_max})")
             raw = measure_row_costs(bm.rt.context, config.draft_max, reps=config.cost_reps,
                                     baseline=baseline)

@@ -177,15 +177,19 @@ def test_one_head_forward_drafts_for_several_sequences(runtime: ModelRuntime) ->
 BLOCKY = CostCurve.sanitized([1.0, 3.0, 3.2, 3.4, 3.6, 3.8, 2.5])
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_a_request_alone_pads_its_window_to_a_cheaper_forward(
-        runtime: ModelRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+        runtime: ModelRuntime, monkeypatch: pytest.MonkeyPatch,
+        sampling: SamplingParams) -> None:
     """A short window is verified with filler up to the cheaper forward its curve
-    priced; the tokens stay plain decoding's, and filler is no draft."""
+    priced; the tokens stay plain decoding's (greedy, and seeded sampling), and filler
+    is no draft."""
     prompt = _prompts(runtime)[0]
-    alone = reference(runtime, prompt, max_tokens=60)[0]
+    alone = reference(runtime, prompt, max_tokens=60, sampling=sampling)[0]
     saved = runtime.curve
     runtime.curve = BLOCKY
-    gen = runtime.generation(prompt, max_tokens=60, proposer="ngram", adaptive=False)
+    gen = runtime.generation(prompt, max_tokens=60, sampling=sampling, proposer="ngram",
+                             adaptive=False)
     seen: list[tuple[int, int]] = []  # (rows verified, drafts the request had room for)
     verify = SequenceSession.verify
 

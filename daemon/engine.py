@@ -520,7 +520,8 @@ def _verify_and_apply(planned: Sequence[tuple[int, Generation, Window]],
         return
     costs = planned[0][1].costs
     if costs is not None:
-        costs.record(sum(len(tokens) for _, tokens in windows), elapsed)
+        costs.record(sum(len(tokens) for _, tokens in windows), elapsed,
+                     sequences=len(windows))
     if on_forward is not None:
         on_forward(elapsed)
     decided: list[tuple[int, Generation, Window, Decision]] = []

@@ -85,7 +85,8 @@ def shared_caps(generations: Sequence[Sharer]) -> list[int] | None:
             return None
     else:  # attention-only KV drops any suffix exactly
         longest = max(m.cap for m in members)
-    plan = plan_shared(members, first.costs.row_cost, max_length=longest)
+    costs, n = first.costs, len(generations)
+    plan = plan_shared(members, lambda rows: costs.row_cost(rows, n), max_length=longest)
     able = [g for g, m in zip(generations, members, strict=True) if m.cap > 0]
     if plan.length > 0 or not able:
         for g in able:

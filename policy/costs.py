@@ -383,31 +383,42 @@ class CostModel:
         }
         self._dirty = 0
         self._curve = self._prior
-        #: Forwards wider than the curve (several requests' windows in one forward).
-        self._wide: dict[int, tuple[float, ...]] = {}
+        #: Forwards priced apart from the curve, by (sequences, rows): several requests'
+        #: windows in one forward, and one request's wider than the curve.
+        self._wide: dict[tuple[int, int], tuple[float, ...]] = {}
 
     @property
     def max_k(self) -> int:
         return self._prior.max_k
 
-    def record(self, rows: int, seconds: float) -> None:
-        """One forward of ``rows`` rows took ``seconds``."""
-        if rows < 1 or seconds <= 0:
+    def record(self, rows: int, seconds: float, *, sequences: int = 1) -> None:
+        """One forward of ``rows`` rows of ``sequences`` sequences took ``seconds``.
+
+        Only one sequence's forwards make the curve (what a request alone pays for its
+        window). Several sequences' windows in one forward cost more than one
+        sequence's of as many rows: llama.cpp's per-sequence work (measured on a 1B
+        hybrid model, Q8_0: 4 sequences of 1 row 2.56 decodes against 2.40 for one of
+        4 rows, 4 of 3 rows 3.52 against 3.35), so they are kept apart and price
+        only the forwards they measured (:meth:`row_cost`); counted in the curve, a
+        request left alone after concurrent traffic would find its windows too dear."""
+        if rows < 1 or seconds <= 0 or sequences < 1:
             return
-        samples = self._samples.get(rows)
+        samples = self._samples.get(rows) if sequences == 1 else None
         if samples is None:
-            wide = self._wide.get(rows, ())
-            self._wide[rows] = (*wide[-(WINDOW - 1):], seconds)
+            key = (sequences, rows)
+            wide = self._wide.get(key, ())
+            self._wide[key] = (*wide[-(WINDOW - 1):], seconds)
             return
         self._samples[rows] = (*samples[-(WINDOW - 1):], seconds)
         self._dirty += 1
 
-    def row_cost(self, rows: int) -> float:
-        """A forward of ``rows`` rows (any number, wider than the curve too) relative to
-        a one-row decode: the curve's measured (unpadded) cost up to its end; beyond
-        it, the median of such forwards measured (:data:`MIN_SAMPLES` of them), linear
-        between measured sizes, and past the widest one every further row at the
-        average extra cost per row of the widest measured forward.
+    def row_cost(self, rows: int, sequences: int = 1) -> float:
+        """A forward of ``rows`` rows of ``sequences`` sequences (any number, wider than
+        the curve too) relative to a one-row decode: the median of such forwards
+        measured (:data:`MIN_SAMPLES` of them), else the curve's measured (unpadded)
+        cost up to its end; linear between measured sizes, and past the widest one
+        every further row at the average extra cost per row of the widest measured
+        forward.
 
         Why that extrapolation: a forward's extra rows get dearer per row once the batch
         is past the part the weights' reading dominates, but never dearer than their
@@ -415,18 +426,19 @@ class CostModel:
         curve's 9 rows 2.85x, i.e. 0.23 per extra row; 16 rows 4.1x and 32 rows 6.7x,
         0.16-0.2 per extra row), so a guess errs on the dear side until the width
         is measured."""
-        if rows < 1:
-            raise ValueError(f"rows must be >= 1, got {rows}")
+        if rows < 1 or sequences < 1:
+            raise ValueError(f"rows and sequences must be >= 1, got {rows}, {sequences}")
         curve = self.curve()
         measured = curve.forward_costs  # a group's forward is not padded
-        if rows <= curve.max_k + 1:
+        if sequences == 1 and rows <= curve.max_k + 1:
             return measured[rows - 1]
         points = {r: measured[r - 1] for r in range(1, curve.max_k + 2)}
         base = self.decode_seconds()
-        if base:
-            for r, s in list(self._wide.items()):
-                if len(s) >= MIN_SAMPLES:
-                    points[r] = statistics.median(s) / base
+        seen = {r: statistics.median(s) / base for (q, r), s in list(self._wide.items())
+                if q == sequences and len(s) >= MIN_SAMPLES} if base else {}
+        if seen:  # past the narrowest of them, the curve (one sequence's) is too cheap
+            narrowest = min(seen)
+            points = {r: c for r, c in points.items() if r < narrowest} | seen
         if rows in points:
             return points[rows]
         below = max(r for r in points if r < rows)

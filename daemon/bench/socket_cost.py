@@ -10,6 +10,10 @@ this process, then measures, with speculation off so only the transport differs:
   while a generation runs (target: median < 50 ms).
 * **aggregate tokens/s, 1 vs 4 clients**: total completion tokens / wall time with one
   client, and with four concurrent clients on four connections (continuous batching);
+  and the aggregate *decode* rate, the same tokens over the wall time less the prompts'
+  prefill forwards (each request's ``prefill_ms``; the model's forwards run one at a
+  time, so no decoding overlaps them). The prefill is a fixed cost per request that
+  batching cannot share, so it dilutes the end-to-end ratio of short generations;
   speculation off unless ``--proposer`` names one (then the daemon calibrates first).
   Models without a chat template get the prompts as plain text. Every prompt's greedy
   output is compared across all its runs, alone and among 4 clients (they must agree).
@@ -104,16 +108,19 @@ async def _through_socket(client: Client, i: int, max_tokens: int, *,
 
 async def _clients(path: str, n: int, max_tokens: int, round_no: int, *, chat: bool,
                    proposer: str, outputs: dict[int, set[tuple[int, ...]]] | None = None,
-                   ) -> tuple[int, float]:
-    """n concurrent clients, each on its own connection: (total tokens, wall seconds).
-    ``outputs`` collects every distinct greedy output per prompt."""
+                   ) -> tuple[int, float, float]:
+    """n concurrent clients, each on its own connection: (total tokens, wall seconds,
+    seconds of the requests' prefill forwards). ``outputs`` collects every distinct
+    greedy output per prompt."""
     totals: list[int] = []
+    prefill_ms: list[float] = []
 
     async def one(k: int, client: Client) -> None:
         i = round_no + k
         done = await client.generate(**_request(i, chat), max_tokens=max_tokens,
                                      temperature=0.0, proposer=proposer).collect()
         totals.append(len(done.token_ids))
+        prefill_ms.append(done.done.speculation.prefill_ms)
         if outputs is not None:
             outputs.setdefault(i % len(PROMPTS), set()).add(tuple(done.token_ids))
 
@@ -123,7 +130,7 @@ async def _clients(path: str, n: int, max_tokens: int, round_no: int, *, chat: b
             for k, client in enumerate(clients):
                 tg.start_soon(one, k, client)
         wall = time.perf_counter() - t0
-    return sum(totals), wall
+    return sum(totals), wall, sum(prefill_ms) / 1e3
 
 
 class _connections:
@@ -181,14 +188,19 @@ async def _bench(args: argparse.Namespace, rt: ModelRuntime, path: str) -> dict[
     health = await _health_latencies(path, args.probes, max(args.max_tokens, 256), chat=chat)
     one: list[float] = []
     four: list[float] = []
+    one_decode: list[float] = []
+    four_decode: list[float] = []
     outputs: dict[int, set[tuple[int, ...]]] = {}
     for r in range(args.rounds):
         for n_clients in (1, 4) if r % 2 == 0 else (4, 1):
-            tokens, wall = await _clients(path, n_clients, args.max_tokens, r, chat=chat,
-                                          proposer=args.proposer, outputs=outputs)
+            tokens, wall, prefill = await _clients(path, n_clients, args.max_tokens, r,
+                                                   chat=chat, proposer=args.proposer,
+                                                   outputs=outputs)
             (one if n_clients == 1 else four).append(tokens / wall)
+            (one_decode if n_clients == 1 else four_decode).append(tokens / (wall - prefill))
     m_in, m_sock = _median(inproc), _median(socket_rates)
     m_one, m_four = _median(one), _median(four)
+    d_one, d_four = _median(one_decode), _median(four_decode)
     return {
         "model": rt.model.info.path,
         "threads": args.threads,
@@ -204,10 +216,14 @@ async def _bench(args: argparse.Namespace, rt: ModelRuntime, path: str) -> dict[
         "aggregate_tok_s_1_client": m_one,
         "aggregate_tok_s_4_clients": m_four,
         "four_over_one": m_four / m_one,
+        "aggregate_decode_tok_s_1_client": d_one,
+        "aggregate_decode_tok_s_4_clients": d_four,
+        "decode_four_over_one": d_four / d_one,
         # Prompts whose greedy output differed between runs (alone or among 4 clients).
         "outputs_differing": sorted(i for i, seen in outputs.items() if len(seen) > 1),
         "outputs_compared": len(outputs),
         "samples": {"in_process": inproc, "socket": socket_rates, "one": one, "four": four,
+                    "one_decode": one_decode, "four_decode": four_decode,
                     "health_s": health},
     }
 
@@ -259,6 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"aggregate tok/s      : 1 client {result['aggregate_tok_s_1_client']:.1f}, "
           f"4 clients {result['aggregate_tok_s_4_clients']:.1f}  "
           f"ratio {result['four_over_one']:.2f}")
+    print(f"aggregate decode tok/s (prefill excluded): "
+          f"1 client {result['aggregate_decode_tok_s_1_client']:.1f}, "
+          f"4 clients {result['aggregate_decode_tok_s_4_clients']:.1f}  "
+          f"ratio {result['decode_four_over_one']:.2f}")
     differing = result["outputs_differing"]
     print(f"outputs              : {result['outputs_compared'] - len(differing)} of "
           f"{result['outputs_compared']} prompts identical in every run, alone and among "

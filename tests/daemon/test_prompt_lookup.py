@@ -26,7 +26,7 @@ class PinnedCosts(CostModel):
     """The cost model of a machine with curve :data:`CPU`: measured forwards do not
     move it (they would make the test depend on this machine's load)."""
 
-    def record(self, rows: int, seconds: float) -> None:
+    def record(self, rows: int, seconds: float, *, sequences: int = 1) -> None:
         pass
 
 

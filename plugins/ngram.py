@@ -62,7 +62,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from meshd.policy.acceptance import Explorer, probe_interval_floor
-from meshd.policy.costs import DEFAULT_MARGIN, CostCurve, prefix_expected, ratios
+from meshd.policy.costs import DEFAULT_MARGIN, CostCurve, expected_committed, ratios
 
 from .base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
 from .match_stats import Calibration, MatchStats, SharedMatchStats
@@ -213,9 +213,6 @@ class NgramProposer:
                             0, None)
         return proposal
 
-    def _expected(self, length: int, k: int) -> float:
-        """Accepted tokens the raw estimates expect of a ``k``-token draft at ``length``."""
-        return prefix_expected(self.stats.acceptances(length, k), k)[-1] - 1.0 if k else 0.0
 
     def _judge_shadow(self) -> None:
         """Score the shadow draft against the tokens committed since it was taken.
@@ -230,7 +227,8 @@ class NgramProposer:
             return
         length, start, draft, judged, expected = self._shadow
         if expected is None:  # read when judged, not when a step that cannot pay made it
-            expected = self._expected(length, len(draft))
+            k = len(draft)
+            expected = expected_committed(self.stats.acceptances(length, k), k) - 1.0
         toks = self.index.tokens
         while judged < len(draft) and start + judged < len(toks):
             hit = toks[start + judged] == draft[judged]
@@ -261,13 +259,11 @@ class NgramProposer:
             rs = ratios(curve, [raw[0] * trust, *raw[1:]], len(draft))
             k = max(range(len(rs)), key=lambda j: (rs[j], -j))
             if k > 0 and rs[k] > self.margin and (best is None or rs[k] > best[0]):
-                best = (rs[k], n, draft[:k], prefix_expected(raw, k)[-1] - 1.0)
+                best = (rs[k], n, draft[:k], expected_committed(raw, k) - 1.0)
         if best is not None:
             self._probing = False
             self.explorer.speculated()
-            proposal = self._proposal(best[1], best[2])
-            self._pending_expected = best[3]
-            return proposal
+            return self._proposal(best[1], best[2], best[3])
         if self.shadow:
             return None  # the shadow draft measures what a probe would, without a verify
         # Nothing pays: probe one token now and then, so the estimates can recover.
@@ -290,10 +286,14 @@ class NgramProposer:
             self._floor = break_even(curve, self.margin, top)
         return self._floor
 
-    def _proposal(self, length: int, draft: list[int]) -> Proposal | None:
+    def _proposal(self, length: int, draft: list[int],
+                  expected: float | None = None) -> Proposal | None:
+        """``draft``, taken at match ``length``, as the pending proposal; ``expected``:
+        the accepted tokens the raw estimates expect of it (None: not calibrated by it)."""
         if not draft:
             return None
         self._pending = length
+        self._pending_expected = expected
         return Proposal(tuple(draft))
 
     def observe(self, outcome: Outcome) -> None:

@@ -232,9 +232,10 @@ def test_with_shadows_no_probe_is_verified_and_copying_still_revives_drafting() 
     lengths: list[int] = []
 
     class Recording(NgramProposer):
-        def _proposal(self, length: int, draft: list[int]):  # type: ignore[no-untyped-def]
+        def _proposal(self, length: int, draft: list[int],  # type: ignore[no-untyped-def]
+                      expected: float | None = None):
             lengths.append(len(draft))
-            return super()._proposal(length, draft)
+            return super()._proposal(length, draft, expected)
 
     again = Recording(curve=lambda: CPU)
     again.stats = prop.stats

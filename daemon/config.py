@@ -171,6 +171,11 @@ class ServeSection:
                                validator=v.gt(0.0))
     backlog: int | None = key(_SERVER.backlog.default, "listen backlog (default: the "
                               "system maximum)", flag="backlog", validator=_positive)
+    prefix_cache_tokens: int | None = key(None, "tokens of finished requests kept for "
+                                          "prompts that share their start (default: every "
+                                          "slot's context; 0: off, so a repeated request "
+                                          "gets the same text)", flag="prefix_cache_tokens",
+                                          validator=v.optional(_non_negative))
 
 
 _HTTP = attrs.fields(HttpConfig)

@@ -71,6 +71,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "serves HTTP too")
     p.add_argument("--slots", metavar="N", type=positive, default=opt.DEFAULT_SLOTS,
                    help="generations decoded together (sessions in the shared context)")
+    p.add_argument("--prefix-cache-tokens", metavar="N", type=non_negative, default=None,
+                   help="tokens of finished requests kept for prompts that share their "
+                        "start (default: every slot's context). A hit decodes the prompt's "
+                        "rest in other batches than a fresh prefill, which can change "
+                        "greedy text at a near-tie; 0 turns it off, so a repeated request "
+                        "gets the same text")
     p.add_argument("--max-queue", metavar="N", type=non_negative, default=opt.DEFAULT_MAX_QUEUE,
                    help="requests waiting for a slot before new ones are answered busy")
     p.add_argument("--stream-interval-ms", metavar="MS", type=positive,
@@ -172,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         adaptive_rollback=c.speculation.rollback_snapshots == "auto",
         allowed_drafts=tuple(drafts),
         rpc_workers=c.model.rpc, tensor_split=c.model.tensor_split,
-        gpu_layers=c.model.gpu_layers,
+        gpu_layers=c.model.gpu_layers, prefix_cache_tokens=c.serve.prefix_cache_tokens,
         plugins=loaded.plugins,
     )
     try:

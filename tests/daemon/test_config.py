@@ -162,3 +162,17 @@ def test_every_serve_option_is_a_configuration_key() -> None:
     options = {a.dest for a in _serve_parser()._actions
                if a.option_strings and a.dest not in ("help", "config")}
     assert options - keys == set(), "serve options without a configuration key"
+
+
+def test_the_prefix_cache_can_be_bounded_or_turned_off(tmp_path: Path) -> None:
+    """``--prefix-cache-tokens 0`` (or ``prefix_cache_tokens = 0`` in the file) turns the
+    prefix cache off, for users who need a repeated request to get the same text; the
+    default leaves the bound to the runtime (every slot's context)."""
+    assert cfg.Config().serve.prefix_cache_tokens is None
+    args = _serve_parser().parse_args(["--prefix-cache-tokens", "0"])
+    c = cfg.load(None, environ={}, flags=cfg.explicit_flags(args)).config
+    assert c.serve.prefix_cache_tokens == 0
+    path = _write(tmp_path, "[serve]\nprefix_cache_tokens = 4096\n")
+    assert cfg.load(path, environ={}, flags={}).config.serve.prefix_cache_tokens == 4096
+    with pytest.raises(cfg.ConfigError):
+        cfg.load(_write(tmp_path, "[serve]\nprefix_cache_tokens = -1\n"), environ={}, flags={})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meshd.native.context import TargetContext
+from meshd.native.context import ContextConfig, TargetContext
 from meshd.native.errors import CapacityError, RuntimeStateError
 from meshd.native.model import Model
 from meshd.native.session import SequenceSession, verify_many
@@ -186,6 +186,22 @@ def test_window_width_does_not_change_the_logits(smollm2: Model,
     wide = _rows_by_width(smol_ctx, long, 380, 2)
     for width in (5, 8):
         assert np.array_equal(_rows_by_width(smol_ctx, long, 380, width), wide), width
+
+
+def test_with_one_thread_every_width_computes_the_same_bits_at_any_length(
+        smollm2: Model) -> None:
+    """Past 256 tokens the one-row forward differs only because its attention kernel
+    splits the KV range across threads; with one thread nothing is split, so one-token
+    decodes and windows agree bit for bit there too (README: ``--threads 1`` for exact
+    identity at any length)."""
+    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:380 + 24]
+    ctx = TargetContext(smollm2, ContextConfig(n_ctx_seq=1024, n_seq_max=1, draft_max=8,
+                                               n_threads=1))
+    try:
+        plain = _rows_by_width(ctx, tokens, 380, 1)
+        assert np.array_equal(_rows_by_width(ctx, tokens, 380, 6), plain)
+    finally:
+        ctx.close()
 
 
 def test_a_window_shared_with_other_sequences_keeps_its_bits(

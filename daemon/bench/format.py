@@ -72,8 +72,9 @@ def format_report(report: Mapping[str, Any]) -> str:
         total = sum(len(s["runs"]) for w in m["workloads"] for s in w["arms"].values())
         if contended:
             lines.append(f"   warning: {contended} of {total} runs got under "
-                         f"{CONTENDED_CPU_SHARE:.0%} of the CPU time their arm gets at best "
-                         "(other load on the machine); their speeds are unreliable")
+                         f"{CONTENDED_CPU_SHARE:.0%} of the CPU time their arm got at best on "
+                         "the same workload (other load on the machine); their speeds are "
+                         "unreliable")
         for w in m["workloads"]:
             cut = ", cut from the left to fit the context" if w["truncated"] else ""
             lines.append(f"-- {w['name']}: {w['prompt_tokens']} prompt tokens{cut}")

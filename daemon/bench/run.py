@@ -254,14 +254,10 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
             repair = RepairCost(ctx.rollback_window) if ctx.recurrent else None
             for arm in order:
                 arm_runs = runs.get((w.name, arm), [])
-                shares = [r.cpu_s / (r.wall_s * threads) for (_, a), rs in runs.items()
-                          if a == arm for r in rs if r.cpu_s is not None and r.wall_s > 0]
                 summary = summarize_arm(arm_runs, ref_runs,
                                         None if measured is None else measured[1],
                                         error=errors.get((w.name, arm)), unit_forward_ms=unit,
-                                        threads=threads,
-                                        best_cpu_share=max(shares, default=None),
-                                        repair=repair)
+                                        threads=threads, repair=repair)
                 div = summary["first_divergence"]
                 if div is not None and ref_runs:
                     bad = next(i for i, run in enumerate(summary["runs"])

@@ -64,17 +64,18 @@ def forward_ms(runs: Sequence[RunResult]) -> float | None:
     return median_of([1e3 * r.forward_s / r.decode_forwards for r in runs if r.decode_forwards])
 
 
-#: A run whose process got less than this fraction of the CPU share its arm gets at best
-#: on the model was slowed down by other load (llama.cpp's OpenMP barriers stall badly
-#: when one of their threads is descheduled). Relative, because a tiny model leaves the
-#: second thread idle and never reaches a share of 1.
+#: A run whose process got less than this fraction of the CPU share its arm got at best
+#: on the same workload was slowed down by other load (llama.cpp's OpenMP barriers stall
+#: badly when one of their threads is descheduled). Relative, because a tiny model leaves
+#: the second thread idle and never reaches a share of 1; per workload, because the share
+#: depends on the run's shape (a long prompt's prefill keeps both threads busier than
+#: decoding does: compared across workloads, every decode-heavy run looked contended).
 CONTENDED_CPU_SHARE = 0.85
 
 
 def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | None,
                   curve: CostCurve | None, *, error: str | None = None,
                   unit_forward_ms: float | None = None, threads: int = 1,
-                  best_cpu_share: float | None = None,
                   repair: RepairCost | None = None) -> dict[str, Any]:
     """Medians, ratios to the reference, speculation counters and identity of one arm.
 
@@ -99,9 +100,11 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
             "cpu_share": (r.cpu_s / (r.wall_s * threads)
                           if r.cpu_s is not None and r.wall_s > 0 else None),
         })
+    best_share = max((run["cpu_share"] for run in out["runs"]
+                      if run["cpu_share"] is not None), default=None)
     out["contended_runs"] = sum(
-        1 for run in out["runs"] if run["cpu_share"] is not None and best_cpu_share
-        and run["cpu_share"] < CONTENDED_CPU_SHARE * best_cpu_share)
+        1 for run in out["runs"] if run["cpu_share"] is not None and best_share
+        and run["cpu_share"] < CONTENDED_CPU_SHARE * best_share)
     tok = median_of([r.tok_s for r in runs])
     dec = median_of([r.decode_tok_s for r in runs])
     ref_tok = median_of([r.tok_s for r in ref_runs]) if ref_runs else None

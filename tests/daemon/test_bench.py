@@ -373,3 +373,18 @@ def test_window_costs_are_priced_against_a_decode_without_snapshots() -> None:
             attention.close()
     finally:
         model.close()
+
+
+def test_a_run_is_contended_only_against_its_own_workloads_runs() -> None:
+    """The CPU share a run gets depends on its shape: a long prompt's prefill keeps both
+    threads busy, decoding leaves them idle at barriers. Only a run that got much less
+    than the same arm's other runs of the same workload was slowed down by other load."""
+    def runs(*shares: float) -> list[RunResult]:
+        return [RunResult(tuple(range(41)), 1.0, 0.1, 0.09, 0.8, 40, cpu_s=2 * share)
+                for share in shares]
+
+    prefill_heavy = summarize_arm(runs(0.9, 0.88, 0.91), None, None, threads=2)
+    decode_heavy = summarize_arm(runs(0.55, 0.56, 0.54), None, None, threads=2)
+    assert prefill_heavy["contended_runs"] == decode_heavy["contended_runs"] == 0
+    slowed = summarize_arm(runs(0.55, 0.3, 0.54), None, None, threads=2)
+    assert slowed["contended_runs"] == 1

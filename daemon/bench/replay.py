@@ -1,0 +1,262 @@
+"""Prompt lookup replayed without the noise: ``python -m meshd.daemon.bench.replay``.
+
+Why: on a shared machine one run's decode rate moves by 10-20%, and where a greedy text
+leaves plain decoding's at a near-tie (README, "Identity and its limits") two live arms
+decode different texts, so a cell compares two texts as much as two rules. Prompt lookup
+needs no model to draft: given plain decoding's text and the measured cost of a forward
+of ``k + 1`` rows, what a rule would have drafted, had accepted and paid is arithmetic.
+So each rule is replayed over the same text (the one every rule would decode where
+verification is exact, e.g. with one thread) and priced by the same curve.
+
+For each model and workload: plain decoding's greedy text (speculation off), the cost of
+``k + 1`` rows against one decode measured at the workload's mean decode context (as the
+bench measures it), then:
+
+* ``meshd``: the n-gram proposer with the daemon's defaults, its draft lengths chosen on
+  that curve, its statistics pooled across the workloads of a model as one daemon pools
+  them, ``--reps`` passes over the workloads (the last is reported);
+* ``ngram-simple``: llama.cpp's rule of that name (``common_ngram_simple_draft``): where
+  the last 12 tokens occurred before (the latest occurrence), draft what followed, up
+  to 16 or 32 tokens (the better of the two is reported);
+* ``foresight``: drafting from the suffix chain's matches with foresight: each step
+  drafts, from the candidate that will hold longest, exactly the number of tokens that
+  pays best for that step on the curve. A reference for what guessing costs, not a
+  strict bound (a step-by-step choice, and llama.cpp's rule may pick an occurrence the
+  chain does not offer).
+
+Speedup is the generated tokens after the first over the summed cost of the steps that
+produced them (a plain decode costs 1). Left out: host time (under 1% of a decode for
+either rule on this CPU) and the forwards' own noise. This prints numbers; it never fails
+on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from meshd.native.calibrate import measure_row_costs
+from meshd.plugins.base import Outcome, ProposalRequest
+from meshd.plugins.match_stats import SharedMatchStats
+from meshd.plugins.ngram import NgramProposer
+from meshd.plugins.suffix_index import SuffixIndex
+from meshd.policy.costs import CostCurve
+
+#: llama.cpp's ngram-simple defaults: the n-gram looked up, and the longest draft.
+SIMPLE_N = 12
+SIMPLE_M = (16, 32)
+
+
+@attrs.frozen
+class Replay:
+    """One rule over one text: its speedup against plain decoding and its drafts."""
+
+    speedup: float
+    drafted: int
+    accepted: int
+    verifies: int
+
+
+def _accepted(draft: Sequence[int], text: Sequence[int], pos: int) -> int:
+    a = 0
+    while a < len(draft) and pos + a < len(text) and draft[a] == text[pos + a]:
+        a += 1
+    return a
+
+
+def _speedup(text: Sequence[int], cost: float) -> float:
+    return (len(text) - 1) / cost if cost > 0 else 1.0
+
+
+def replay_ngram(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
+                 shared: SharedMatchStats | None = None, draft_max: int = 32,
+                 eog: frozenset[int] = frozenset()) -> Replay:
+    """The daemon's n-gram proposer over ``text`` (plain decoding's tokens after
+    ``prompt``), its lengths chosen on ``curve`` and its outcomes fed back as the
+    engine feeds them."""
+    prop = NgramProposer(curve=lambda: curve, shared=shared, eog_tokens=eog)
+    seq, pos = [*prompt, text[0]], 1
+    cost, drafted, accepted, verifies = 0.0, 0, 0, 0
+    try:
+        while pos < len(text):
+            k_max = min(draft_max, len(text) - pos - 1, curve.max_k)
+            draft: list[int] = []
+            if k_max > 0:
+                got = prop.propose(ProposalRequest(tokens=seq, n_prompt=len(prompt),
+                                                   max_len=k_max, deadline=0.0))
+                draft = list(got.tokens[:k_max]) if got is not None else []
+            a = _accepted(draft, text, pos)
+            committed = tuple(text[pos:pos + a + 1])
+            if draft:
+                prop.observe(Outcome(len(draft), a, committed))
+                drafted, accepted, verifies = drafted + len(draft), accepted + a, verifies + 1
+            cost += curve.cost(len(draft))
+            seq += committed
+            pos += len(committed)
+    finally:
+        prop.close()
+    return Replay(_speedup(text, cost), drafted, accepted, verifies)
+
+
+def replay_simple(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
+                  n: int = SIMPLE_N, m: int = SIMPLE_M[0]) -> Replay:
+    """llama.cpp's ngram-simple rule: the latest earlier occurrence of the last ``n``
+    tokens, and up to ``m`` of the tokens that followed it."""
+    seq, pos = [*prompt, text[0]], 1
+    cost, drafted, accepted, verifies = 0.0, 0, 0, 0
+    while pos < len(text):
+        k_max = min(m, len(text) - pos - 1, curve.max_k)
+        draft: list[int] = []
+        if k_max > 0 and len(seq) > n:
+            pattern = seq[-n:]
+            for j in range(len(seq) - n - 1, -1, -1):
+                if seq[j:j + n] == pattern:
+                    draft = seq[j + n:j + n + k_max]
+                    break
+        a = _accepted(draft, text, pos)
+        if draft:
+            drafted, accepted, verifies = drafted + len(draft), accepted + a, verifies + 1
+        cost += curve.cost(len(draft))
+        seq += text[pos:pos + a + 1]
+        pos += a + 1
+    return Replay(_speedup(text, cost), drafted, accepted, verifies)
+
+
+def foresight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
+              draft_max: int = 32) -> float:
+    """Drafting with foresight: every step drafts, from the suffix chain's candidate
+    that will hold longest, the length that pays best on ``curve`` (module docstring)."""
+    index = SuffixIndex()
+    index.extend([*prompt, text[0]])
+    pos, cost = 1, 0.0
+    while pos < len(text):
+        k_max = min(draft_max, len(text) - pos - 1, curve.max_k)
+        toks = index.tokens
+        hold = 0
+        for _, end in index.matches():
+            period = len(toks) - end
+            a = 0
+            while a < k_max and toks[end + a % period] == text[pos + a]:
+                a += 1
+            hold = max(hold, a)
+        k = max(range(hold + 1), key=lambda j: ((j + 1) / curve.cost(j), -j))
+        cost += curve.cost(k)
+        index.extend(text[pos:pos + k + 1])
+        pos += k + 1
+    return _speedup(text, cost)
+
+
+def replay_model(name: str, *, workloads: Sequence[str] | None, tokens: int, reps: int,
+                 threads: int | None, n_ctx: int, draft_max: int, cost_reps: int,
+                 log: Any = print) -> dict[str, Any]:
+    """Plain decoding's text and the cost curve of every workload on model ``name``,
+    then the three rules replayed over them (see the module docstring)."""
+    from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+
+    from .arms import default_threads, render_prompt, resolve_model
+    from .run import workload_cost_context
+    from .workloads import load_workloads
+
+    threads = threads or default_threads()
+    spec = resolve_model(name, threads=threads)
+    chosen = load_workloads(workloads)
+    rt = ModelRuntime(RuntimeConfig(model_path=str(spec.path), n_ctx_seq=n_ctx, n_seq_max=1,
+                                    threads=threads, prefix_cache_tokens=0, calibrate=False,
+                                    draft_max=draft_max))
+    try:
+        eog = frozenset(rt.model.info.eog_tokens)
+        texts: dict[str, tuple[list[int], list[int], CostCurve, bool]] = {}
+        for w in chosen:
+            prompt, _ = render_prompt(rt, w, room=tokens)
+            gen = rt.generation(prompt, max_tokens=tokens, proposer="off")
+            for _ in gen.run():
+                pass
+            at = workload_cost_context(len(prompt), tokens, n_ctx, draft_max)
+            log(f"{spec.name}: {w.name}: {len(gen.committed)} tokens; cost of k+1 rows at "
+                f"{at} tokens of context")
+            curve = CostCurve.sanitized(measure_row_costs(rt.context, draft_max,
+                                                          reps=cost_reps, context_tokens=at))
+            texts[w.name] = (prompt, list(gen.committed), curve, w.copies)
+    finally:
+        rt.close()
+    shared = SharedMatchStats()
+    meshd: dict[str, Replay] = {}
+    for _ in range(reps):
+        for w_name, (prompt, text, curve, _) in texts.items():
+            if len(text) > 1:
+                meshd[w_name] = replay_ngram(prompt, text, curve, shared=shared,
+                                             draft_max=draft_max, eog=eog)
+    rows = []
+    for w_name, (prompt, text, curve, copies) in texts.items():
+        if len(text) < 2:
+            continue
+        simple = max((replay_simple(prompt, text, curve, m=m) for m in SIMPLE_M),
+                     key=lambda r: r.speedup)
+        rows.append({
+            "workload": w_name, "copies": copies, "tokens": len(text),
+            "meshd": attrs.asdict(meshd[w_name]), "ngram_simple": attrs.asdict(simple),
+            "ratio": meshd[w_name].speedup / simple.speedup,
+            "foresight": foresight(prompt, text, curve, draft_max=draft_max),
+        })
+    return {"model": spec.name, "threads": threads, "workloads": rows}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """One model's replay as a table: speedups, meshd over ngram-simple, foresight."""
+    lines = [f"{report['model']} ({report['threads']} threads): speedup over plain decoding "
+             "on plain decoding's own text",
+             f"  {'workload':<18} {'kind':<7} {'meshd':>6} {'simple':>6} {'ratio':>6} "
+             f"{'seer':>6}  meshd accepted/drafted"]
+    for r in report["workloads"]:
+        m = r["meshd"]
+        lines.append(f"  {r['workload']:<18} {'copy' if r['copies'] else 'other':<7} "
+                     f"{m['speedup']:6.2f} {r['ngram_simple']['speedup']:6.2f} "
+                     f"{r['ratio']:6.2f} {r['foresight']:6.2f}  "
+                     f"{m['accepted']}/{m['drafted']}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m meshd.daemon.bench.replay",
+                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("-m", "--model", action="append", default=[],
+                   help="model name or GGUF path, as for meshd bench (repeatable; "
+                        "default: smollm2-q8_0 and smollm2-q4_1)")
+    p.add_argument("-w", "--workload", action="append", default=[],
+                   help="workload name or FILE.json (repeatable; default: all shipped)")
+    p.add_argument("--tokens", type=int, default=128, help="tokens per text (default 128)")
+    p.add_argument("--reps", type=int, default=3,
+                   help="passes of meshd's proposer over the workloads (default 3)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--ctx", type=int, default=4096, help="context per sequence")
+    p.add_argument("--draft-max", type=int, default=32)
+    p.add_argument("--cost-reps", type=int, default=5,
+                   help="rounds of the cost measurement (default 5)")
+    p.add_argument("--json", metavar="FILE", default=None)
+    args = p.parse_args(argv)
+    if args.tokens < 2 or args.reps < 1 or args.draft_max < 1:
+        p.error("--tokens must be at least 2, --reps and --draft-max at least 1")
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    reports = []
+    for name in args.model or ["smollm2-q8_0", "smollm2-q4_1"]:
+        report = replay_model(name, workloads=args.workload or None, tokens=args.tokens,
+                              reps=args.reps, threads=args.threads, n_ctx=args.ctx,
+                              draft_max=args.draft_max, cost_reps=args.cost_reps, log=log)
+        print(format_table(report), flush=True)
+        reports.append(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(reports, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,7 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -62,15 +62,35 @@ class Replay:
     verifies: int
 
 
-def _accepted(draft: Sequence[int], text: Sequence[int], pos: int) -> int:
-    a = 0
-    while a < len(draft) and pos + a < len(text) and draft[a] == text[pos + a]:
-        a += 1
-    return a
+#: A rule's draft for one step: (the sequence so far, the most tokens it may draft).
+Drafter = Callable[[list[int], int], list[int]]
+#: What the rule hears after a step that drafted: (drafted, accepted, committed).
+Observer = Callable[[int, int, tuple[int, ...]], None]
 
 
-def _speedup(text: Sequence[int], cost: float) -> float:
-    return (len(text) - 1) / cost if cost > 0 else 1.0
+def _replay(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, k_cap: int,
+            draft: Drafter, observe: Observer | None = None) -> Replay:
+    """Step through ``text`` (plain decoding's tokens after ``prompt``) as the engine
+    does: each step asks ``draft`` for at most ``k_cap`` tokens (fewer where the text or
+    the curve ends), commits what matches plus the target's own token, and pays
+    ``c(k)``; the first token comes from the prefill and costs nothing here."""
+    seq, pos = [*prompt, text[0]], 1
+    cost, drafted, accepted, verifies = 0.0, 0, 0, 0
+    while pos < len(text):
+        k_max = min(k_cap, len(text) - pos - 1, curve.max_k)
+        tokens = draft(seq, k_max)[:k_max] if k_max > 0 else []
+        a = 0
+        while a < len(tokens) and tokens[a] == text[pos + a]:
+            a += 1
+        committed = tuple(text[pos:pos + a + 1])
+        if tokens:
+            drafted, accepted, verifies = drafted + len(tokens), accepted + a, verifies + 1
+            if observe is not None:
+                observe(len(tokens), a, committed)
+        cost += curve.cost(len(tokens))
+        seq += committed
+        pos += len(committed)
+    return Replay((len(text) - 1) / cost if cost > 0 else 1.0, drafted, accepted, verifies)
 
 
 def replay_ngram(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
@@ -80,51 +100,36 @@ def replay_ngram(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *
     ``prompt``), its lengths chosen on ``curve`` and its outcomes fed back as the
     engine feeds them."""
     prop = NgramProposer(curve=lambda: curve, shared=shared, eog_tokens=eog)
-    seq, pos = [*prompt, text[0]], 1
-    cost, drafted, accepted, verifies = 0.0, 0, 0, 0
+
+    def draft(seq: list[int], k_max: int) -> list[int]:
+        got = prop.propose(ProposalRequest(tokens=seq, n_prompt=len(prompt), max_len=k_max,
+                                           deadline=0.0))
+        return list(got.tokens) if got is not None else []
+
+    def observe(proposed: int, accepted: int, committed: tuple[int, ...]) -> None:
+        prop.observe(Outcome(proposed, accepted, committed))
+
     try:
-        while pos < len(text):
-            k_max = min(draft_max, len(text) - pos - 1, curve.max_k)
-            draft: list[int] = []
-            if k_max > 0:
-                got = prop.propose(ProposalRequest(tokens=seq, n_prompt=len(prompt),
-                                                   max_len=k_max, deadline=0.0))
-                draft = list(got.tokens[:k_max]) if got is not None else []
-            a = _accepted(draft, text, pos)
-            committed = tuple(text[pos:pos + a + 1])
-            if draft:
-                prop.observe(Outcome(len(draft), a, committed))
-                drafted, accepted, verifies = drafted + len(draft), accepted + a, verifies + 1
-            cost += curve.cost(len(draft))
-            seq += committed
-            pos += len(committed)
+        return _replay(prompt, text, curve, draft_max, draft, observe)
     finally:
         prop.close()
-    return Replay(_speedup(text, cost), drafted, accepted, verifies)
 
 
 def replay_simple(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
                   n: int = SIMPLE_N, m: int = SIMPLE_M[0]) -> Replay:
     """llama.cpp's ngram-simple rule: the latest earlier occurrence of the last ``n``
     tokens, and up to ``m`` of the tokens that followed it."""
-    seq, pos = [*prompt, text[0]], 1
-    cost, drafted, accepted, verifies = 0.0, 0, 0, 0
-    while pos < len(text):
-        k_max = min(m, len(text) - pos - 1, curve.max_k)
-        draft: list[int] = []
-        if k_max > 0 and len(seq) > n:
-            pattern = seq[-n:]
-            for j in range(len(seq) - n - 1, -1, -1):
-                if seq[j:j + n] == pattern:
-                    draft = seq[j + n:j + n + k_max]
-                    break
-        a = _accepted(draft, text, pos)
-        if draft:
-            drafted, accepted, verifies = drafted + len(draft), accepted + a, verifies + 1
-        cost += curve.cost(len(draft))
-        seq += text[pos:pos + a + 1]
-        pos += a + 1
-    return Replay(_speedup(text, cost), drafted, accepted, verifies)
+
+    def draft(seq: list[int], k_max: int) -> list[int]:
+        if len(seq) <= n:
+            return []
+        pattern = seq[-n:]
+        for j in range(len(seq) - n - 1, -1, -1):
+            if seq[j:j + n] == pattern:
+                return seq[j + n:j + n + k_max]
+        return []
+
+    return _replay(prompt, text, curve, m, draft)
 
 
 def foresight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
@@ -148,7 +153,7 @@ def foresight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
         cost += curve.cost(k)
         index.extend(text[pos:pos + k + 1])
         pos += k + 1
-    return _speedup(text, cost)
+    return (len(text) - 1) / cost if cost > 0 else 1.0
 
 
 def replay_model(name: str, *, workloads: Sequence[str] | None, tokens: int, reps: int,

@@ -213,7 +213,6 @@ class NgramProposer:
                             0, None)
         return proposal
 
-
     def _judge_shadow(self) -> None:
         """Score the shadow draft against the tokens committed since it was taken.
 

@@ -25,9 +25,12 @@ bench measures it), then:
   chain does not offer).
 
 Speedup is the generated tokens after the first over the summed cost of the steps that
-produced them (a plain decode costs 1). Left out: host time (under 1% of a decode for
-either rule on this CPU) and the forwards' own noise. This prints numbers; it never fails
-on them.
+produced them (a plain decode costs 1). ``limit`` is what the bench's "limit at measured
+acceptance" makes of meshd's drafts here, on the same curve, and ``reach`` meshd's share
+of it: where the live bench finds meshd-auto short of its limit, this tells whether
+the rule or the run (forward costs off the measured curve, other load) fell short.
+Left out: host time (under 1% of a decode for either rule on this CPU) and the forwards'
+own noise. This prints numbers; it never fails on them.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from meshd.plugins.ngram import NgramProposer
 from meshd.plugins.suffix_index import SuffixIndex
 from meshd.policy.costs import CostCurve
 
+from .summary import limit_at_acceptance
+
 #: llama.cpp's ngram-simple defaults: the n-gram looked up, and the longest draft.
 SIMPLE_N = 12
 SIMPLE_M = (16, 32)
@@ -54,12 +59,16 @@ SIMPLE_M = (16, 32)
 
 @attrs.frozen
 class Replay:
-    """One rule over one text: its speedup against plain decoding and its drafts."""
+    """One rule over one text: its speedup against plain decoding and its drafts, and
+    what its acceptance is worth at best (``limit``: the bench's limit at the measured
+    acceptance, :func:`~meshd.daemon.bench.summary.limit_at_acceptance`, on the same
+    curve; None where it drafted nothing)."""
 
     speedup: float
     drafted: int
     accepted: int
     verifies: int
+    limit: float | None = None
 
 
 #: A rule's draft for one step: (the sequence so far, the most tokens it may draft).
@@ -75,7 +84,10 @@ def _replay(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, k_cap:
     the curve ends), commits what matches plus the target's own token, and pays
     ``c(k)``; the first token comes from the prefill and costs nothing here."""
     seq, pos = [*prompt, text[0]], 1
-    cost, drafted, accepted, verifies = 0.0, 0, 0, 0
+    cost, drafted, accepted, verifies, plain_steps = 0.0, 0, 0, 0, 0
+    # Per draft position: the windows that drafted it, and those that accepted it (and
+    # so every position before it), as the engine counts them for the bench.
+    by_position: list[list[int]] = [[0] * (curve.max_k + 1), [0] * (curve.max_k + 1)]
     while pos < len(text):
         k_max = min(k_cap, len(text) - pos - 1, curve.max_k)
         tokens = draft(seq, k_max)[:k_max] if k_max > 0 else []
@@ -85,12 +97,20 @@ def _replay(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, k_cap:
         committed = tuple(text[pos:pos + a + 1])
         if tokens:
             drafted, accepted, verifies = drafted + len(tokens), accepted + a, verifies + 1
+            for i in range(len(tokens)):
+                by_position[0][i] += i < a
+                by_position[1][i] += 1
             if observe is not None:
                 observe(len(tokens), a, committed)
+        else:
+            plain_steps += 1
         cost += curve.cost(len(tokens))
         seq += committed
         pos += len(committed)
-    return Replay((len(text) - 1) / cost if cost > 0 else 1.0, drafted, accepted, verifies)
+    found = limit_at_acceptance(curve, by_position[0], by_position[1],
+                                decode_tokens=len(text) - 1, plain_steps=plain_steps)
+    return Replay((len(text) - 1) / cost if cost > 0 else 1.0, drafted, accepted, verifies,
+                  found[1] if found is not None else None)
 
 
 def replay_ngram(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
@@ -216,12 +236,15 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [f"{report['model']} ({report['threads']} threads): speedup over plain decoding "
              "on plain decoding's own text",
              f"  {'workload':<18} {'kind':<7} {'meshd':>6} {'simple':>6} {'ratio':>6} "
-             f"{'seer':>6}  meshd accepted/drafted"]
+             f"{'seer':>6} {'limit':>6} {'reach':>6}  meshd accepted/drafted"]
     for r in report["workloads"]:
         m = r["meshd"]
+        limit = m.get("limit")
+        reach = (f"{limit:6.2f} {m['speedup'] / limit:6.2f}" if limit
+                 else f"{'-':>6} {'-':>6}")
         lines.append(f"  {r['workload']:<18} {'copy' if r['copies'] else 'other':<7} "
                      f"{m['speedup']:6.2f} {r['ngram_simple']['speedup']:6.2f} "
-                     f"{r['ratio']:6.2f} {r['foresight']:6.2f}  "
+                     f"{r['ratio']:6.2f} {r['foresight']:6.2f} {reach}  "
                      f"{m['accepted']}/{m['drafted']}")
     return "\n".join(lines)
 

@@ -40,6 +40,30 @@ def conditional_acceptance(accepted: Sequence[int], drafted: Sequence[int]) -> l
     return out
 
 
+def limit_at_acceptance(curve: CostCurve, accepted: Sequence[int], drafted: Sequence[int],
+                        *, decode_tokens: int, plain_steps: int, draft_cost: float = 0.0,
+                        repair: RepairCost | None = None) -> tuple[int, float, float] | None:
+    """What an arm's measured acceptance is worth at best: ``(k, speedup, speedup of the
+    steps that drafted)``, None where nothing was drafted.
+
+    The drafting steps are priced as windows of the best fixed ``k`` at the measured
+    per-position acceptance (:func:`conditional_acceptance`), with no window longer than
+    any the arm drafted (no acceptance is assumed where none was measured: repeating the
+    last conditional rate, often 1.0 after a few positions, made 32-draft windows look
+    nearly free). The ``plain_steps`` (a proposer that drafts only where drafts pay)
+    are held to plain decoding, not to that acceptance, which they never had.
+    """
+    cond = conditional_acceptance(accepted, drafted)
+    if not cond:
+        return None
+    k, drafting = speedup_limit(curve, cond, k_max=len(cond), draft_cost=draft_cost,
+                                repair=repair)
+    spec_tokens = decode_tokens - plain_steps
+    speedup = (decode_tokens / (plain_steps + spec_tokens / drafting)
+               if spec_tokens > 0 else drafting)
+    return k, speedup, drafting
+
+
 def _sum_lists(lists: Sequence[Sequence[int]]) -> list[int]:
     out: list[int] = []
     for values in lists:
@@ -191,20 +215,15 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
             head_share=head_ms / decode_wall_ms if decode_wall_ms > 0 else None,
             draft_share=propose_ms / decode_wall_ms if decode_wall_ms > 0 else None,
         )
-        cond = conditional_acceptance(acc_pos, dr_pos)
-        if curve is not None and cond:
+        found = None
+        if curve is not None:
             paid = (curve if overhead == 0.0 else CostCurve(
                 (1.0, *(c * (1.0 + overhead) for c in curve.costs[1:]))))
-            # Only the positions the arm drafted were measured: no acceptance is assumed
-            # for longer windows (repeating the last conditional rate, often 1.0 after a
-            # few positions, made 32-draft windows look nearly free).
-            k, drafting = speedup_limit(paid, cond, k_max=len(cond), draft_cost=draft_cost,
+            found = limit_at_acceptance(paid, acc_pos, dr_pos, decode_tokens=decode_tokens,
+                                        plain_steps=plain_steps, draft_cost=draft_cost,
                                         repair=repair)
-            # The acceptance was measured where the arm drafted; the steps it decoded
-            # plainly (a proposer that drafts only where drafts pay) are held to plain
-            # decoding, not to that acceptance, which they never had.
-            speedup = (decode_tokens / (plain_steps + spec_tokens / drafting)
-                       if spec_tokens > 0 else drafting)
+        if found is not None:
+            k, speedup, drafting = found
             achieved = ratio_of(dec, ref_dec)
             out["limit"] = {"k": k, "speedup": speedup, "drafting_speedup": drafting,
                             "plain_steps": plain_steps,

@@ -33,6 +33,7 @@ def test_text_that_never_repeats_costs_what_plain_decoding_costs() -> None:
     for replay in (replay_ngram(prompt, text, CHEAP, shared=SharedMatchStats()),
                    replay_simple(prompt, text, CHEAP)):
         assert replay.drafted == 0 and replay.speedup == pytest.approx(1.0)
+        assert replay.limit is None  # no acceptance was measured
     assert foresight(prompt, text, CHEAP) == pytest.approx(1.0)
 
 
@@ -46,6 +47,27 @@ def test_a_rejected_draft_is_paid_for() -> None:
     # then the last token, decoded plainly: 1.
     assert (got.drafted, got.accepted, got.verifies) == (1, 0, 1)
     assert got.speedup == pytest.approx(2 / (CHEAP.cost(1) + 1.0))
+    # Its acceptance (0 at the first position) is worth no window: the limit is plain
+    # decoding, which the rule fell short of by that one rejected row.
+    assert got.limit == pytest.approx(1.0)
+
+
+def test_the_limit_prices_the_measured_acceptance_at_the_best_fixed_window() -> None:
+    """Drafts of up to 4 that always hold once the text has repeated the prompt's
+    5-token cycle far enough for 3 tokens to match: the limit is the best window of at
+    most 4 drafts at acceptance 1, and the steps that drafted nothing stay plain
+    decodes."""
+    cycle = [501, 502, 503, 504, 505]
+    prompt = [7, *cycle]
+    text = [*cycle] * 8
+    got = replay_simple(prompt, text, CHEAP, n=3, m=4)
+    assert got.accepted == got.drafted > 0
+    plain = len(text) - 1 - got.accepted - got.verifies
+    assert plain > 0  # the first steps find no 3-token match
+    k = max(range(5), key=lambda j: ((j + 1) / CHEAP.cost(j), -j))
+    drafting = (k + 1) / CHEAP.cost(k)
+    spec = len(text) - 1 - plain
+    assert got.limit == pytest.approx((len(text) - 1) / (plain + spec / drafting))
 
 
 def test_the_replay_command_prints_and_writes_its_table(tmp_path: Path,
@@ -56,7 +78,7 @@ def test_the_replay_command_prints_and_writes_its_table(tmp_path: Path,
                  "--cost-reps", "1", "--draft-max", "8", "--ctx", "1024",
                  "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "json-reformat" in printed and "seer" in printed
+    assert "json-reformat" in printed and "seer" in printed and "reach" in printed
     (report,) = json.loads(out.read_text())
     (row,) = report["workloads"]
     assert row["workload"] == "json-reformat" and row["copies"] is True

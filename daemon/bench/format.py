@@ -17,6 +17,15 @@ def _fmt(value: float | None, spec: str, none: str = "-") -> str:
         else format(value, spec)
 
 
+def _curve_note(limit: Mapping[str, Any]) -> str:
+    """How the limit's curve was fitted to the run, and the pre-run curve's limit."""
+    scale = limit.get("curve_scale")
+    if scale is None:
+        return ""
+    return (f"; curve fitted to the run's forwards: x{scale:.2f} its excess, "
+            f"pre-run curve's limit {limit['curve_speedup']:.2f}x")
+
+
 def _identity_cell(s: Mapping[str, Any], is_ref: bool, prompt_tokens: int) -> str:
     if is_ref:
         return "ref"
@@ -107,8 +116,8 @@ def format_report(report: Mapping[str, Any]) -> str:
                     lines.append(f"  {'':<26} limit at measured acceptance: "
                                  f"{lim['speedup']:.2f}x (k={lim['k']} where it drafted: "
                                  f"{lim['drafting_speedup']:.2f}x; "
-                                 f"{lim['plain_steps']} plain steps), reached "
-                                 f"{_fmt(lim['fraction'], '.0%')}")
+                                 f"{lim['plain_steps']} plain steps{_curve_note(lim)}), "
+                                 f"reached {_fmt(lim['fraction'], '.0%')}")
                 if s.get("head_share"):
                     fpt = s.get("forwards_per_decode_token")
                     lines.append(f"  {'':<26} MTP head: catch-up "

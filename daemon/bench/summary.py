@@ -64,6 +64,77 @@ def limit_at_acceptance(curve: CostCurve, accepted: Sequence[int], drafted: Sequ
     return k, speedup, drafting
 
 
+#: The least excess the pre-run curve predicts for an arm's verify windows (their cost
+#: beyond one row each, in decodes, summed) from which the curve is fitted to the run:
+#: below it a few windows' timing noise would set the whole curve's level.
+FIT_MIN_EXCESS = 4.0
+#: The fitted curve's excess stays within [1/FIT_SCALE_LIMIT, FIT_SCALE_LIMIT] times the
+#: pre-run curve's.
+FIT_SCALE_LIMIT = 4.0
+
+
+def fit_curve_to_run(curve: CostCurve, drafted: Sequence[int], *,
+                     verify_decodes: float) -> tuple[CostCurve, float] | None:
+    """``curve`` with its excess over one row scaled by ``s`` so that the arm's own
+    verify windows cost what its forwards measured: ``(fitted curve, s)``, or None where
+    too few windows were verified to tell (:data:`FIT_MIN_EXCESS`) or one is beyond
+    the curve.
+
+    Why: the curve is measured once per workload before the runs, over a few
+    repetitions; on a shared machine one slow single-row forward among them moves every
+    ratio of the curve, and the runs that follow pay what the machine charges then.
+    Measured side by side (SmolLM2 Q4_1, 2 threads, 257 tokens of context): a pre-run
+    curve put 8 rows at 1.66 decodes and 16 at 2.52, while the run's windows cost 2.6
+    decodes at a mean of 10 rows and the same measurement repeated put them at 2.07 and
+    3.13. A limit priced on the first curve holds the arm to windows cheaper than any it
+    could have had. The fit keeps the curve's shape (what one window length costs
+    against another) and takes its level from the run.
+
+    ``drafted[i]``: the windows that drafted position ``i`` (so windows of exactly ``k``
+    drafts number ``drafted[k-1] - drafted[k]``); ``verify_decodes``: what the arm's
+    verify forwards cost in all, in units of the reference's single-row forward.
+    """
+    windows, excess = 0, 0.0
+    for k in range(1, len(drafted) + 1):
+        n = int(drafted[k - 1]) - (int(drafted[k]) if k < len(drafted) else 0)
+        if n <= 0:
+            continue
+        if k > curve.max_k:
+            return None
+        windows += n
+        excess += n * (curve.cost(k) - 1.0)
+    if excess < FIT_MIN_EXCESS:
+        return None
+    s = min(FIT_SCALE_LIMIT, max(1.0 / FIT_SCALE_LIMIT, (verify_decodes - windows) / excess))
+    return CostCurve((1.0, *(1.0 + s * (c - 1.0) for c in curve.costs[1:]))), s
+
+
+#: Plain steps an arm needs for its own one-row forwards to be the fit's unit.
+FIT_MIN_PLAIN_STEPS = 10
+
+
+def _verify_decodes(stats: Sequence[Mapping[str, Any]], ref_runs: Sequence[RunResult] | None,
+                    fwd_ms: float, plain_steps: int, replays: int) -> float | None:
+    """What an arm's verify forwards cost in all, in one-row forwards of the same runs.
+
+    The unit is the arm's own plain steps where it took enough of them and its session
+    timed them apart from its verify forwards: one-row forwards in the same runs, so
+    load that came and went between arms is on both sides of the ratio. Otherwise the
+    reference arm's mean forward, with the arm's plain steps and replays priced at it.
+    None: no unit.
+    """
+    verify_ms = [s.get("verify_ms") for s in stats]
+    decode_ms = [s.get("decode_ms") for s in stats]
+    if replays == 0 and plain_steps >= FIT_MIN_PLAIN_STEPS and all(
+            isinstance(v, (int, float)) for v in (*verify_ms, *decode_ms)):
+        verify = sum(float(v) for v in verify_ms if v is not None)
+        plain = sum(float(d) for d in decode_ms if d is not None) - verify
+        if plain > 0.0:
+            return verify / (plain / plain_steps)
+    unit = forward_ms(ref_runs or [])
+    return fwd_ms / unit - plain_steps - replays if unit else None
+
+
 def _sum_lists(lists: Sequence[Sequence[int]]) -> list[int]:
     out: list[int] = []
     for values in lists:
@@ -215,19 +286,36 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
             head_share=head_ms / decode_wall_ms if decode_wall_ms > 0 else None,
             draft_share=propose_ms / decode_wall_ms if decode_wall_ms > 0 else None,
         )
-        found = None
+        found = fitted = None
         if curve is not None:
             paid = (curve if overhead == 0.0 else CostCurve(
                 (1.0, *(c * (1.0 + overhead) for c in curve.costs[1:]))))
             found = limit_at_acceptance(paid, acc_pos, dr_pos, decode_tokens=decode_tokens,
                                         plain_steps=plain_steps, draft_cost=draft_cost,
                                         repair=repair)
+            verify_decodes = _verify_decodes(stats, ref_runs, fwd_ms, plain_steps, replays)
+            if found is not None and verify_decodes is not None and overhead == 0.0 \
+                    and repair is None:
+                # Every decode forward of an attention model without a head is a window
+                # of the curve or one row, so the run's forward time prices the curve's
+                # level (fit_curve_to_run says why).
+                fit = fit_curve_to_run(paid, dr_pos, verify_decodes=verify_decodes)
+                if fit is not None:
+                    fitted = fit[1], limit_at_acceptance(
+                        fit[0], acc_pos, dr_pos, decode_tokens=decode_tokens,
+                        plain_steps=plain_steps, draft_cost=draft_cost)
         if found is not None:
             k, speedup, drafting = found
             achieved = ratio_of(dec, ref_dec)
             out["limit"] = {"k": k, "speedup": speedup, "drafting_speedup": drafting,
-                            "plain_steps": plain_steps,
-                            "fraction": achieved / speedup if achieved is not None else None}
+                            "plain_steps": plain_steps, "curve_scale": None,
+                            "curve_speedup": speedup}
+            if fitted is not None and fitted[1] is not None:
+                # The limit on the fitted curve; the pre-run curve's stays beside it.
+                k, speedup, drafting = fitted[1]
+                out["limit"].update(k=k, speedup=speedup, drafting_speedup=drafting,
+                                    curve_scale=fitted[0])
+            out["limit"]["fraction"] = achieved / speedup if achieved is not None else None
         else:
             out["limit"] = None
     return out

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from meshd.daemon.bench import identity as bench_identity
@@ -31,7 +32,11 @@ from meshd.daemon.bench.arms import (
 from meshd.daemon.bench.format import format_report
 from meshd.daemon.bench.plot import write_plot
 from meshd.daemon.bench.run import FORMAT, BenchConfig, plain_baseline, run_bench
-from meshd.daemon.bench.summary import conditional_acceptance, summarize_arm
+from meshd.daemon.bench.summary import (
+    conditional_acceptance,
+    fit_curve_to_run,
+    summarize_arm,
+)
 from meshd.daemon.bench.targets import evaluate_targets
 from meshd.daemon.bench.workloads import load_workloads
 from meshd.daemon.cli import main
@@ -323,6 +328,73 @@ def test_the_limit_charges_the_heads_measured_catch_up() -> None:
     assert paid["draft_share"] == pytest.approx(30.0 / 400.0)
     assert paid["draft_cost"] == pytest.approx(0.5 / 10.0)
     assert paid["limit"]["drafting_speedup"] < free["limit"]["drafting_speedup"]
+
+
+def test_the_curve_is_fitted_to_what_the_arms_windows_cost_in_the_run() -> None:
+    curve = CostCurve((1.0, 1.2, 1.4, 1.6))
+    # 10 windows of 3 drafts and 10 of 1: 10 * 0.6 + 10 * 0.2 = 8 decodes of excess.
+    drafted = [20, 10, 10]
+    same = fit_curve_to_run(curve, drafted, verify_decodes=10 * 1.6 + 10 * 1.2)
+    assert same is not None and same[1] == pytest.approx(1.0)
+    assert same[0].costs == pytest.approx(curve.costs)
+    dearer = fit_curve_to_run(curve, drafted, verify_decodes=20 + 2 * 8.0)
+    assert dearer is not None and dearer[1] == pytest.approx(2.0)
+    assert dearer[0].costs == pytest.approx((1.0, 1.4, 1.8, 2.2))
+    cheaper = fit_curve_to_run(curve, drafted, verify_decodes=20 + 0.5 * 8.0)
+    assert cheaper is not None and cheaper[0].costs == pytest.approx((1.0, 1.1, 1.2, 1.3))
+    # Two windows: their timing alone must not set the curve's level.
+    assert fit_curve_to_run(curve, [2, 2, 2], verify_decodes=10.0) is None
+    # A window longer than the curve covers cannot be priced.
+    assert fit_curve_to_run(curve, [20, 20, 20, 20], verify_decodes=60.0) is None
+
+
+def _window_run(forward_s: float) -> RunResult:
+    """41 tokens in 20 verify windows of 3 drafts (no plain steps), ``forward_s`` in all."""
+    stats = {"drafted": 60, "accepted": 35, "verify_calls": 20,
+             "accepted_per_position": [20, 10, 5], "drafted_per_position": [20, 20, 20],
+             "checkpoints": 0, "checkpoint_bytes": 0, "restores": 0,
+             "rollbacks_in_place": 0, "refusals": {}, "proposer_faults": {},
+             "propose_ms": 0.0}
+    return RunResult(tuple(range(41)), 0.1 + forward_s, 0.1, 0.09, forward_s, 20, stats)
+
+
+def test_the_limit_is_priced_at_what_the_runs_forwards_cost() -> None:
+    curve = CostCurve((1.0, 1.2, 1.4, 1.6))
+    plain = [RunResult(tuple(range(41)), 0.5, 0.1, 0.09, 0.4, 40)]  # 10 ms per forward
+    as_measured = summarize_arm([_window_run(20 * 0.016)], plain, curve)["limit"]
+    assert as_measured["curve_scale"] == pytest.approx(1.0)
+    assert as_measured["speedup"] == pytest.approx(as_measured["curve_speedup"])
+    # The same windows costing 2.2 decodes each: the curve's excess doubled in this run.
+    dearer = summarize_arm([_window_run(20 * 0.022)], plain, curve)["limit"]
+    assert dearer["curve_scale"] == pytest.approx(2.0)
+    assert dearer["curve_speedup"] == pytest.approx(as_measured["curve_speedup"])
+    # Acceptance 1, 0.5, 0.5 by position: on (1, 1.2, 1.4, 1.6) two drafts pay best,
+    # 2.5 tokens for 1.4 decodes; on the fitted (1, 1.4, 1.8, 2.2) one draft, 2 for 1.4.
+    assert (as_measured["k"], as_measured["speedup"]) == (2, pytest.approx(2.5 / 1.4))
+    assert (dearer["k"], dearer["speedup"]) == (1, pytest.approx(2.0 / 1.4))
+    # Without a reference run there is no unit to fit with: the pre-run curve stands.
+    alone = summarize_arm([_window_run(20 * 0.022)], None, curve)["limit"]
+    assert alone["curve_scale"] is None and alone["speedup"] == alone["curve_speedup"]
+
+
+def test_the_fit_takes_its_unit_from_the_arms_own_plain_steps() -> None:
+    curve = CostCurve((1.0, 1.2, 1.4, 1.6))
+    # 20 windows of 3 drafts at 1.6 decodes and 12 plain steps, all at 12 ms a decode,
+    # while the reference ran at 10 ms a decode (other load came and went between arms).
+    verify_ms, plain_ms = 20 * 1.6 * 12.0, 12 * 12.0
+    stats = {"drafted": 60, "accepted": 35, "verify_calls": 20,
+             "accepted_per_position": [20, 10, 5], "drafted_per_position": [20, 20, 20],
+             "checkpoints": 0, "checkpoint_bytes": 0, "restores": 0,
+             "rollbacks_in_place": 0, "refusals": {}, "proposer_faults": {},
+             "propose_ms": 0.0, "verify_ms": verify_ms, "decode_ms": verify_ms + plain_ms}
+    run = RunResult(tuple(range(53)), 1.0, 0.1, 0.09, (verify_ms + plain_ms) / 1e3, 32, stats)
+    plain = [RunResult(tuple(range(41)), 0.5, 0.1, 0.09, 0.4, 40)]
+    limit = summarize_arm([run], plain, curve)["limit"]
+    assert limit["curve_scale"] == pytest.approx(1.0)
+    # Priced at the reference's 10 ms, the same windows would have looked dearer.
+    fewer = {**stats, "verify_ms": None}
+    assert summarize_arm([attrs.evolve(run, stats=fewer)], plain, curve)["limit"][
+        "curve_scale"] > 1.3
 
 
 def test_auto_without_drafts_is_held_to_the_mtp_arms_limit_never_below_plain() -> None:

@@ -92,7 +92,7 @@ def fit_curve_to_run(curve: CostCurve, drafted: Sequence[int], *,
 
     ``drafted[i]``: the windows that drafted position ``i`` (so windows of exactly ``k``
     drafts number ``drafted[k-1] - drafted[k]``); ``verify_decodes``: what the arm's
-    verify forwards cost in all, in units of the reference's single-row forward.
+    verify forwards cost in all, in one-row forwards (:func:`_verify_decodes`).
     """
     windows, excess = 0, 0.0
     for k in range(1, len(drafted) + 1):
@@ -123,12 +123,11 @@ def _verify_decodes(stats: Sequence[Mapping[str, Any]], ref_runs: Sequence[RunRe
     reference arm's mean forward, with the arm's plain steps and replays priced at it.
     None: no unit.
     """
-    verify_ms = [s.get("verify_ms") for s in stats]
-    decode_ms = [s.get("decode_ms") for s in stats]
-    if replays == 0 and plain_steps >= FIT_MIN_PLAIN_STEPS and all(
-            isinstance(v, (int, float)) for v in (*verify_ms, *decode_ms)):
-        verify = sum(float(v) for v in verify_ms if v is not None)
-        plain = sum(float(d) for d in decode_ms if d is not None) - verify
+    timed = all(isinstance(s.get(key), (int, float))
+                for s in stats for key in ("verify_ms", "decode_ms"))
+    if timed and replays == 0 and plain_steps >= FIT_MIN_PLAIN_STEPS:
+        verify = sum(float(s["verify_ms"]) for s in stats)
+        plain = sum(float(s["decode_ms"]) for s in stats) - verify
         if plain > 0.0:
             return verify / (plain / plain_steps)
     unit = forward_ms(ref_runs or [])
@@ -300,21 +299,22 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
                 # of the curve or one row, so the run's forward time prices the curve's
                 # level (fit_curve_to_run says why).
                 fit = fit_curve_to_run(paid, dr_pos, verify_decodes=verify_decodes)
-                if fit is not None:
-                    fitted = fit[1], limit_at_acceptance(
-                        fit[0], acc_pos, dr_pos, decode_tokens=decode_tokens,
-                        plain_steps=plain_steps, draft_cost=draft_cost)
+                refit = None if fit is None else limit_at_acceptance(
+                    fit[0], acc_pos, dr_pos, decode_tokens=decode_tokens,
+                    plain_steps=plain_steps, draft_cost=draft_cost)
+                if fit is not None and refit is not None:
+                    fitted = refit, fit[1]
         if found is not None:
             k, speedup, drafting = found
             achieved = ratio_of(dec, ref_dec)
             out["limit"] = {"k": k, "speedup": speedup, "drafting_speedup": drafting,
                             "plain_steps": plain_steps, "curve_scale": None,
                             "curve_speedup": speedup}
-            if fitted is not None and fitted[1] is not None:
+            if fitted is not None:
                 # The limit on the fitted curve; the pre-run curve's stays beside it.
-                k, speedup, drafting = fitted[1]
+                (k, speedup, drafting), scale = fitted
                 out["limit"].update(k=k, speedup=speedup, drafting_speedup=drafting,
-                                    curve_scale=fitted[0])
+                                    curve_scale=scale)
             out["limit"]["fraction"] = achieved / speedup if achieved is not None else None
         else:
             out["limit"] = None

@@ -118,10 +118,22 @@ def _llama_server_targets(name: str, wl: str, arms: Mapping[str, Mapping[str, An
                            else missing))
         return out
     out.append(_target(label, name, wl, ours[0], ours[1] / theirs[1], floor,
-                       f"{ours[0]} {ours[1]:.1f} vs {theirs[0]} {theirs[1]:.1f} tok/s"))
+                       f"{ours[0]} {ours[1]:.1f} vs {theirs[0]} {theirs[1]:.1f} tok/s"
+                       f"{_texts_note(arms, ours[0], theirs[0])}"))
     out.extend(_draft_mtp_target(name, wl, best(f"{ARM_PREFIX}-draft-mtp"),
                                  rate("meshd-auto"), rate(ARM_PREFIX)))
     return out
+
+
+def _texts_note(arms: Mapping[str, Mapping[str, Any]], *names: str) -> str:
+    """Which of the compared arms decoded another text than plain decoding, and from
+    where: a ratio between two rules on different texts says less about the rules than
+    one on the same text (past 256 tokens of context near-ties flip between one-row and
+    wider forwards; README, Identity and its limits), and the replay compares them on
+    plain decoding's own text."""
+    parted = [f"{n} @{div}" for n in names
+              if (div := (arms.get(n) or {}).get("first_divergence")) is not None]
+    return f"; texts differ from plain's: {', '.join(parted)}" if parted else ""
 
 
 def _draft_mtp_target(name: str, wl: str, theirs: tuple[str, float] | None,

@@ -172,3 +172,11 @@ def test_copy_workloads_hold_meshd_auto_to_1_1x_the_best_ngram_mode() -> None:
     arms["meshd-auto"] = arm(125.0)
     again = {(t["workload"], t["target"]): t for t in evaluate_targets(models)}
     assert again["copy", "meshd-auto >= 1.1x llama-server best n-gram"]["status"] == "PASS"
+    assert "texts differ" not in again["copy", "meshd-auto >= 1.1x llama-server best n-gram"][
+        "detail"]
+    # A ratio between different texts says so, and where each left plain decoding's.
+    arms["meshd-auto"] = {**arm(125.0), "first_divergence": 27}
+    arms["llama-server-ngram-mod"] = {**arm(112.0), "first_divergence": 90}
+    parted = {(t["workload"], t["target"]): t for t in evaluate_targets(models)}
+    detail = parted["copy", "meshd-auto >= 1.1x llama-server best n-gram"]["detail"]
+    assert "texts differ from plain's: meshd-auto @27, llama-server-ngram-mod @90" in detail

@@ -398,17 +398,7 @@ class Generation:
         k = window.drafted  # filler rows are not the proposer's drafts
         accepted = min(decision.accepted, k)
         if k > 0:
-            st = self.stats
-            st.verify_calls += 1
-            st.drafted += k
-            st.accepted += accepted
-            while len(st.drafted_per_position) < k:
-                st.drafted_per_position.append(0)
-                st.accepted_per_position.append(0)
-            for i in range(k):
-                st.drafted_per_position[i] += 1
-            for i in range(accepted):
-                st.accepted_per_position[i] += 1
+            self.stats.record_verify(k, accepted)
             matched = min(decision.matched, k)
             self.gate.verified(k, matched)
             self.acceptance.observe(k, matched)

@@ -49,6 +49,21 @@ class GenerationStats:
         """Forward time after the prefill: plain decodes and verify windows."""
         return self.session.decode_ms + self.session.verify_ms
 
+    def record_verify(self, drafted: int, accepted: int) -> None:
+        """One verify window of ``drafted`` drafts whose first ``accepted`` were taken:
+        the totals and the per-position counts (position ``i`` drafted, and accepted
+        together with every position before it) that the bench's limit is built from."""
+        self.verify_calls += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        while len(self.drafted_per_position) < drafted:
+            self.drafted_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for i in range(drafted):
+            self.drafted_per_position[i] += 1
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
     def refuse(self, reason: str) -> None:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import attrs
 
+from meshd.daemon.generation_stats import GenerationStats
 from meshd.native.calibrate import measure_row_costs
 from meshd.plugins.base import Outcome, ProposalRequest
 from meshd.plugins.match_stats import SharedMatchStats
@@ -84,10 +85,8 @@ def _replay(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, k_cap:
     the curve ends), commits what matches plus the target's own token, and pays
     ``c(k)``; the first token comes from the prefill and costs nothing here."""
     seq, pos = [*prompt, text[0]], 1
-    cost, drafted, accepted, verifies, plain_steps = 0.0, 0, 0, 0, 0
-    # Per draft position: the windows that drafted it, and those that accepted it (and
-    # so every position before it), as the engine counts them for the bench.
-    by_position: list[list[int]] = [[0] * (curve.max_k + 1), [0] * (curve.max_k + 1)]
+    cost, plain_steps = 0.0, 0
+    stats = GenerationStats()  # counted as the engine counts them for the bench
     while pos < len(text):
         k_max = min(k_cap, len(text) - pos - 1, curve.max_k)
         tokens = draft(seq, k_max)[:k_max] if k_max > 0 else []
@@ -96,10 +95,7 @@ def _replay(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, k_cap:
             a += 1
         committed = tuple(text[pos:pos + a + 1])
         if tokens:
-            drafted, accepted, verifies = drafted + len(tokens), accepted + a, verifies + 1
-            for i in range(len(tokens)):
-                by_position[0][i] += i < a
-                by_position[1][i] += 1
+            stats.record_verify(len(tokens), a)
             if observe is not None:
                 observe(len(tokens), a, committed)
         else:
@@ -107,10 +103,11 @@ def _replay(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, k_cap:
         cost += curve.cost(len(tokens))
         seq += committed
         pos += len(committed)
-    found = limit_at_acceptance(curve, by_position[0], by_position[1],
-                                decode_tokens=len(text) - 1, plain_steps=plain_steps)
-    return Replay((len(text) - 1) / cost if cost > 0 else 1.0, drafted, accepted, verifies,
-                  found[1] if found is not None else None)
+    found = limit_at_acceptance(curve, stats.accepted_per_position,
+                                stats.drafted_per_position, decode_tokens=len(text) - 1,
+                                plain_steps=plain_steps)
+    return Replay((len(text) - 1) / cost if cost > 0 else 1.0, stats.drafted, stats.accepted,
+                  stats.verify_calls, found[1] if found is not None else None)
 
 
 def replay_ngram(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,

@@ -292,13 +292,13 @@ def summarize_arm(runs: Sequence[RunResult], ref_runs: Sequence[RunResult] | Non
             found = limit_at_acceptance(paid, acc_pos, dr_pos, decode_tokens=decode_tokens,
                                         plain_steps=plain_steps, draft_cost=draft_cost,
                                         repair=repair)
-            verify_decodes = _verify_decodes(stats, ref_runs, fwd_ms, plain_steps, replays)
-            if found is not None and verify_decodes is not None and overhead == 0.0 \
-                    and repair is None:
+            if found is not None and overhead == 0.0 and repair is None:
                 # Every decode forward of an attention model without a head is a window
                 # of the curve or one row, so the run's forward time prices the curve's
                 # level (fit_curve_to_run says why).
-                fit = fit_curve_to_run(paid, dr_pos, verify_decodes=verify_decodes)
+                verify = _verify_decodes(stats, ref_runs, fwd_ms, plain_steps, replays)
+                fit = (None if verify is None
+                       else fit_curve_to_run(paid, dr_pos, verify_decodes=verify))
                 refit = None if fit is None else limit_at_acceptance(
                     fit[0], acc_pos, dr_pos, decode_tokens=decode_tokens,
                     plain_steps=plain_steps, draft_cost=draft_cost)

@@ -130,7 +130,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model_path=args.model, n_ctx_seq=args.ctx, draft_max=args.draft_max,
         threads=args.threads, calibrate=not args.fixed_k,
         rpc_workers=args.rpc or (), tensor_split=args.tensor_split or (),
-        gpu_layers=args.gpu_layers,
+        gpu_layers=args.gpu_layers, cache_type_k=args.cache_type_k,
     )
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:

@@ -38,7 +38,7 @@ import attrs
 import cattrs
 from attrs import validators as v
 
-from meshd.native.context import DEFAULT_DRAFT_MAX
+from meshd.native.context import CACHE_TYPES_K, DEFAULT_DRAFT_MAX
 from meshd.native.rpc import parse_endpoints
 from meshd.plugins.config import PluginConfig, PluginConfigError, parse_plugin_tables
 
@@ -103,6 +103,10 @@ class ModelSection:
                    validator=_positive)
     threads: int | None = key(None, "CPU threads for llama.cpp (default: the CPUs this "
                               "process may use)", flag="threads", validator=_positive)
+    cache_type_k: str = key("auto", "attention K cache type: auto (bf16 where every layer "
+                            "runs on this CPU, which keeps speculation's text identical to "
+                            "plain decoding's at any length; else f16) | f16 | bf16",
+                            flag="cache_type_k", validator=v.in_(CACHE_TYPES_K))
     draft_models: tuple[str, ...] = key((), "GGUF files requests may name as draft:PATH",
                                   flag="draft_model")
     gpu_layers: int | None = key(None, "layers offloaded to the GPU and workers, -1 for all "
@@ -173,8 +177,8 @@ class ServeSection:
                               "system maximum)", flag="backlog", validator=_positive)
     prefix_cache_tokens: int | None = key(None, "tokens of finished requests kept for "
                                           "prompts that share their start (default: every "
-                                          "slot's context; 0: off, so a repeated request "
-                                          "gets the same text)", flag="prefix_cache_tokens",
+                                          "slot's context; 0: off)",
+                                          flag="prefix_cache_tokens",
                                           validator=v.optional(_non_negative))
 
 

@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         command += ["--model", args.model]
     if args.threads:
         command += ["--threads", str(args.threads)]
+    if args.cache_type_k != "auto":
+        command += ["--cache-type-k", args.cache_type_k]
     if args.fixed_k:
         command += ["--fixed-k"]
     if args.proposer.startswith("draft:"):  # the demo's own request may name its draft

@@ -32,7 +32,7 @@ from meshd.clients.options import (
     subparser,
     version_string,
 )
-from meshd.native.context import DEFAULT_DRAFT_MAX
+from meshd.native.context import CACHE_TYPES_K, DEFAULT_DRAFT_MAX
 
 from .logs import LEVELS
 
@@ -116,7 +116,8 @@ def _parent() -> argparse.ArgumentParser:
 
 
 def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True) -> argparse.ArgumentParser:
-    """``-m/--model`` (unless ``model=False``), ``-c/--ctx``, ``-t/--threads``."""
+    """``-m/--model`` (unless ``model=False``), ``-c/--ctx``, ``-t/--threads``,
+    ``--cache-type-k``."""
     p = _parent()
     g = p.add_argument_group("model")
     if model:
@@ -133,6 +134,14 @@ def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True) -> argparse.Arg
                         "(OMP_WAIT_POLICY=active) is faster on an idle machine but collapses "
                         "when other processes want the cores; meshd bench-threads measures "
                         "both")
+    g.add_argument("--cache-type-k", choices=CACHE_TYPES_K, default="auto",
+                   help="the attention K cache's type (default auto: bf16 when every layer "
+                        "runs on this CPU, so that one-token decodes and verify windows "
+                        "compute the same bits at any context length and speculation "
+                        "keeps plain decoding's text; f16 elsewhere). f16, llama.cpp's "
+                        "default, prefills long prompts faster on the CPU, but past 256 "
+                        "tokens of context with 2 threads or more speculation can leave "
+                        "plain decoding's text at a near-tie")
     return p
 
 

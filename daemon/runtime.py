@@ -104,6 +104,8 @@ class RuntimeConfig:
     rpc_workers: tuple[str, ...] = ()
     #: Weights of the layer split over the devices (workers, then local accelerators).
     tensor_split: tuple[float, ...] = ()
+    #: The attention K cache's type (``ContextConfig.cache_type_k``).
+    cache_type_k: str = "auto"
 
 
 class ModelRuntime:
@@ -205,6 +207,7 @@ class ModelRuntime:
                 n_seq_max=config.n_seq_max, n_batch=config.n_batch,
                 draft_max=config.draft_max, n_threads=config.threads,
                 in_place_rollback=config.in_place_rollback,
+                cache_type_k=config.cache_type_k,
             )
             return model, TargetContext(model, ctx_config)
         except BaseException:

@@ -73,10 +73,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="generations decoded together (sessions in the shared context)")
     p.add_argument("--prefix-cache-tokens", metavar="N", type=non_negative, default=None,
                    help="tokens of finished requests kept for prompts that share their "
-                        "start (default: every slot's context). A hit decodes the prompt's "
-                        "rest in other batches than a fresh prefill, which can change "
-                        "greedy text at a near-tie; 0 turns it off, so a repeated request "
-                        "gets the same text")
+                        "start (default: every slot's context; 0 turns it off). A hit "
+                        "decodes the prompt's rest in other batches than a fresh prefill, "
+                        "which gives the same text with the default K cache on the CPU "
+                        "(with --cache-type-k f16 a greedy near-tie can flip)")
     p.add_argument("--max-queue", metavar="N", type=non_negative, default=opt.DEFAULT_MAX_QUEUE,
                    help="requests waiting for a slot before new ones are answered busy")
     p.add_argument("--stream-interval-ms", metavar="MS", type=positive,
@@ -179,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         allowed_drafts=tuple(drafts),
         rpc_workers=c.model.rpc, tensor_split=c.model.tensor_split,
         gpu_layers=c.model.gpu_layers, prefix_cache_tokens=c.serve.prefix_cache_tokens,
+        cache_type_k=c.model.cache_type_k,
         plugins=loaded.plugins,
     )
     try:
@@ -210,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     with runtime:
         log.info("model_loaded", path=runtime.model.info.path,
                  seconds=round(time.monotonic() - t0, 2),
+                 cache_type_k=runtime.context.config.cache_type_k,
                  proposers=runtime.usable_proposers(),
                  unavailable=runtime.unavailable_proposers())
         problem = runtime.proposer_problem(proposer)

@@ -26,10 +26,11 @@ from .errors import CapacityError, NativeError, RuntimeStateError
 from .llama import float_rows, lc, lcx
 from .model import Model
 from .mtp import MtpContext
+from .primitives import CACHE_TYPES_K as CACHE_TYPES_K
 from .primitives import DEFAULT_DRAFT_MAX as DEFAULT_DRAFT_MAX
 from .primitives import ROLLBACK_MAX as ROLLBACK_MAX
 from .primitives import ContextConfig as ContextConfig
-from .primitives import FloatArray, Row, context_params
+from .primitives import FloatArray, Row, context_params, resolve_cache_type_k
 
 
 class SlotHolder(Protocol):
@@ -52,6 +53,9 @@ class TargetContext:
 
     def __init__(self, model: Model, config: ContextConfig = DEFAULT_CONFIG) -> None:
         self.model = model
+        config = attrs.evolve(config, cache_type_k=resolve_cache_type_k(
+            config.cache_type_k, all_on_cpu=model.gpu_layers == 0))
+        #: The configuration as made: ``cache_type_k`` is the type it resolved to.
         self.config = config
         self.lock = threading.RLock()
         info = model.info

@@ -57,6 +57,9 @@ class DraftModel:
             self.context = TargetContext(self.model, ContextConfig(
                 n_ctx_seq=min(n_ctx_seq, self.model.info.n_ctx_train or n_ctx_seq),
                 n_seq_max=n_seq_max, draft_max=8, n_threads=n_threads, use_mtp=False,
+                # Drafts are only proposals, verified by the target: llama.cpp's default
+                # cache (faster prefill) cannot change the output.
+                cache_type_k="f16",
             ))
         except Exception:
             self.model.close()

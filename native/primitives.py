@@ -30,6 +30,36 @@ DEFAULT_DRAFT_MAX = 32
 #: keeps one more copy of every recurrent layer's state per sequence.
 ROLLBACK_MAX = 8
 
+#: The K-cache types a context can be given ("auto": :func:`resolve_cache_type_k`).
+CACHE_TYPES_K = ("auto", "f16", "bf16")
+#: ggml.h's numbers of the resolved K-cache types (GGML_TYPE_F16, GGML_TYPE_BF16).
+GGML_TYPES = {"f16": 1, "bf16": 30}
+
+
+def resolve_cache_type_k(requested: str, *, all_on_cpu: bool) -> str:
+    """The K-cache type a context gets: ``requested``, or for "auto" bf16 when every
+    layer runs on this CPU and f16 (llama.cpp's default) otherwise.
+
+    Why bf16 on the CPU: ggml's CPU flash attention runs a forward of ONE row over 512
+    KV cells or more in its own kernel (the KV range split across threads, partial sums
+    merged) and every wider forward in another (each row over the whole range; 64 rows
+    or more tiled), and the kernels round differently. Speculation verifies in wide
+    forwards what plain decoding computes one row at a time, so past 256 tokens of
+    context a greedy near-tie could flip and the text leave plain decoding's. Both fast
+    kernels take only f16 (or f32) caches with K and V of one type; with a bf16 K cache
+    every forward, of any width and any mix of sequences, runs each row through the same
+    kernel, so its logits do not depend on how rows were batched. Decoding costs the
+    same; a long prompt's prefill loses the tiled kernel (the README's "Identity and its
+    limits" has the measurements and the trade). Accelerators have their own kernels,
+    so where layers are offloaded "auto" keeps llama.cpp's default.
+    """
+    if requested not in CACHE_TYPES_K:
+        raise ValueError(f"unknown K-cache type {requested!r}; one of "
+                         f"{', '.join(CACHE_TYPES_K)}")
+    if requested != "auto":
+        return requested
+    return "bf16" if all_on_cpu else "f16"
+
 
 @attrs.frozen
 class ContextConfig:
@@ -50,10 +80,15 @@ class ContextConfig:
     use_mtp: bool = True
     #: Let recurrent models roll back in place (``n_rs_seq``); off forces checkpoints.
     in_place_rollback: bool = True
+    #: The K cache's type, one of :data:`CACHE_TYPES_K` (the context resolves "auto").
+    cache_type_k: str = "auto"
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx_seq < 16 or self.n_seq_max < 1 or self.draft_max < 0:
             raise ValueError(f"invalid context config {self}")
+        if self.cache_type_k not in CACHE_TYPES_K:
+            raise ValueError(f"unknown K-cache type {self.cache_type_k!r}; one of "
+                             f"{', '.join(CACHE_TYPES_K)}")
         if self.n_batch < self.draft_max + 1:
             raise ValueError("n_batch must hold a whole verify window (draft_max + 1 rows)")
 
@@ -73,8 +108,12 @@ def context_params(config: ContextConfig, threads: int) -> Any:
 
     One definition for the target context and its MTP companion: the companion must
     hold the same sequences at the same positions, so their sizing may never drift apart.
+    ``config.cache_type_k`` must be resolved (:func:`resolve_cache_type_k`).
     """
+    if config.cache_type_k not in GGML_TYPES:
+        raise ValueError(f"K-cache type {config.cache_type_k!r} is not resolved")
     params = lc.llama_context_default_params()
+    params.type_k = GGML_TYPES[config.cache_type_k]
     params.n_ctx = config.n_ctx_seq * config.n_seq_max
     params.n_batch = config.n_batch
     params.n_ubatch = config.n_batch

@@ -33,6 +33,7 @@ from meshd.clients.terminal import Progress
 from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.native.llama import ensure_backend, lc
+from meshd.native.primitives import GGML_TYPES
 from meshd.native.session import SequenceSession
 
 from ..runtime import ModelRuntime, RuntimeConfig
@@ -220,7 +221,7 @@ class BenchModel:
 
     def __init__(self, spec: ModelSpec, *, n_ctx: int, threads: int, draft_max: int,
                  llama_flash_attn: bool = True, pld_tokens: int | None = None,
-                 draft_path: Path | None = None) -> None:
+                 draft_path: Path | None = None, cache_type_k: str = "auto") -> None:
         self.spec = spec
         #: The ``meshd-draft`` arm's draft model (``None``: that arm does not run).
         self.draft_path = draft_path
@@ -233,10 +234,14 @@ class BenchModel:
             threads=threads, calibrate=draft_max > 0,
             # Every run must prefill its whole prompt, as the Llama arms (reset before
             # each run) do: a prefix-cache hit would time a different amount of work.
-            prefix_cache_tokens=0,
+            prefix_cache_tokens=0, cache_type_k=cache_type_k,
         ))
         self.n_ctx = self.rt.context.config.n_ctx_seq
         self.n_batch = self.rt.context.config.n_batch
+        #: The K cache's type as meshd's context resolved it; the llama.cpp arms get the
+        #: same, so that every arm runs the same attention kernels and, where none of
+        #: them leaves plain decoding's text, they all decode one text.
+        self.cache_type_k = self.rt.context.config.cache_type_k
 
     def close(self) -> None:
         self.rt.close()
@@ -392,6 +397,7 @@ class LlamaRunner:
             model_path=str(bm.spec.path), n_ctx=bm.n_ctx, n_batch=bm.n_batch,
             n_ubatch=bm.n_batch, n_threads=bm.threads, n_threads_batch=bm.threads,
             flash_attn=bm.llama_flash_attn, draft_model=draft, verbose=False,
+            type_k=GGML_TYPES[bm.cache_type_k],
             # A draft model forces logits for every row, but Llama sizes its score buffer
             # from this argument (n_batch rows when False): a prompt longer than n_batch
             # then fails with a numpy broadcast error. True only fixes the buffer size.

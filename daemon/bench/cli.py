@@ -58,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"--spec-draft-n-max N (N = 1..4)")
     p.add_argument("--identity", action="store_true",
                    help="the identity gate: meshd-off vs every proposer; exits 1 on a "
-                        "divergence on a synthetic model")
+                        "divergence on a synthetic model, or on a real one with the "
+                        "default (bf16) K cache on the CPU")
     p.add_argument("--prompts", type=positive, default=2, help="--identity: prompts per model")
     p.add_argument("--k", action="append", type=positive, default=[], metavar="K",
                    help="--identity: fixed draft lengths (repeatable; default 1, 3, 8)")
@@ -66,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run ``meshd bench``; exit 0 (targets are printed, not enforced), 2 on bad usage,
-    3 on a model/runtime error; ``--identity`` exits 1 on a synthetic divergence."""
+    3 on a model/runtime error; ``--identity`` exits 1 on a divergence on a gated model."""
     try:
         if args.plot:
             check_plot_available()
@@ -77,13 +78,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 models=tuple(args.model) or IdentityConfig().models,
                 prompts=args.prompts, max_tokens=args.tokens or 32,
                 ks=tuple(args.k) or IdentityConfig().ks, n_ctx=args.ctx,
-                threads=args.threads,
+                threads=args.threads, cache_type_k=args.cache_type_k,
             )
             ireport = run_identity(icfg)
             print(format_identity(ireport))
             if args.json:
                 Path(args.json).write_text(json.dumps(ireport, indent=2) + "\n")
-            return 1 if ireport["synthetic_divergences"] else 0
+            return 1 if ireport["gated_divergences"] else 0
         config = BenchConfig(
             models=tuple(args.model) or DEFAULT_MODELS,
             workloads=tuple(args.workload) or None, arms=tuple(args.arm) or None,
@@ -93,6 +94,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             cost_reps=args.cost_reps, llama_server=args.llama_server,
             draft_model=args.draft_model,
             llama_server_modes=tuple(args.llama_server_mode) or NGRAM_MODES,
+            cache_type_k=args.cache_type_k,
         )
         report = run_bench(config)
         print(format_report(report))

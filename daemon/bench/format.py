@@ -62,6 +62,9 @@ def format_report(report: Mapping[str, Any]) -> str:
     for m in report["models"]:
         lines.append("")
         lines.append(f"== {m['name']}  ({m['path']}{'; ' + m['note'] if m['note'] else ''})")
+        if m.get("cache_type_k"):
+            lines.append(f"   K cache {m['cache_type_k']} in every arm (llama.cpp's arms "
+                         "included)")
         curve = m.get("cost_curve")
         if curve:
             costs = " ".join(f"k={k}:{c:.2f}" for k, c in enumerate(curve) if k)
@@ -133,9 +136,9 @@ def format_report(report: Mapping[str, Any]) -> str:
                  "plain; fwd/tok = decode forwards per token; acc = accepted/drafted; "
                  "fwd ms = mean forward (x plain's decode); host = ms/token outside "
                  "llama.cpp forwards; identical: 'no @i' = first differing token, the "
-                 "reference's top-2 logit margin there and the context length (past 256 "
-                 "tokens one-token and wider forwards round differently, so near-ties "
-                 "may flip: README, Identity and its limits)")
+                 "reference's top-2 logit margin there and the context length (with "
+                 "an f16 K cache, past 256 tokens one-token and wider forwards round "
+                 "differently, so near-ties may flip: README, Identity and its limits)")
     lines.append(f"llama-server arms: {report.get('llama_server', 'not run')}")
     lines.append("")
     lines.append("targets (decode-rate ratios):")

@@ -92,6 +92,7 @@ def server_command(binary: str, bm: BenchModel, spec_type: str | None, port: int
         "--ubatch-size", str(bm.n_batch), "--threads", str(bm.threads),
         "--threads-batch", str(bm.threads), "--parallel", "1",
         "--flash-attn", "on" if bm.llama_flash_attn else "off", "--no-webui",
+        "--cache-type-k", bm.cache_type_k,
     ]
     if spec_type is not None and spec_type.startswith("draft-mtp-"):
         cmd += ["--spec-type", "draft-mtp", "--spec-draft-n-max", spec_type.rpartition("-")[2]]

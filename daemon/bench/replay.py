@@ -1,12 +1,13 @@
 """Prompt lookup replayed without the noise: ``python -m meshd.daemon.bench.replay``.
 
 Why: on a shared machine one run's decode rate moves by 10-20%, and where a greedy text
-leaves plain decoding's at a near-tie (README, "Identity and its limits") two live arms
-decode different texts, so a cell compares two texts as much as two rules. Prompt lookup
+leaves plain decoding's at a near-tie (with an f16 K cache past 256 tokens of context, or
+on an accelerator: README, "Identity and its limits") two live arms decode different
+texts, so a cell compares two texts as much as two rules. Prompt lookup
 needs no model to draft: given plain decoding's text and the measured cost of a forward
 of ``k + 1`` rows, what a rule would have drafted, had accepted and paid is arithmetic.
-So each rule is replayed over the same text (the one every rule would decode where
-verification is exact, e.g. with one thread) and priced by the same curve.
+So each rule is replayed over the same text (the one every rule decodes where
+verification is exact, as with the default K cache on the CPU) and priced by the same curve.
 
 For each model and workload: plain decoding's greedy text (speculation off), the cost of
 ``k + 1`` rows against one decode measured at the workload's mean decode context (as the

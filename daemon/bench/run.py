@@ -32,8 +32,8 @@ JSON report (``--json FILE``), format 1::
 
     {"format": 1, "config": {...}, "machine": {...}, "llama_server": "...",
      "models": [{"name", "path", "note", "synthetic", "has_mtp", "recurrent", "n_ctx",
-                 "cost_curve", "runtime_curve", "draft_model", "limit": {"k", "speedup"},
-                 "snapshot_cost",
+                 "cache_type_k", "cost_curve", "runtime_curve", "draft_model",
+                 "limit": {"k", "speedup"}, "snapshot_cost",
                  "reference", "unavailable": {arm: reason},
                  "workloads": [{"name", "copies", "prompt_tokens", "truncated",
                                 "cost_context", "cost_curve",
@@ -129,6 +129,8 @@ class BenchConfig:
     llama_server: str | None = None
     #: Its speculation types to run, one arm each (``llama-server`` plain always runs).
     llama_server_modes: tuple[str, ...] = NGRAM_MODES
+    #: The K cache's type for every arm (``ContextConfig.cache_type_k``).
+    cache_type_k: str = "auto"
 
 
 # --------------------------------------------------------------------------- running
@@ -160,7 +162,7 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
              else default_draft(spec))
     bm = BenchModel(spec, n_ctx=config.n_ctx, threads=threads, draft_max=config.draft_max,
                     llama_flash_attn=config.llama_flash_attn, pld_tokens=config.pld_tokens,
-                    draft_path=draft)
+                    draft_path=draft, cache_type_k=config.cache_type_k)
     runners: dict[str, ArmRunner] = {}
     baseline: TargetContext | None = None
     try:
@@ -169,6 +171,7 @@ def bench_model(name: str, config: BenchConfig, arms: Sequence[ArmSpec], log: Lo
             "name": spec.name, "path": str(spec.path), "note": spec.note,
             "synthetic": spec.synthetic, "has_mtp": info.has_mtp,
             "recurrent": info.has_recurrent_state, "n_ctx": bm.n_ctx,
+            "cache_type_k": bm.cache_type_k,
             "runtime_curve": list(bm.rt.curve.costs) if bm.rt.curve else None,
             "draft_model": None if draft is None else str(draft),
         }

@@ -103,6 +103,7 @@ def test_serve_defaults_are_defined_once() -> None:
     ("[speculation]\nrollback_snapshots = \"sometimes\"\n",
      "speculation.rollback_snapshots: must be in"),
     ("[serve]\nallow_users = [\"a\", 5]\n", "serve.allow_users: expected a string, got 5"),
+    ("[model]\ncache_type_k = \"q4_0\"\n", "model.cache_type_k: must be in"),
     ("[serve\n", "not valid TOML"),
     ("serve = 3\n", "serve must be a table"),
 ])
@@ -166,8 +167,8 @@ def test_every_serve_option_is_a_configuration_key() -> None:
 
 def test_the_prefix_cache_can_be_bounded_or_turned_off(tmp_path: Path) -> None:
     """``--prefix-cache-tokens 0`` (or ``prefix_cache_tokens = 0`` in the file) turns the
-    prefix cache off, for users who need a repeated request to get the same text; the
-    default leaves the bound to the runtime (every slot's context)."""
+    prefix cache off (with an f16 K cache a hit can move a greedy text); the default
+    leaves the bound to the runtime (every slot's context)."""
     assert cfg.Config().serve.prefix_cache_tokens is None
     args = _serve_parser().parse_args(["--prefix-cache-tokens", "0"])
     c = cfg.load(None, environ={}, flags=cfg.explicit_flags(args)).config
@@ -176,3 +177,16 @@ def test_the_prefix_cache_can_be_bounded_or_turned_off(tmp_path: Path) -> None:
     assert cfg.load(path, environ={}, flags={}).config.serve.prefix_cache_tokens == 4096
     with pytest.raises(cfg.ConfigError):
         cfg.load(_write(tmp_path, "[serve]\nprefix_cache_tokens = -1\n"), environ={}, flags={})
+
+
+def test_the_k_cache_type_reaches_the_runtime_from_flag_and_file(tmp_path: Path) -> None:
+    """``--cache-type-k`` / ``[model] cache_type_k``: auto by default (bf16 on the CPU,
+    for identity at any length), f16 for llama.cpp's faster prefill."""
+    assert cfg.Config().model.cache_type_k == "auto"
+    args = _serve_parser().parse_args(["--cache-type-k", "f16"])
+    assert cfg.load(None, environ={}, flags=cfg.explicit_flags(args)).config.model \
+        .cache_type_k == "f16"
+    path = _write(tmp_path, "[model]\ncache_type_k = \"bf16\"\n")
+    assert cfg.load(path, environ={}, flags={}).config.model.cache_type_k == "bf16"
+    with pytest.raises(SystemExit):
+        _serve_parser().parse_args(["--cache-type-k", "q8_0"])

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from meshd.daemon.bench.workloads import load_workloads
 from meshd.daemon.engine import Generation
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import SamplingParams
@@ -291,6 +292,45 @@ def test_identity_on_quantized_smollm2(text: str) -> None:
     for k in (2, 5):
         got = generate(rt, prompt, proposer="ngram", k=k, max_tokens=60)
         assert got.committed == ref.committed
+
+
+@pytest.mark.parametrize("workload", ["csv-to-markdown", "quote-passage"])
+def test_identity_on_smollm2_past_256_tokens(workload: str) -> None:
+    """Prompts of 400 tokens (real copy work, where prompt lookup drafts long windows):
+    speculation keeps plain decoding's text with the default cache, where one-token
+    decodes and verify windows run the same attention kernel; with an f16 K cache
+    these texts leave plain decoding's within the first ten tokens (README, Identity
+    and its limits)."""
+    (wl,) = load_workloads([workload])
+    rt = runtime("smollm2")
+    prompt = prompt_for(rt, rt.render_chat([{"role": r, "content": c} for r, c in wl.messages]))
+    assert len(prompt) > 300
+    ref = generate(rt, prompt, max_tokens=48)
+    for k in (4, K_MAX):
+        got = generate(rt, prompt, proposer="ngram", k=k, max_tokens=48)
+        assert got.stats.drafted > 0
+        assert got.committed == ref.committed, k
+
+
+def test_a_prefix_cache_hit_keeps_the_text() -> None:
+    """A request whose prompt extends an earlier one's (its KV reused from the cache,
+    only the rest prefilled, in a batch of a few rows) gives the greedy text of a
+    fresh prefill, past 256 tokens too."""
+    (wl,) = load_workloads(["quote-passage"])
+    cached, fresh = (ModelRuntime(RuntimeConfig(n_ctx_seq=1024, calibrate=False,
+                                                prefix_cache_tokens=tokens))
+                     for tokens in (None, 0))
+    try:
+        text = cached.render_chat([{"role": r, "content": c} for r, c in wl.messages])
+        prompt = prompt_for(cached, text)
+        first = generate(cached, prompt, max_tokens=24)
+        longer = prompt + list(first.committed)[:5]
+        again = generate(cached, longer, max_tokens=24)
+        assert again.stats.reused_prompt_tokens > 300
+        assert again.committed == generate(fresh, longer, max_tokens=24).committed
+    finally:
+        cached.close()
+        fresh.close()
 
 
 def test_env_is_passed_to_factories() -> None:

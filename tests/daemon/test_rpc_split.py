@@ -23,7 +23,7 @@ from .daemon_helpers import running_daemon
 
 STORY = "Once upon a time, in a small village by the sea, there lived"
 PROMPT = ("Copy this list exactly: apple, banana, cherry, date, elderberry, fig, grape. "
-          "Copy: apple, banana, cherry, date, elderberry, fig, grape.")
+          "Copy: apple, banana, cherry, date, elderberry, fig, grape. Copy:")
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +34,10 @@ def workers() -> Iterator[LoopbackWorkers]:
 
 def _config(**kw: object) -> RuntimeConfig:
     # calibrate=False: fixed draft lengths, so speculation decides the same on both sides
-    # (a calibrated cost curve would differ between local and network forwards).
+    # (a calibrated cost curve would differ between local and network forwards). One K
+    # cache type on both sides: "auto" keeps f16 where layers go to workers.
     return RuntimeConfig(n_ctx_seq=1024, threads=1, calibrate=False, draft_max=6,
-                         **kw)  # type: ignore[arg-type]
+                         cache_type_k="bf16", **kw)  # type: ignore[arg-type]
 
 
 def _generate(rt: ModelRuntime, proposer: str, max_tokens: int = 48,

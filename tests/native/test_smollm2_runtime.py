@@ -8,6 +8,7 @@ import pytest
 from meshd.native.context import ContextConfig, TargetContext
 from meshd.native.errors import CapacityError, RuntimeStateError
 from meshd.native.model import Model
+from meshd.native.primitives import resolve_cache_type_k
 from meshd.native.session import SequenceSession, verify_many
 from meshd.native.tokenizer import Utf8Assembler
 
@@ -145,7 +146,7 @@ _LONG_TEXT = (
     "The committee met on Tuesday to review the budget. Every department presented "
     "its figures, and the chair asked each head to explain the largest changes since "
     "last year. Questions followed about travel, equipment and the new building. "
-) * 12
+) * 24
 
 
 def _rows_by_width(ctx: TargetContext, tokens: list[int], n_prompt: int,
@@ -168,59 +169,93 @@ def _rows_by_width(ctx: TargetContext, tokens: list[int], n_prompt: int,
 
 def test_window_width_does_not_change_the_logits(smollm2: Model,
                                                  smol_ctx: TargetContext) -> None:
-    """Why speculation (and a padded shared window) keeps plain decoding's tokens.
-
-    Within 256 tokens of context a window of any width computes the same bits as
-    one-token decodes. Past that, ggml's CPU flash-attention kernel runs a one-row
-    forward differently (README, Identity and its limits), but windows of every width
-    of two rows or more still agree with each other bit for bit: padding a window to a
-    shared length changes nothing.
-    """
+    """Why speculation (and a padded shared window) keeps plain decoding's tokens: a
+    window of any width, one row included, computes the same bits at any context length
+    (past 256 tokens too, where the KV view reaches 512 cells and an f16 cache would
+    send one-row forwards through another attention kernel: README, Identity and its
+    limits)."""
+    assert smol_ctx.config.cache_type_k == "bf16"  # "auto" on a model run on this CPU
     tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)
-    assert len(tokens) >= 420
-    short = tokens[:150 + 40]
-    plain = _rows_by_width(smol_ctx, short, 150, 1)
-    for width in (2, 5, 8):
-        assert np.array_equal(_rows_by_width(smol_ctx, short, 150, width), plain), width
-    long = tokens[:380 + 40]
-    wide = _rows_by_width(smol_ctx, long, 380, 2)
-    for width in (5, 8):
-        assert np.array_equal(_rows_by_width(smol_ctx, long, 380, width), wide), width
+    assert len(tokens) >= 640
+    for n_prompt in (150, 600):
+        part = tokens[:n_prompt + 40]
+        plain = _rows_by_width(smol_ctx, part, n_prompt, 1)
+        for width in (2, 5, 8):
+            assert np.array_equal(_rows_by_width(smol_ctx, part, n_prompt, width),
+                                  plain), (n_prompt, width)
 
 
-def test_with_one_thread_every_width_computes_the_same_bits_at_any_length(
+def test_with_an_f16_cache_one_row_forwards_differ_past_256_tokens(
         smollm2: Model) -> None:
-    """Past 256 tokens the one-row forward differs only because its attention kernel
-    splits the KV range across threads; with one thread nothing is split, so one-token
-    decodes and windows agree bit for bit there too (README: ``--threads 1`` for exact
-    identity at any length)."""
+    """What ``--cache-type-k f16`` (llama.cpp's default) trades for its faster prefill:
+    past 256 tokens a one-row forward rounds differently from a window, with 2 threads
+    or more; with one thread it does not (nothing is split across threads)."""
     tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:380 + 24]
-    ctx = TargetContext(smollm2, ContextConfig(n_ctx_seq=1024, n_seq_max=1, draft_max=8,
-                                               n_threads=1))
-    try:
-        plain = _rows_by_width(ctx, tokens, 380, 1)
-        assert np.array_equal(_rows_by_width(ctx, tokens, 380, 6), plain)
-    finally:
-        ctx.close()
+    for threads, same in ((2, False), (1, True)):
+        ctx = TargetContext(smollm2, ContextConfig(n_ctx_seq=1024, n_seq_max=1,
+                                                   draft_max=8, n_threads=threads,
+                                                   cache_type_k="f16"))
+        try:
+            assert ctx.config.cache_type_k == "f16"
+            plain = _rows_by_width(ctx, tokens, 380, 1)
+            wide = _rows_by_width(ctx, tokens, 380, 6)
+            assert np.array_equal(wide, plain) is same, threads
+            # The rounding, not a bug: the rows still agree to a fraction of a logit.
+            assert float(np.abs(wide - plain).max()) < 2.0
+        finally:
+            ctx.close()
+
+
+def test_auto_k_cache_is_bf16_only_where_every_layer_runs_on_this_cpu() -> None:
+    assert resolve_cache_type_k("auto", all_on_cpu=True) == "bf16"
+    assert resolve_cache_type_k("auto", all_on_cpu=False) == "f16"
+    assert resolve_cache_type_k("f16", all_on_cpu=True) == "f16"
+    assert resolve_cache_type_k("bf16", all_on_cpu=False) == "bf16"
+    with pytest.raises(ValueError, match="unknown K-cache type 'q4_0'"):
+        resolve_cache_type_k("q4_0", all_on_cpu=True)
+    with pytest.raises(ValueError, match="unknown K-cache type"):
+        ContextConfig(cache_type_k="f32")
+
+
+def test_how_a_prompt_is_batched_does_not_change_the_logits(
+        smollm2: Model, smol_ctx: TargetContext) -> None:
+    """A prompt prefilled in one batch and the same prompt prefilled in two (what a
+    prefix-cache hit does: the cached part was prefilled for an earlier request, and
+    only the new tail is prefilled now, in a batch of a few rows where a fresh prefill
+    would run hundreds) give the same bits, so a cache hit cannot move a greedy text."""
+    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:700]
+    for cut in (300, 660):
+        with SequenceSession.open(smol_ctx) as s:
+            whole = np.array(s.prefill(tokens[:-1]))
+            whole_next = np.array(s.decode(tokens[-1]))
+        with SequenceSession.open(smol_ctx) as s:
+            s.prefill(tokens[:cut])
+            split = np.array(s.prefill(tokens[cut:-1]))
+            split_next = np.array(s.decode(tokens[-1]))
+        assert np.array_equal(split, whole), cut
+        assert np.array_equal(split_next, whole_next), cut
 
 
 def test_a_window_shared_with_other_sequences_keeps_its_bits(
         smollm2: Model, smol_ctx: TargetContext) -> None:
-    """A window verified in one forward with other requests' windows (same width, as
-    the shared plan makes them) gives the bits it gives alone."""
-    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:420]
-    n_prompt, width = 380, 4
-    alone = _rows_by_width(smol_ctx, tokens, n_prompt, width)
-    other = tokens[7:7 + n_prompt]
-    with SequenceSession.open(smol_ctx) as a, SequenceSession.open(smol_ctx) as b:
-        a.prefill(tokens[:n_prompt])
-        b.prefill(other)
-        rows = []
-        rest = tokens[n_prompt:]
-        for start in range(0, len(rest), width):
-            part = rest[start:start + width]
-            out = verify_many([(a, part), (b, other[start % 50:start % 50 + len(part)])])
-            rows.append(np.array(out[0]))
-            a.retire()
-            b.retire()
-    assert np.array_equal(np.concatenate(rows), alone)
+    """A window verified in one forward with another request's window gives the bits it
+    gives alone, a one-row decode included, past 256 tokens of context too: requests
+    decoded together keep each one's text."""
+    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:620]
+    n_prompt = 580
+    for width in (1, 4):
+        alone = _rows_by_width(smol_ctx, tokens, n_prompt, width)
+        other = tokens[7:7 + n_prompt]
+        with SequenceSession.open(smol_ctx) as a, SequenceSession.open(smol_ctx) as b:
+            a.prefill(tokens[:n_prompt])
+            b.prefill(other)
+            rows = []
+            rest = tokens[n_prompt:]
+            for start in range(0, len(rest), width):
+                part = rest[start:start + width]
+                out = verify_many([(a, part),
+                                   (b, other[start % 50:start % 50 + len(part) + 1])])
+                rows.append(np.array(out[0]))
+                a.retire()
+                b.retire()
+        assert np.array_equal(np.concatenate(rows), alone), width

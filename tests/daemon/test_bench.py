@@ -100,16 +100,23 @@ def test_identity_gate_on_synthetic_models(tmp_path: Path) -> None:
     assert not any(case.startswith("mtp ") for case in by_name["llama"]["cases"])
 
 
-def test_identity_gate_fails_on_a_synthetic_divergence(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def diverge_at_3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run of the identity gate "diverges" at token 3 (a fault the real runtime
+    does not make: the gate's own verdict is under test)."""
     real = bench_identity.first_divergence
 
-    def diverge_at_3(ref: Sequence[int], got: Sequence[int]) -> int | None:
+    def fake(ref: Sequence[int], got: Sequence[int]) -> int | None:
         d = real(ref, got)
         return 3 if d is None else d
 
-    monkeypatch.setattr(bench_identity, "first_divergence", diverge_at_3)
+    monkeypatch.setattr(bench_identity, "first_divergence", fake)
+
+
+@pytest.mark.usefixtures("diverge_at_3")
+def test_identity_gate_fails_on_a_synthetic_divergence(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
     code = main(["bench", "--identity", "--model", "llama", "--prompts", "1", "--tokens", "8",
                  "--k", "2"])
     assert code == 1
@@ -131,17 +138,11 @@ def test_identity_gate_on_smollm2_gates_with_the_default_cache(tmp_path: Path) -
     assert report["gated_divergences"] == 0
 
 
+@pytest.mark.usefixtures("diverge_at_3")
 def test_identity_gate_only_reports_smollm2_divergences_with_an_f16_cache(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """With ``--cache-type-k f16`` a quantized near-tie may flip: reported, not failed."""
-    real = bench_identity.first_divergence
-
-    def diverge_at_3(ref: Sequence[int], got: Sequence[int]) -> int | None:
-        d = real(ref, got)
-        return 3 if d is None else d
-
-    monkeypatch.setattr(bench_identity, "first_divergence", diverge_at_3)
     out = tmp_path / "identity.json"
     assert main(["bench", "--identity", "--model", "smollm2", "--prompts", "1", "--tokens",
                  "6", "--k", "2", "--cache-type-k", "f16", "--json", str(out)]) == 0

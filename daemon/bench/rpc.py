@@ -115,11 +115,15 @@ def cmd_bench_rpc(args: argparse.Namespace) -> int:
     counts = sorted({int(n) for n in args.workers.split(",")})
     (workload,) = load_workloads([args.workload])
     results: dict[str, Any] = {}
+    # The loopback workers compute on this machine's CPU, so every row gets the cache
+    # "auto" gives a model run wholly on the CPU (else the local row would get bf16 and
+    # the split rows f16: two kernels, and maybe two texts, in one table).
+    cache_type_k = "bf16" if args.cache_type_k == "auto" else args.cache_type_k
     with LoopbackWorkers(max(counts)) as workers:
         for n in [0, *counts]:
             config = RuntimeConfig(
                 model_path=args.model, n_ctx_seq=args.ctx, threads=args.threads or 1,
-                calibrate=False, draft_max=args.draft_k,
+                calibrate=False, draft_max=args.draft_k, cache_type_k=cache_type_k,
                 rpc_workers=tuple(workers.first(n)))
             with ModelRuntime(config) as rt:
                 # (the chat template when the model has one; a synthetic model's small

@@ -36,6 +36,12 @@ CACHE_TYPES_K = ("auto", "f16", "bf16")
 GGML_TYPES = {"f16": 1, "bf16": 30}
 
 
+def _check_cache_type_k(requested: str) -> None:
+    if requested not in CACHE_TYPES_K:
+        raise ValueError(f"unknown K-cache type {requested!r}; one of "
+                         f"{', '.join(CACHE_TYPES_K)}")
+
+
 def resolve_cache_type_k(requested: str, *, all_on_cpu: bool) -> str:
     """The K-cache type a context gets: ``requested``, or for "auto" bf16 when every
     layer runs on this CPU and f16 (llama.cpp's default) otherwise.
@@ -53,9 +59,7 @@ def resolve_cache_type_k(requested: str, *, all_on_cpu: bool) -> str:
     limits" has the measurements and the trade). Accelerators have their own kernels,
     so where layers are offloaded "auto" keeps llama.cpp's default.
     """
-    if requested not in CACHE_TYPES_K:
-        raise ValueError(f"unknown K-cache type {requested!r}; one of "
-                         f"{', '.join(CACHE_TYPES_K)}")
+    _check_cache_type_k(requested)
     if requested != "auto":
         return requested
     return "bf16" if all_on_cpu else "f16"
@@ -86,9 +90,7 @@ class ContextConfig:
     def __attrs_post_init__(self) -> None:
         if self.n_ctx_seq < 16 or self.n_seq_max < 1 or self.draft_max < 0:
             raise ValueError(f"invalid context config {self}")
-        if self.cache_type_k not in CACHE_TYPES_K:
-            raise ValueError(f"unknown K-cache type {self.cache_type_k!r}; one of "
-                             f"{', '.join(CACHE_TYPES_K)}")
+        _check_cache_type_k(self.cache_type_k)
         if self.n_batch < self.draft_max + 1:
             raise ValueError("n_batch must hold a whole verify window (draft_max + 1 rows)")
 

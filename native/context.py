@@ -30,7 +30,13 @@ from .primitives import CACHE_TYPES_K as CACHE_TYPES_K
 from .primitives import DEFAULT_DRAFT_MAX as DEFAULT_DRAFT_MAX
 from .primitives import ROLLBACK_MAX as ROLLBACK_MAX
 from .primitives import ContextConfig as ContextConfig
-from .primitives import FloatArray, Row, context_params, resolve_cache_type_k
+from .primitives import (
+    FloatArray,
+    Row,
+    context_params,
+    resolve_cache_type_k,
+    rounds_rows_alike,
+)
 
 
 class SlotHolder(Protocol):
@@ -53,10 +59,13 @@ class TargetContext:
 
     def __init__(self, model: Model, config: ContextConfig = DEFAULT_CONFIG) -> None:
         self.model = model
+        all_on_cpu = model.gpu_layers == 0
         config = attrs.evolve(config, cache_type_k=resolve_cache_type_k(
-            config.cache_type_k, all_on_cpu=model.gpu_layers == 0))
+            config.cache_type_k, all_on_cpu=all_on_cpu))
         #: The configuration as made: ``cache_type_k`` is the type it resolved to.
         self.config = config
+        #: Whether every forward rounds a row alike (:func:`rounds_rows_alike`).
+        self.exact = rounds_rows_alike(config.cache_type_k, all_on_cpu=all_on_cpu)
         self.lock = threading.RLock()
         info = model.info
         if config.n_ctx_seq > info.n_ctx_train > 0:

@@ -65,6 +65,13 @@ def resolve_cache_type_k(requested: str, *, all_on_cpu: bool) -> str:
     return "bf16" if all_on_cpu else "f16"
 
 
+def rounds_rows_alike(cache_type_k: str, *, all_on_cpu: bool) -> bool:
+    """Whether every forward computes a row's logits the same way, whatever rows are
+    batched with it: a bf16 K cache on the CPU (:func:`resolve_cache_type_k` says why).
+    Then speculation's text is plain decoding's bit for bit, and a divergence is a bug."""
+    return cache_type_k == "bf16" and all_on_cpu
+
+
 @attrs.frozen
 class ContextConfig:
     """How to size the shared context.

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from meshd.native.primitives import resolve_cache_type_k
 from meshd.native.session import SequenceSession
 
 from ..runtime import ModelRuntime, RuntimeConfig
@@ -118,7 +119,7 @@ def cmd_bench_rpc(args: argparse.Namespace) -> int:
     # The loopback workers compute on this machine's CPU, so every row gets the cache
     # "auto" gives a model run wholly on the CPU (else the local row would get bf16 and
     # the split rows f16: two kernels, and maybe two texts, in one table).
-    cache_type_k = "bf16" if args.cache_type_k == "auto" else args.cache_type_k
+    cache_type_k = resolve_cache_type_k(args.cache_type_k, all_on_cpu=True)
     with LoopbackWorkers(max(counts)) as workers:
         for n in [0, *counts]:
             config = RuntimeConfig(

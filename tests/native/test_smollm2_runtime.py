@@ -8,7 +8,7 @@ import pytest
 from meshd.native.context import ContextConfig, TargetContext
 from meshd.native.errors import CapacityError, RuntimeStateError
 from meshd.native.model import Model
-from meshd.native.primitives import resolve_cache_type_k
+from meshd.native.primitives import resolve_cache_type_k, rounds_rows_alike
 from meshd.native.session import SequenceSession, verify_many
 from meshd.native.tokenizer import Utf8Assembler
 
@@ -175,6 +175,7 @@ def test_window_width_does_not_change_the_logits(smollm2: Model,
     send one-row forwards through another attention kernel: README, Identity and its
     limits)."""
     assert smol_ctx.config.cache_type_k == "bf16"  # "auto" on a model run on this CPU
+    assert smol_ctx.exact
     tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)
     assert len(tokens) >= 640
     for n_prompt in (150, 600):
@@ -196,7 +197,7 @@ def test_with_an_f16_cache_one_row_forwards_differ_past_256_tokens(
                                                    draft_max=8, n_threads=threads,
                                                    cache_type_k="f16"))
         try:
-            assert ctx.config.cache_type_k == "f16"
+            assert ctx.config.cache_type_k == "f16" and not ctx.exact
             plain = _rows_by_width(ctx, tokens, 380, 1)
             wide = _rows_by_width(ctx, tokens, 380, 6)
             assert np.array_equal(wide, plain) is same, threads
@@ -215,6 +216,10 @@ def test_auto_k_cache_is_bf16_only_where_every_layer_runs_on_this_cpu() -> None:
         resolve_cache_type_k("q4_0", all_on_cpu=True)
     with pytest.raises(ValueError, match="unknown K-cache type"):
         ContextConfig(cache_type_k="f32")
+    # Only a bf16 cache on the CPU makes every forward round a row alike.
+    assert rounds_rows_alike("bf16", all_on_cpu=True)
+    assert not rounds_rows_alike("bf16", all_on_cpu=False)
+    assert not rounds_rows_alike("f16", all_on_cpu=True)
 
 
 def test_how_a_prompt_is_batched_does_not_change_the_logits(

@@ -24,6 +24,15 @@ bench measures it), then:
   pays best for that step on the curve. A reference for what guessing costs, not a
   strict bound (a step-by-step choice, and llama.cpp's rule may pick an occurrence the
   chain does not offer).
+* ``hindsight``: the best a rule that sets its draft length by match length alone could
+  do on this text: the longest match's continuation, drafted to a fixed length per
+  class of match length (the proposer's classes, matches of one token included), each
+  length chosen on this very text to pay best there. Tuned on the text it is scored
+  on, it is optimistic for a rule that drafts the longest match with a length keyed on
+  match length and measured acceptance (such a rule learns its table while it
+  decodes); it is not a bound on rules that change length within a class as the text
+  goes on, or that draft a shorter match instead (meshd's does both, so it can exceed
+  it).
 
 Speedup is the generated tokens after the first over the summed cost of the steps that
 produced them (a plain decode costs 1). ``limit`` is what the bench's "limit at measured
@@ -47,7 +56,7 @@ import attrs
 from meshd.daemon.generation_stats import GenerationStats
 from meshd.native.calibrate import measure_row_costs
 from meshd.plugins.base import Outcome, ProposalRequest
-from meshd.plugins.match_stats import SharedMatchStats
+from meshd.plugins.match_stats import CLASS_STARTS, SharedMatchStats, length_class
 from meshd.plugins.ngram import NgramProposer
 from meshd.plugins.suffix_index import SuffixIndex
 from meshd.policy.costs import CostCurve
@@ -174,11 +183,65 @@ def foresight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
     return (len(text) - 1) / cost if cost > 0 else 1.0
 
 
+def hindsight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
+              draft_max: int = 32, sweeps: int = 4) -> float:
+    """The best fixed draft length per match-length class, chosen on ``text`` itself
+    (module docstring): its speedup over plain decoding.
+
+    Every rule commits plain decoding's text, so the longest earlier match at each
+    position, and how far its continuation holds, do not depend on the rule: they are
+    found once, and each table of lengths is then priced in one pass. The table is
+    improved one class at a time (every length for that class, the others held) until a
+    sweep changes nothing.
+    """
+    index = SuffixIndex()
+    index.extend([*prompt, text[0]])
+    classes: list[int] = [0]
+    holds: list[int] = [0]
+    for pos in range(1, len(text)):
+        toks = index.tokens
+        n, end = next(index.matches(), (0, 0))
+        hold = 0
+        if n > 0:
+            period = len(toks) - end
+            while (hold < draft_max and pos + hold < len(text)
+                   and toks[end + hold % period] == text[pos + hold]):
+                hold += 1
+        classes.append(length_class(n) + 1 if n > 0 else 0)  # 0: no match, never drafts
+        holds.append(hold)
+        index.extend([text[pos]])
+    top = min(draft_max, curve.max_k)
+
+    def speedup(table: list[int]) -> float:
+        pos, cost = 1, 0.0
+        while pos < len(text):
+            k = min(table[classes[pos]], len(text) - pos - 1)
+            cost += curve.cost(k)
+            pos += min(holds[pos], k) + 1
+        return (len(text) - 1) / cost if cost > 0 else 1.0
+
+    table = [0] * (len(CLASS_STARTS) + 1)
+    best = speedup(table)
+    for _ in range(sweeps):
+        improved = False
+        for c in sorted(set(classes) - {0}):
+            keep = table[c]
+            for k in range(top + 1):
+                table[c] = k
+                got = speedup(table)
+                if got > best + 1e-12:
+                    best, keep, improved = got, k, True
+            table[c] = keep
+        if not improved:
+            break
+    return best
+
+
 def replay_model(name: str, *, workloads: Sequence[str] | None, tokens: int, reps: int,
                  threads: int | None, n_ctx: int, draft_max: int, cost_reps: int,
                  log: Any = print) -> dict[str, Any]:
     """Plain decoding's text and the cost curve of every workload on model ``name``,
-    then the three rules replayed over them (see the module docstring)."""
+    then the rules replayed over them (see the module docstring)."""
     from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 
     from .arms import default_threads, render_prompt, resolve_model
@@ -225,16 +288,18 @@ def replay_model(name: str, *, workloads: Sequence[str] | None, tokens: int, rep
             "meshd": attrs.asdict(meshd[w_name]), "ngram_simple": attrs.asdict(simple),
             "ratio": meshd[w_name].speedup / simple.speedup,
             "foresight": foresight(prompt, text, curve, draft_max=draft_max),
+            "hindsight": hindsight(prompt, text, curve, draft_max=draft_max),
         })
     return {"model": spec.name, "threads": threads, "workloads": rows}
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """One model's replay as a table: speedups, meshd over ngram-simple, foresight."""
+    """One model's replay as a table: speedups, meshd over ngram-simple, foresight and
+    hindsight."""
     lines = [f"{report['model']} ({report['threads']} threads): speedup over plain decoding "
              "on plain decoding's own text",
              f"  {'workload':<18} {'kind':<7} {'meshd':>6} {'simple':>6} {'ratio':>6} "
-             f"{'seer':>6} {'limit':>6} {'reach':>6}  meshd accepted/drafted"]
+             f"{'seer':>6} {'hind':>6} {'limit':>6} {'reach':>6}  meshd accepted/drafted"]
     for r in report["workloads"]:
         m = r["meshd"]
         limit = m.get("limit")
@@ -242,7 +307,7 @@ def format_table(report: dict[str, Any]) -> str:
                  else f"{'-':>6} {'-':>6}")
         lines.append(f"  {r['workload']:<18} {'copy' if r['copies'] else 'other':<7} "
                      f"{m['speedup']:6.2f} {r['ngram_simple']['speedup']:6.2f} "
-                     f"{r['ratio']:6.2f} {r['foresight']:6.2f} {reach}  "
+                     f"{r['ratio']:6.2f} {r['foresight']:6.2f} {r['hindsight']:6.2f} {reach}  "
                      f"{m['accepted']}/{m['drafted']}")
     return "\n".join(lines)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.bench.replay import foresight, main, replay_ngram, replay_simple
+from meshd.daemon.bench.replay import foresight, hindsight, main, replay_ngram, replay_simple
 from meshd.plugins.match_stats import SharedMatchStats
 from meshd.policy.costs import CostCurve
 
@@ -35,6 +35,26 @@ def test_text_that_never_repeats_costs_what_plain_decoding_costs() -> None:
         assert replay.drafted == 0 and replay.speedup == pytest.approx(1.0)
         assert replay.limit is None  # no acceptance was measured
     assert foresight(prompt, text, CHEAP) == pytest.approx(1.0)
+
+
+def test_hindsight_drafts_a_copy_as_far_as_foresight_and_nothing_that_never_holds(
+) -> None:
+    """A text that copies the prompt from its first token: every match holds to the end,
+    so the best length per match-length class is the longest window that pays, as with
+    foresight. A text whose every match is followed by something new: no length pays,
+    so hindsight drafts nothing and costs what plain decoding costs."""
+    prompt = list(range(1000, 1200))
+    copy = prompt[20:140]
+    assert hindsight(prompt, copy, CHEAP) == pytest.approx(foresight(prompt, copy, CHEAP))
+    assert hindsight(prompt, copy, CHEAP) > replay_simple(prompt, copy, CHEAP).speedup
+    # "1 2" recurs, each time followed by a token never seen before.
+    prompt = [1, 2, 3]
+    fresh = [t for i in range(40) for t in (1, 2, 100 + i)]
+    assert foresight(prompt, fresh, CHEAP) > 1.0  # "1 2" itself is predictable ...
+    assert hindsight(prompt, fresh, CHEAP) > 1.0  # ... and a draft at "... 1" of "2" pays
+    never = [t for i in range(40) for t in (7, 200 + i)]  # "7" followed by a new token
+    assert hindsight([7, 9], never, CHEAP) == pytest.approx(1.0)
+    assert hindsight(list(range(1000, 1100)), list(range(5000, 5100)), CHEAP) == 1.0
 
 
 def test_a_rejected_draft_is_paid_for() -> None:
@@ -79,7 +99,9 @@ def test_the_replay_command_prints_and_writes_its_table(tmp_path: Path,
                  "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "json-reformat" in printed and "seer" in printed and "reach" in printed
+    assert "hind" in printed
     (report,) = json.loads(out.read_text())
     (row,) = report["workloads"]
     assert row["workload"] == "json-reformat" and row["copies"] is True
     assert row["tokens"] == 24 and row["meshd"]["speedup"] >= 1.0
+    assert row["hindsight"] >= 1.0

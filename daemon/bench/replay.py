@@ -24,15 +24,13 @@ bench measures it), then:
   pays best for that step on the curve. A reference for what guessing costs, not a
   strict bound (a step-by-step choice, and llama.cpp's rule may pick an occurrence the
   chain does not offer).
-* ``hindsight``: the best a rule that sets its draft length by match length alone could
-  do on this text: the longest match's continuation, drafted to a fixed length per
-  class of match length (the proposer's classes, matches of one token included), each
-  length chosen on this very text to pay best there. Tuned on the text it is scored
-  on, it is optimistic for a rule that drafts the longest match with a length keyed on
-  match length and measured acceptance (such a rule learns its table while it
-  decodes); it is not a bound on rules that change length within a class as the text
-  goes on, or that draft a shorter match instead (meshd's does both, so it can exceed
-  it).
+* ``hindsight``: the longest match's continuation, drafted to a fixed length per class
+  of match length (the proposer's classes, matches of one token included), each length
+  chosen on this very text to pay best there. A rule that keeps one such table for a
+  whole text gets no more; one that learns its lengths while it decodes (meshd's) can
+  get more only where acceptance changes along the text, or by drafting a shorter
+  match instead. So where hindsight is short of a target, setting draft lengths by
+  match length and measured acceptance will not reach it on that text.
 
 Speedup is the generated tokens after the first over the summed cost of the steps that
 produced them (a plain decode costs 1). ``limit`` is what the bench's "limit at measured
@@ -159,6 +157,17 @@ def replay_simple(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, 
     return _replay(prompt, text, curve, m, draft)
 
 
+def _hold(tokens: Sequence[int], end: int, text: Sequence[int], pos: int, limit: int) -> int:
+    """How many of at most ``limit`` tokens drafted from the occurrence ending at ``end``
+    (repeating periodically where it runs into the end, as the proposer drafts) match
+    ``text`` from ``pos`` on."""
+    period = len(tokens) - end
+    a = 0
+    while a < limit and tokens[end + a % period] == text[pos + a]:
+        a += 1
+    return a
+
+
 def foresight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
               draft_max: int = 32) -> float:
     """Drafting with foresight: every step drafts, from the suffix chain's candidate
@@ -168,14 +177,8 @@ def foresight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
     pos, cost = 1, 0.0
     while pos < len(text):
         k_max = min(draft_max, len(text) - pos - 1, curve.max_k)
-        toks = index.tokens
-        hold = 0
-        for _, end in index.matches():
-            period = len(toks) - end
-            a = 0
-            while a < k_max and toks[end + a % period] == text[pos + a]:
-                a += 1
-            hold = max(hold, a)
+        hold = max((_hold(index.tokens, end, text, pos, k_max)
+                    for _, end in index.matches()), default=0)
         k = max(range(hold + 1), key=lambda j: ((j + 1) / curve.cost(j), -j))
         cost += curve.cost(k)
         index.extend(text[pos:pos + k + 1])
@@ -199,16 +202,10 @@ def hindsight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
     classes: list[int] = [0]
     holds: list[int] = [0]
     for pos in range(1, len(text)):
-        toks = index.tokens
         n, end = next(index.matches(), (0, 0))
-        hold = 0
-        if n > 0:
-            period = len(toks) - end
-            while (hold < draft_max and pos + hold < len(text)
-                   and toks[end + hold % period] == text[pos + hold]):
-                hold += 1
+        limit = min(draft_max, len(text) - pos - 1)
         classes.append(length_class(n) + 1 if n > 0 else 0)  # 0: no match, never drafts
-        holds.append(hold)
+        holds.append(_hold(index.tokens, end, text, pos, limit) if n > 0 else 0)
         index.extend([text[pos]])
     top = min(draft_max, curve.max_k)
 

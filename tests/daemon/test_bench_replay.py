@@ -41,8 +41,9 @@ def test_hindsight_drafts_a_copy_as_far_as_foresight_and_nothing_that_never_hold
 ) -> None:
     """A text that copies the prompt from its first token: every match holds to the end,
     so the best length per match-length class is the longest window that pays, as with
-    foresight. A text whose every match is followed by something new: no length pays,
-    so hindsight drafts nothing and costs what plain decoding costs."""
+    foresight. Where only part of each match holds, drafting that part pays. A text
+    whose every match is followed by something new: no length pays, so hindsight drafts
+    nothing and costs what plain decoding costs."""
     prompt = list(range(1000, 1200))
     copy = prompt[20:140]
     assert hindsight(prompt, copy, CHEAP) == pytest.approx(foresight(prompt, copy, CHEAP))

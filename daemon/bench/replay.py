@@ -219,9 +219,10 @@ def hindsight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
 
     table = [0] * (len(CLASS_STARTS) + 1)
     best = speedup(table)
+    seen = sorted(set(classes) - {0})  # the classes the text has matches in
     for _ in range(sweeps):
         improved = False
-        for c in sorted(set(classes) - {0}):
+        for c in seen:
             keep = table[c]
             for k in range(top + 1):
                 table[c] = k

@@ -1,5 +1,5 @@
-"""The ``meshd`` command line: serve, demo, generate, bench, bench-threads, config,
-make-test-model.
+"""The ``meshd`` command line: serve, demo, generate, bench, bench-e2e, bench-threads,
+config, make-test-model.
 
 Exit codes: 0 success, 2 bad usage or request, 3 model/runtime error (``serve`` and
 ``demo`` document theirs).
@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from meshd.clients.terminal import Progress, stats_line
+from meshd.native.cpus import apply_thread_wait
 from meshd.native.errors import NativeError
 
 from . import options as opt
@@ -84,6 +85,15 @@ def _add_bench_rpc(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="a model split over 1, 2, 3 loopback workers: tokens/s and round trips per "
              "verify window, with and without speculation",
         parents=[opt.model_options(ctx=2048)]))
+
+
+def _add_bench_e2e(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .bench.e2e import add_arguments
+
+    add_arguments(opt.subparser(
+        sub, "bench-e2e",
+        help="time meshd serve and llama-server as their users run them, from a "
+             "streaming HTTP client: decode rate, TTFT, 1 and N clients, idle CPU"))
 
 
 def _add_bench_threads(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -211,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_parser(sub)
     _add_bench(sub)
     _add_bench_rpc(sub)
+    _add_bench_e2e(sub)
     _add_bench_threads(sub)
     _add_config(sub)
     _add_make_test_model(sub)
@@ -223,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version, a usage error: argparse has printed it
         return exc.code if isinstance(exc.code, int) else 2
+    if getattr(args, "thread_wait", None) is not None:  # serve reads its config first
+        apply_thread_wait(args.thread_wait)
     if args.command == "plugins":
         from . import plugins_cmd
 
@@ -255,6 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_bench(args)
     if args.command == "config":
         return cmd_config(args)
+    if args.command == "bench-e2e":
+        from .bench.e2e import cmd_bench_e2e
+
+        return cmd_bench_e2e(args)
     if args.command == "bench-threads":
         from .bench.threads import cmd_bench_threads
 

@@ -39,6 +39,7 @@ import cattrs
 from attrs import validators as v
 
 from meshd.native.context import CACHE_TYPES_K, DEFAULT_DRAFT_MAX
+from meshd.native.cpus import DEFAULT_THREAD_WAIT, THREAD_WAITS
 from meshd.native.rpc import parse_endpoints
 from meshd.plugins.config import PluginConfig, PluginConfigError, parse_plugin_tables
 
@@ -103,6 +104,11 @@ class ModelSection:
                    validator=_positive)
     threads: int | None = key(None, "CPU threads for llama.cpp (default: the CPUs this "
                               "process may use)", flag="threads", validator=_positive)
+    thread_wait: str = key(DEFAULT_THREAD_WAIT, "how llama.cpp's threads wait between "
+                           "operations: spin (a short while, then sleep: fastest where "
+                           "meshd has its cores) | sleep (at once: for machines shared with "
+                           "other busy processes)", flag="thread_wait",
+                           validator=v.in_(THREAD_WAITS))
     cache_type_k: str = key("auto", "attention K cache type: auto (bf16 where every layer "
                             "runs on this CPU, which keeps speculation's text identical to "
                             "plain decoding's at any length; else f16) | f16 | bf16",

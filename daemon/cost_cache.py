@@ -1,8 +1,9 @@
 """Calibrated cost curves: measured once, cached, and under which key.
 
 A verify-cost curve depends on the model file, the context's draft length, the machine
-(its cores), the layer placement and the thread count; measuring one takes seconds, so
-it is kept per key and reused by later runs."""
+(its cores), the layer placement, the thread count and how the threads wait (sleeping
+threads make a one-row decode relatively dearer than a wide forward); measuring one
+takes seconds, so it is kept per key and reused by later runs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Protocol
 
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.context import ContextConfig, TargetContext
+from meshd.native.cpus import openmp_wait_settings
 from meshd.policy.costs import is_plausible, within_rows
 
 
@@ -27,7 +29,7 @@ def cost_model_key(model_path: Path, config: ContextConfig,
     """What a cost curve depends on besides the thread count."""
     st = model_path.stat()
     key: list[object] = [str(model_path), st.st_size, st.st_mtime_ns, config.draft_max,
-                         os.cpu_count()]
+                         os.cpu_count(), *openmp_wait_settings()]
     if placement:  # layers on remote workers cost what their network and cores cost
         key.append(list(placement))
     return key

@@ -33,6 +33,7 @@ from meshd.clients.options import (
     version_string,
 )
 from meshd.native.context import CACHE_TYPES_K, DEFAULT_DRAFT_MAX
+from meshd.native.cpus import THREAD_WAITS
 
 from .logs import LEVELS
 
@@ -128,12 +129,14 @@ def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True) -> argparse.Arg
                         "training context (a note says so)")
     g.add_argument("-t", "--threads", type=positive, default=None, metavar="N",
                    help="CPU threads for llama.cpp (default: the CPUs this process may "
-                        "use: its affinity mask, capped by its cgroup CPU quota). Between "
-                        "operations the threads sleep (OMP_WAIT_POLICY=passive, unless "
-                        "OMP_WAIT_POLICY or GOMP_SPINCOUNT is set): spinning "
-                        "(OMP_WAIT_POLICY=active) is faster on an idle machine but collapses "
-                        "when other processes want the cores; meshd bench-threads measures "
-                        "both")
+                        "use: its affinity mask, capped by its cgroup CPU quota)")
+    g.add_argument("--thread-wait", choices=THREAD_WAITS, default=None,
+                   help="how llama.cpp's threads wait between operations: spin (the "
+                        "default: spin a short while, then sleep; fastest where meshd has "
+                        "its cores) or sleep (at once: for machines whose cores other busy "
+                        "processes share, where spinning collapses; about 3x slower on a "
+                        "quiet one). OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment "
+                        "win; meshd bench-threads measures both")
     g.add_argument("--cache-type-k", choices=CACHE_TYPES_K, default="auto",
                    help="the attention K cache's type (default auto: bf16 when every layer "
                         "runs on this CPU, so that one-token decodes and verify windows "

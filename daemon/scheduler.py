@@ -7,14 +7,14 @@ each, and nobody starves; waiting requests are admitted first-come first-served 
 slots free up, and the queue is bounded (``Busy`` beyond it).
 
 The scheduler is purely async: it decides when to admit and when to step, hands the work
-to the model's worker thread and delivers what comes back; how a step is taken is the
-engine's, and it never touches a sequence session. Concurrency: the loop is one task owned
-by the server's task group (structured concurrency). Every call that may reach llama.cpp
-(admission: making a proposer, loading a draft model, trimming or evicting cached
-sessions, the prefill; steps; closing) runs in a worker thread through one capacity
-limiter per model, so the event loop never blocks: health checks answer while tokens are
-generated. Results reach each request through its own memory stream, so a slow client
-never holds up the others.
+to the model's compute thread (:mod:`.compute`, which makes every llama.cpp call for the
+model) and delivers what comes back; how a step is taken is the engine's, and it never
+touches a sequence session. Concurrency: the loop is one task owned by the server's task
+group (structured concurrency); the event loop never blocks, so health checks answer
+while tokens are generated. While the set of running requests stays the same, the
+compute thread steps on without coming back: every stream interval it posts the tokens
+so far to the event loop and goes on, so delivery never holds a step. Results reach
+each request through its own memory stream, so a slow client never holds up the others.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from meshd.native.errors import CapacityError, NativeError
 from meshd.policy.decision import FinishReason
 
+from .compute import ComputeThread, loop_poster
 from .engine import Generation, StepOutcome, TokenEvent, step_many
 from .generation_stats import GenerationStats
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
@@ -124,17 +125,19 @@ class Scheduler:
     """Owns one ModelRuntime's sessions; ``run`` is the engine loop."""
 
     def __init__(self, runtime: ModelRuntime, *, max_queue: int = DEFAULT_MAX_QUEUE,
-                 step_budget_s: float = DEFAULT_STREAM_INTERVAL_MS / 1000) -> None:
+                 step_budget_s: float = DEFAULT_STREAM_INTERVAL_MS / 1000,
+                 compute: ComputeThread | None = None) -> None:
         self.runtime = runtime
         self.max_queue = max_queue
-        #: Run steps back to back on the worker thread for up to this long before handing
-        #: events to the event loop. Every hand-off wakes the event loop and the client;
-        #: on a 2-core machine each wake-up preempts one of llama.cpp's busy-waiting
-        #: threads and stalls the forward. Measured on SmolLM2 through the socket: 0.94x
-        #: of in-process throughput with 20 ms batches, 1.02x with 100 ms. The first
-        #: token is never held back; later ones arrive at most this far apart.
+        #: Hand the tokens of steps run back to back to the event loop at most this
+        #: often. Every hand-off wakes the event loop and the client; on a small machine
+        #: each wake-up preempts one of llama.cpp's threads and stalls the forward. The
+        #: first token is never held back; later ones arrive at most this far apart.
         self.step_budget_s = step_budget_s
-        self.limiter = anyio.CapacityLimiter(1)
+        #: The model's compute thread (the one the runtime was loaded on, else a new one
+        #: this scheduler owns and ends with its loop).
+        self.compute = compute if compute is not None else ComputeThread()
+        self._owns_compute = compute is None
         self._waiting: collections.deque[GenerationHandle] = collections.deque()
         self._active: list[GenerationHandle] = []
         self._wakeup = anyio.Event()
@@ -161,8 +164,8 @@ class Scheduler:
                                       queued=len(self._waiting), runtime=self._figures)
 
     def _runtime_figures(self) -> RuntimeFigures:
-        """Read the runtime's state; only where nothing else changes it (the worker
-        thread, holding the limiter, or before the loop runs)."""
+        """Read the runtime's state; only where nothing else changes it (the compute
+        thread, or before the loop runs)."""
         rt = self.runtime
         return RuntimeFigures(
             idle_slots=rt.idle_slots, cached_sessions=len(rt.prefix_cache),
@@ -183,8 +186,10 @@ class Scheduler:
         self._wakeup.set()
         return handle
 
-    async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a blocking llama.cpp call on a worker thread, one at a time per model."""
+    async def run_sync(self, fn: Callable[..., Any], *args: Any,
+                       interrupt: Callable[[], None] | None = None) -> Any:
+        """Run a blocking llama.cpp call on the model's compute thread (``interrupt``:
+        see :meth:`ComputeThread.run`)."""
         def timed() -> Any:
             self._native_since = time.monotonic()
             try:
@@ -193,14 +198,15 @@ class Scheduler:
                 self._native_since = None
                 self._figures = self._runtime_figures()
 
-        return await anyio.to_thread.run_sync(timed, limiter=self.limiter)
+        return await self.compute.run(timed, interrupt=interrupt)
 
     def native_busy_s(self) -> float:
-        """How long the llama.cpp call running now has been running (0 when none).
+        """How long the llama.cpp call running now has been running without a sign of
+        progress (0 when none).
 
-        The watchdog's measure of a wedged engine: one call is bounded by the step
-        budget plus one forward, or by one admission (a prefill, perhaps a draft
-        model's load), so a call that runs far longer is stuck.
+        The watchdog's measure of a wedged engine: a run of steps reports progress at
+        every step, and one admission (a prefill, perhaps a draft model's load) is
+        bounded, so a call that goes far longer without progress is stuck.
         """
         since = self._native_since
         return time.monotonic() - since if since is not None else 0.0
@@ -231,6 +237,8 @@ class Scheduler:
                                                 gen.stats if gen is not None else None))
                 self._active.clear()
                 self._waiting.clear()
+                if self._owns_compute:
+                    self.compute.close()
 
     def _holding_for_snapshots(self) -> bool:
         """Whether admissions wait for the running requests to end, so that the runtime
@@ -282,12 +290,24 @@ class Scheduler:
         active = list(self._active)
         gens = [h.generation for h in active if h.generation is not None]
         assert len(gens) == len(active)
+        post = loop_poster()
+
+        def progress(part: _Ran) -> None:
+            # On the compute thread, between steps: a sign of life for the watchdog,
+            # and the tokens so far, handed to the event loop without waiting for it.
+            self._native_since = time.monotonic()
+            post(self._progress, active, part)
+
+        interrupted = False
+
+        def interrupt() -> None:  # the loop is cancelled: come back after this step
+            nonlocal interrupted
+            interrupted = True
+
         ran = await self.run_sync(_run_steps, gens, self.step_budget_s,
-                                  lambda: bool(self._waiting))
-        self._counters.steps += ran.steps
-        self._counters.forwards += ran.steps
-        for seconds in ran.forward_seconds:
-            self._counters.verify_seconds.observe(seconds)
+                                  lambda: interrupted or bool(self._waiting), progress,
+                                  interrupt=interrupt)
+        self._count_steps(ran)
         for handle, result in zip(active, ran.outcomes, strict=True):
             if isinstance(result, Exception):
                 gen = handle.generation
@@ -299,6 +319,19 @@ class Scheduler:
             self._deliver(handle, result)
             if await self._maybe_done(handle):
                 self._active.remove(handle)
+
+    def _count_steps(self, ran: _Ran) -> None:
+        self._counters.steps += ran.steps
+        self._counters.forwards += ran.steps
+        for seconds in ran.forward_seconds:
+            self._counters.verify_seconds.observe(seconds)
+
+    def _progress(self, handles: Sequence[GenerationHandle], part: _Ran) -> None:
+        """Steps still running on the compute thread: count them, deliver their tokens."""
+        self._count_steps(part)
+        for handle, events in zip(handles, part.outcomes, strict=True):
+            assert isinstance(events, list)
+            self._deliver(handle, events)
 
     def _deliver(self, handle: GenerationHandle, events: Sequence[TokenEvent]) -> None:
         self._time_tokens(handle, sum(len(ev.tokens) for ev in events))
@@ -383,36 +416,46 @@ def _admit(runtime: ModelRuntime, request: GenerationRequest) -> Admitted | Fail
     return gen, gen.proposer_name, events
 
 
-@attrs.frozen
+@attrs.define
 class _Ran:
-    """What :func:`_run_steps` did: each generation's events (or failure), the number
-    of steps, and the wall time of each verify forward."""
+    """What :func:`_run_steps` did: each generation's events not yet handed on (or its
+    failure), the number of steps, and the wall time of each verify forward."""
 
     outcomes: list[StepOutcome]
     steps: int
     forward_seconds: list[float]
 
 
-def _run_steps(live: Sequence[Generation], budget_s: float,
-               should_yield: Callable[[], bool]) -> _Ran:
-    """Engine steps back to back until one request ends or fails, the budget is spent,
-    or new requests wait for admission. Runs on the worker thread."""
-    t_end = time.perf_counter() + budget_s
-    total: list[StepOutcome] = [[] for _ in live]
-    forward_seconds: list[float] = []
-    steps = 0
+#: ``progress(part)``: the steps since the last call, their events included, handed on
+#: between steps (called on the compute thread; must not wait for anything).
+Progress = Callable[[_Ran], None]
+
+
+def _run_steps(live: Sequence[Generation], interval_s: float,
+               should_yield: Callable[[], bool], progress: Progress) -> _Ran:
+    """Engine steps back to back until one request ends or fails, or new requests wait
+    for admission (what is left is returned); every ``interval_s`` the steps so far go
+    to ``progress``. Runs on the compute thread."""
+    def fresh() -> _Ran:
+        return _Ran([[] for _ in live], 0, [])
+
+    t_next = time.perf_counter() + interval_s
+    ran = fresh()
     while True:
-        results = step_many(live, on_forward=forward_seconds.append)
-        steps += 1
+        results = step_many(live, on_forward=ran.forward_seconds.append)
+        ran.steps += 1
         failed = False
         for i, result in enumerate(results):
-            acc = total[i]
+            acc = ran.outcomes[i]
             if isinstance(result, Exception):
-                total[i] = result
+                ran.outcomes[i] = result
                 failed = True
             elif isinstance(acc, list):
                 acc.extend(result)
-        if failed or any(g.done for g in live):
-            return _Ran(total, steps, forward_seconds)
-        if time.perf_counter() >= t_end or should_yield():
-            return _Ran(total, steps, forward_seconds)
+        if failed or any(g.done for g in live) or should_yield():
+            return ran
+        now = time.perf_counter()
+        if now >= t_next:
+            progress(ran)
+            ran = fresh()
+            t_next = now + interval_s

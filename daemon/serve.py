@@ -29,12 +29,14 @@ import anyio.abc
 
 from meshd.clients.argtypes import non_negative, positive, positive_seconds
 from meshd.clients.terminal import Progress
+from meshd.native.cpus import apply_thread_wait
 from meshd.native.errors import NativeError
 
 from . import config as cfg
 from . import options as opt
 from .activation import ActivationError, InheritedSocket, listen_fds
 from .checks import check_model_args
+from .compute import ComputeThread
 from .http.tcp import check_http_address, open_http_listener
 from .listener import ListenerError, default_socket_path, open_listener, preflight
 from .logs import FORMATS, configure_logging, get_logger
@@ -137,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         get_logger("meshd.serve").error("bad_config", error=str(exc))
         return 2
     c = loaded.config
+    apply_thread_wait(c.model.thread_wait)  # may run this command again (see there)
     configure_logging(c.log.level, format=c.log.format)
     log = get_logger("meshd.serve")
     if loaded.path:
@@ -201,14 +204,18 @@ def run(args: argparse.Namespace) -> int:
         # Routine adaptation is information; everything else asks for attention.
         (log.info if event in ROUTINE_NOTES else log.warning)(event, message=message)
 
+    # Every llama.cpp call for the model, from its load to its close, runs on this one
+    # thread, so exactly one OpenMP team exists (see meshd.daemon.compute).
+    compute = ComputeThread("meshd-compute")
     try:
         with pinging_while_starting(notifier):
-            runtime = ModelRuntime(config, notes=note,
-                                   progress=notifying_progress(notifier, Progress))
+            runtime = compute.call(lambda: ModelRuntime(
+                config, notes=note, progress=notifying_progress(notifier, Progress)))
     except (NativeError, RequestError, OSError, ValueError) as exc:
+        compute.close()
         log.error("model_load_failed", error=str(exc))
         return 3
-    with runtime:
+    try:
         log.info("model_loaded", path=runtime.model.info.path,
                  seconds=round(time.monotonic() - t0, 2),
                  cache_type_k=runtime.context.config.cache_type_k,
@@ -218,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             log.error("bad_usage", error=f"proposer: {problem}")
             return 2
-        server = Server(runtime, server_config)
+        server = Server(runtime, server_config, compute=compute)
         supervisor = Supervisor(server, notifier, reload=_reloader(loaded))
         server.ready_hooks = (supervisor.on_ready,)
         options: dict[str, Any] = {}
@@ -238,6 +245,9 @@ def run(args: argparse.Namespace) -> int:
         finally:
             notifier.stopping("stopped")
             notifier.close()
+    finally:
+        compute.call(runtime.close)
+        compute.close()
     return 130 if supervisor.forced else 0
 
 

@@ -26,6 +26,7 @@ import anyio.abc
 
 from meshd.protocol import ServerBusy, encode, error_message
 
+from .compute import ComputeThread
 from .connection import Connection
 from .http.connection import HttpConnection
 from .http.sniff import Kind, sniff
@@ -46,11 +47,14 @@ class Server:
     """Serves one ModelRuntime over the protocol; run it with :meth:`serve`."""
 
     def __init__(self, runtime: ModelRuntime, config: ServerConfig | None = None, *,
-                 ready_hooks: tuple[ReadyHook, ...] = ()) -> None:
+                 ready_hooks: tuple[ReadyHook, ...] = (),
+                 compute: ComputeThread | None = None) -> None:
+        """``compute``: the thread the runtime was loaded on, which then makes every
+        llama.cpp call (else the scheduler starts one of its own)."""
         self.runtime = runtime
         self.config = config = config if config is not None else ServerConfig()
         self.scheduler = Scheduler(runtime, max_queue=config.max_queue,
-                                   step_budget_s=config.stream_interval_s)
+                                   step_budget_s=config.stream_interval_s, compute=compute)
         self.service = Service(runtime, self.scheduler, config)
         self.ready_hooks = ready_hooks
         self.log = get_logger("meshd.server")

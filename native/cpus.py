@@ -1,11 +1,14 @@
-"""How many CPUs this process may really use, and how llama.cpp's threads should wait.
+"""How many CPUs this process may really use, and how llama.cpp's threads wait.
 
-Why: llama.cpp's CPU threads meet at a barrier after every operation (OpenMP). Spinning
-there is fastest on an idle machine, but when another process competes for the cores a
-descheduled thread leaves the others spinning through whole time slices, and a decode
-collapses (the README's section on threads gives a measurement). meshd is a long-running
-daemon on machines it shares, so it defaults to threads that sleep at the barrier
-(``OMP_WAIT_POLICY=passive``) and to as many threads as the CPUs it may actually use: its
+Why: llama.cpp's CPU threads meet at a barrier after every operation (OpenMP). On a
+machine whose cores the daemon owns, threads that spin a short while at the barrier
+before they sleep (libgomp's own default, the one llama-server runs with) decode
+fastest, and an idle process still sleeps. When other busy processes compete for the
+cores, a descheduled thread leaves the others spinning through whole time slices and a
+decode collapses; threads that sleep at once (``OMP_WAIT_POLICY=passive``) then hold up
+better, at a large cost on a quiet machine (the README's section on threads gives the
+measurements). So ``spin`` is the default and ``sleep`` is a setting for shared
+machines. The thread count defaults to the CPUs the process may actually use: its
 affinity mask (``taskset``, systemd's ``CPUAffinity=``, a cpuset) capped by its cgroup's
 CPU quota (``CPUQuota=``, container limits). ``meshd bench-threads`` measures the
 trade-off on a given machine.
@@ -17,19 +20,49 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Final
 
-__all__ = ["DEFAULT_WAIT_POLICY", "apply_wait_policy_default", "usable_cpus"]
+__all__ = ["DEFAULT_THREAD_WAIT", "THREAD_WAITS", "apply_thread_wait", "openmp_wait_settings",
+           "usable_cpus"]
 
-DEFAULT_WAIT_POLICY: Final = "passive"
+#: ``spin``: libgomp's default (spin a short while, then sleep); ``sleep``: sleep at once.
+THREAD_WAITS: Final = ("spin", "sleep")
+DEFAULT_THREAD_WAIT: Final = "spin"
 
 
-def apply_wait_policy_default() -> None:
-    """Set ``OMP_WAIT_POLICY=passive`` unless the user chose a policy. Must run before
-    llama.cpp's library is loaded: the OpenMP runtime reads it once, when it loads."""
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = DEFAULT_WAIT_POLICY
+def apply_thread_wait(mode: str) -> None:
+    """Make llama.cpp's threads wait as ``mode`` says, unless the environment already
+    chose (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``).
+
+    The OpenMP runtime reads its settings once, when llama.cpp's library loads, and
+    meshd's modules load it on import: so ``sleep`` sets ``OMP_WAIT_POLICY=passive`` and,
+    where the runtime is already loaded, runs this same command again in place
+    (``exec``: same process id, same open sockets) with it set."""
+    if mode not in THREAD_WAITS:
+        raise ValueError(f"thread wait {mode!r}: expected one of {', '.join(THREAD_WAITS)}")
+    if mode == "spin" or "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return  # the OpenMP runtime's own default, or the user's explicit choice
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+    if _openmp_loaded():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
+def openmp_wait_settings() -> tuple[str | None, str | None]:
+    """The environment's ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` (None: unset), which
+    decide how this process's llama.cpp threads wait."""
+    return os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")
+
+
+def _openmp_loaded() -> bool:
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "llama_cpp" in sys.modules
+    return "libgomp" in maps or "libomp" in maps
 
 
 def usable_cpus() -> int:

@@ -120,10 +120,12 @@ def plan_for(placement: Placement, path: Path, n_gpu_layers: int) -> LayerPlan:
     return placement.plan(n_blocks, n_nextn, n_gpu_layers)
 
 
-def block_counts(path: Path) -> tuple[int, int]:
+def block_counts(path: Path, reader: Any = None) -> tuple[int, int]:
     """``(block_count, nextn_predict_layers)`` of a GGUF file (what llama.cpp calls
-    ``n_layer_all`` and ``n_layer_nextn``)."""
-    reader = gguf.GGUFReader(str(path), "r")
+    ``n_layer_all`` and ``n_layer_nextn``); ``reader``: the file's ``gguf.GGUFReader``
+    when the caller has one (parsing the metadata takes seconds on a large vocabulary)."""
+    if reader is None:
+        reader = gguf.GGUFReader(str(path), "r")
     arch_field = reader.fields.get("general.architecture")
     if arch_field is None:
         raise ValueError(f"{path} has no general.architecture")

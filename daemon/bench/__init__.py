@@ -6,6 +6,10 @@ arms), :mod:`.summary` (one arm's medians, ratios and counters), :mod:`.targets`
 (PASS/MISS lines), :mod:`.format` (the printed table), :mod:`.plot` (``--plot``),
 :mod:`.workloads` (the shipped prompts in ``workloads/`` and users' files),
 :mod:`.identity` (``meshd bench --identity``), :mod:`.llama_server` (llama.cpp's server
-as extra arms), :mod:`.rpc` (``meshd bench-rpc``), :mod:`.threads` (``meshd
-bench-threads``) and :mod:`.socket_cost` (what the Unix socket costs).
+as extra arms), :mod:`.processes` (the benchmarks' child servers: clean environment,
+readiness, CPU time, stopping), :mod:`.e2e` (``meshd bench-e2e``) with
+:mod:`.e2e_arms` (its arms and requests), :mod:`.stream_client` (a streaming OpenAI
+client's timings) and :mod:`.e2e_report` (its table), :mod:`.rpc` (``meshd
+bench-rpc``), :mod:`.threads` (``meshd bench-threads``) and :mod:`.socket_cost` (what
+the Unix socket costs).
 """

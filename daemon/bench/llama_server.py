@@ -17,22 +17,14 @@ measures); the HTTP round trip counts as host time. CPU use is read from the ser
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import http.client
-import json
 import os
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
 
 from .arms import ArmRunner, ArmSpec, ArmUnavailable, BenchModel, RunResult
+from .processes import START_TIMEOUT_S, ServerProcess, clean_env, free_port, proc_cpu_s
 from .workloads import BenchError
 
 #: llama-server's n-gram speculation types (``--spec-type``), each one arm.
@@ -48,57 +40,32 @@ STATEFUL_MODES = frozenset({"ngram-mod", "ngram-cache"})
 #: Prefix of every llama-server arm's name.
 ARM_PREFIX = "llama-server"
 
-#: Seconds a server may take to load the model and answer ``/health``.
-START_TIMEOUT_S = 180.0
-
-#: Seconds one completion may take before the arm gives up on the server.
-REQUEST_TIMEOUT_S = 600.0
-
 
 class LlamaServerError(Exception):
     """The llama-server process failed (did not start, died, or answered an error)."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when the benchmark dies, so an
-    interrupted run (SIGTERM/SIGKILL, no ``finally``) leaves no server behind."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _proc_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` (Linux ``/proc``; ``None`` elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        # After "pid (comm)": state is fields[0], utime fields[11], stime fields[12].
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+def spec_flags(spec_type: str | None) -> list[str]:
+    """The flags of one speculation mode: ``--spec-type TYPE``, and for ``draft-mtp-N``
+    ``--spec-type draft-mtp --spec-draft-n-max N`` (none for plain decoding)."""
+    if spec_type is None:
+        return []
+    if spec_type.startswith("draft-mtp-"):
+        return ["--spec-type", "draft-mtp", "--spec-draft-n-max", spec_type.rpartition("-")[2]]
+    return ["--spec-type", spec_type]
 
 
 def server_command(binary: str, bm: BenchModel, spec_type: str | None, port: int,
                    ) -> list[str]:
     """The command line: every setting the other arms share, and one speculation type."""
-    cmd = [
+    return [
         binary, "--model", str(bm.spec.path), "--host", "127.0.0.1", "--port", str(port),
         "--ctx-size", str(bm.n_ctx), "--batch-size", str(bm.n_batch),
         "--ubatch-size", str(bm.n_batch), "--threads", str(bm.threads),
         "--threads-batch", str(bm.threads), "--parallel", "1",
         "--flash-attn", "on" if bm.llama_flash_attn else "off", "--no-webui",
-        "--cache-type-k", bm.cache_type_k,
+        "--cache-type-k", bm.cache_type_k, *spec_flags(spec_type),
     ]
-    if spec_type is not None and spec_type.startswith("draft-mtp-"):
-        cmd += ["--spec-type", "draft-mtp", "--spec-draft-n-max", spec_type.rpartition("-")[2]]
-    elif spec_type is not None:
-        cmd += ["--spec-type", spec_type]
-    return cmd
 
 
 class LlamaServerRunner:
@@ -118,78 +85,18 @@ class LlamaServerRunner:
         self._start_timeout_s = start_timeout_s
         self._bm = bm
         self._binary = binary
-        # Held open for the process's lifetime (closed in close()), so no with-block.
-        self._log_file: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
-            prefix="meshd-llama-server-")
         self._start()
 
     def _start(self) -> None:
-        self.port = _free_port()
-        try:
-            cmd = server_command(self._binary, self._bm, self.spec_type, self.port)
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                         stdout=self._log_file, stderr=subprocess.STDOUT,
-                                         preexec_fn=_die_with_parent)
-        except OSError as exc:
-            self._log_file.close()
-            raise BenchError(f"cannot run llama-server {self._binary!r}: {exc}") from exc
-        try:
-            self._wait_ready(self._start_timeout_s)
-        except BaseException:
-            self.close()
-            raise
+        port = free_port()
+        self.server = ServerProcess(
+            server_command(self._binary, self._bm, self.spec_type, port), port,
+            name="llama-server", start_timeout_s=self._start_timeout_s,
+            env=clean_env())  # its own defaults, not a setting of this process
 
-    def _stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def _log_tail(self, n: int = 12) -> str:
-        self._log_file.flush()
-        self._log_file.seek(0)
-        lines = self._log_file.read().decode("utf-8", "replace").splitlines()
-        return "\n".join(lines[-n:])
-
-    def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None,
-                 timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            payload = None if body is None else json.dumps(body).encode()
-            headers = {} if body is None else {"Content-Type": "application/json"}
-            conn.request(method, path, body=payload, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
-        finally:
-            conn.close()
-        try:
-            data = json.loads(raw) if raw else None
-        except ValueError:
-            data = raw.decode("utf-8", "replace")
-        return resp.status, data
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                raise ArmUnavailable(
-                    f"llama-server exited with status {code} before it was ready; its "
-                    f"last lines:\n{self._log_tail()}")
-            try:
-                status, _ = self._request("GET", "/health", timeout=2.0)
-                if status == 200:
-                    return
-            except OSError:
-                pass  # not listening yet
-            if time.monotonic() > deadline:
-                raise ArmUnavailable(
-                    f"llama-server did not answer /health within {timeout_s:.0f} s; its "
-                    f"last lines:\n{self._log_tail()}")
-            time.sleep(0.05)
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.server.proc
 
     def run(self, prompt: Sequence[int], max_tokens: int) -> RunResult:
         body = {
@@ -199,18 +106,18 @@ class LlamaServerRunner:
             "seed": 0, "stream": False, "cache_prompt": False, "return_tokens": True,
         }
         if self.fresh_each_run and self._runs:
-            self._stop()
+            self.server.close()
             self._start()
         self._runs += 1
-        cpu0 = _proc_cpu_s(self.proc.pid)
+        cpu0 = proc_cpu_s(self.proc.pid)
         t0 = time.perf_counter()
         try:
-            status, data = self._request("POST", "/completion", body)
+            status, data = self.server.request("POST", "/completion", body)
         except OSError as exc:
             raise LlamaServerError(f"llama-server request failed: {exc}; its last lines:\n"
-                                   f"{self._log_tail()}") from exc
+                                   f"{self.server.log_tail()}") from exc
         wall = time.perf_counter() - t0
-        cpu1 = _proc_cpu_s(self.proc.pid)
+        cpu1 = proc_cpu_s(self.proc.pid)
         if status != 200 or not isinstance(data, dict):
             raise LlamaServerError(f"llama-server answered HTTP {status}: {data!r}")
         tokens = tuple(int(t) for t in data.get("tokens") or ())
@@ -229,9 +136,7 @@ class LlamaServerRunner:
         )
 
     def close(self) -> None:
-        self._stop()
-        with contextlib.suppress(OSError):
-            self._log_file.close()
+        self.server.close()
 
 
 def llama_server_arms(binary: str, modes: Sequence[str] = NGRAM_MODES) -> list[ArmSpec]:

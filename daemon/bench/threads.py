@@ -43,11 +43,11 @@ def _cpus() -> int:
 
 
 ARMS: Final = (
-    Arm("default", {}, None, "meshd's defaults (no OpenMP variables set)"),
+    Arm("default", {}, None,
+        "meshd's defaults, --thread-wait spin (libgomp's own: spin a while, then sleep)"),
     Arm("active", {"OMP_WAIT_POLICY": "active"}, None, "threads spin at every barrier"),
-    Arm("libgomp", {"GOMP_SPINCOUNT": "300000"}, None,
-        "libgomp's own default (spin 300k iterations, then sleep)"),
-    Arm("passive", {"OMP_WAIT_POLICY": "passive"}, None, "threads sleep at every barrier"),
+    Arm("sleep", {"OMP_WAIT_POLICY": "passive"}, None,
+        "--thread-wait sleep: threads sleep at every barrier"),
     Arm("threads-1", {}, 1, "one thread (no barriers)"),
 )
 

@@ -10,7 +10,7 @@ import anyio
 import attrs
 import pytest
 
-from meshd.daemon.engine import Generation
+from meshd.daemon.compute import ComputeThread
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.scheduler import (
     Busy,
@@ -81,17 +81,19 @@ async def test_cancel_and_busy(runtime: ModelRuntime) -> None:
     p = prompts(runtime, 1)[0]
     async with anyio.create_task_group() as tg:
         await tg.start(sched.run)
-        h = sched.submit(GenerationRequest(p, max_tokens=400, proposer="ngram"))
+        # Cancelled as soon as its first tokens arrive: steps are already running (a
+        # tiny model decodes a token in a fraction of a millisecond), and the next one
+        # sees the cancellation.
+        h = sched.submit(GenerationRequest(p, max_tokens=480, proposer="ngram"))
         first: list[int] = []
         async for ev in h.events:
             assert not isinstance(ev, (Finished, Failed))
             first.extend(ev.tokens)
-            if len(first) >= 5:
-                break
+            break
         h.cancel()
         rest, fin = await collect(h)
         assert isinstance(fin, Finished) and fin.finish is FinishReason.CANCELLED
-        assert len(first) + len(rest) < 400
+        assert len(first) + len(rest) < 480
         # A full queue answers Busy at once instead of growing without bound.
         with pytest.raises(Busy):
             for _ in range(10):
@@ -114,31 +116,66 @@ async def test_bad_request_fails_cleanly(runtime: ModelRuntime) -> None:
         tg.cancel_scope.cancel()
 
 
-async def test_admission_runs_on_the_worker_thread(
+async def test_every_llama_call_runs_on_the_one_compute_thread(
     runtime: ModelRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Opening a generation may load a draft model, evict cached sessions and prefill:
-    none of it may run on the event loop, which must keep answering meanwhile. The
-    runtime's own ``generation`` runs; only the thread it runs on is noted."""
+    """Opening a generation may load a draft model, evict cached sessions and prefill;
+    steps run forwards; closing frees the slot. None of it may run on the event loop,
+    which must keep answering meanwhile, and all of it runs on the one thread given to
+    the scheduler (each thread calling into ggml would lead an OpenMP team of its own).
+    The runtime's own methods run; only the thread they run on is noted."""
     loop_thread = threading.get_ident()
     threads: list[int] = []
-    real = runtime.generation
+    context_class = type(runtime.context)  # the runtime may rebuild its context
+    real_generation, real_forward = runtime.generation, context_class.forward
 
-    def noting(*args: Any, **kwargs: Any) -> Generation:
-        threads.append(threading.get_ident())
-        return real(*args, **kwargs)
+    def noting(real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            threads.append(threading.get_ident())
+            return real(*args, **kwargs)
+        return call
 
-    monkeypatch.setattr(runtime, "generation", noting)
-    sched = Scheduler(runtime)
+    monkeypatch.setattr(runtime, "generation", noting(real_generation))
+    monkeypatch.setattr(context_class, "forward", noting(real_forward))
+    compute = ComputeThread()
+    try:
+        sched = Scheduler(runtime, compute=compute)
+        async with anyio.create_task_group() as tg:
+            await tg.start(sched.run)
+            handles = [sched.submit(GenerationRequest(p, max_tokens=6, proposer="ngram"))
+                       for p in prompts(runtime, 3)]
+            for h in handles:
+                toks, fin = await collect(h)
+                assert isinstance(fin, Finished) and len(toks) == 6
+            tg.cancel_scope.cancel()
+        assert len(threads) > 3 and set(threads) == {compute.ident}
+        assert loop_thread not in threads
+    finally:
+        compute.close()
+
+
+async def test_tokens_stream_while_steps_run_on(runtime: ModelRuntime) -> None:
+    """Steps run on without coming back to the event loop, yet the client gets its
+    tokens every stream interval, and the counters move, before the request ends."""
+    sched = Scheduler(runtime, step_budget_s=0.005)
+    deliveries: list[int] = []
+    mid_steps: list[int] = []
     async with anyio.create_task_group() as tg:
         await tg.start(sched.run)
-        handles = [sched.submit(GenerationRequest(p, max_tokens=6, proposer="ngram"))
-                   for p in prompts(runtime, 3)]
-        for h in handles:
-            toks, fin = await collect(h)
-            assert isinstance(fin, Finished) and len(toks) == 6
+        handle = sched.submit(GenerationRequest(prompts(runtime, 1)[0], max_tokens=120,
+                                                proposer="off"))
+        async with handle.events:
+            async for ev in handle.events:
+                if isinstance(ev, (Finished, Failed)):
+                    final = ev
+                    break
+                deliveries.append(len(ev.tokens))
+                if sched.active:
+                    mid_steps.append(sched.statistics().steps)
         tg.cancel_scope.cancel()
-    assert len(threads) == 3 and loop_thread not in threads
+    assert isinstance(final, Finished) and sum(deliveries) == 120
+    assert len(deliveries) >= 3, deliveries
+    assert max(mid_steps) > 0
 
 
 async def test_statistics_are_frozen_snapshots(runtime: ModelRuntime) -> None:

@@ -28,7 +28,7 @@ import attrs
 from meshd.native.batching import forward_groups
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
-from meshd.native.session import SequenceSession, verify_many
+from meshd.native.session import SequenceSession, prefill_many, verify_many
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
 from meshd.policy.costs import CostModel, RepairCost
@@ -163,17 +163,27 @@ class Generation:
 
     # ------------------------------------------------------------------ steps
 
-    def start(self) -> list[TokenEvent]:
-        """Prefill the prompt and commit the first token (a zero-length window)."""
-        if self._started:
-            raise RuntimeError("generation already started")
-        self._started = True
-        reused = self.session.n_past  # a prefix-cache hit already holds these tokens
+    def prompt_suffix(self) -> Sequence[int]:
+        """The prompt tokens a prefill must decode: those past what the session already
+        holds (a prefix-cache hit holds the rest)."""
+        reused = self.session.n_past
         if not 0 <= reused < len(self.prompt):
             raise RuntimeError(f"session holds {reused} tokens of a {len(self.prompt)}-token "
                                "prompt")
-        self.stats.reused_prompt_tokens = reused
-        logits = self.session.prefill(self.prompt[reused:])
+        return self.prompt[reused:]
+
+    def start(self, prefilled: FloatArray | None = None) -> list[TokenEvent]:
+        """Prefill the prompt and commit the first token (a zero-length window).
+        ``prefilled``: the last prompt row's logits, where :func:`start_many` prefilled
+        the prompt together with others'."""
+        if self._started:
+            raise RuntimeError("generation already started")
+        self._started = True
+        if prefilled is None:
+            suffix = self.prompt_suffix()
+            self.stats.reused_prompt_tokens = len(self.prompt) - len(suffix)
+            prefilled = self.session.prefill(suffix)
+        logits = prefilled
         c = self.session.counters
         self._decode_base = (c.decode_ms + c.verify_ms, c.mtp_ms, c.target_forwards)
         window = Window(self.prompt[-1], len(self.prompt) - 1, ())
@@ -449,6 +459,34 @@ def forward_groups_of(planned: Sequence[tuple[SequenceSession, Window]]) -> list
     context = planned[0][0].context
     return forward_groups([(s.seq_id, 1 + len(w.draft)) for s, w in planned],
                           recurrent=context.recurrent, n_batch=context.config.n_batch)
+
+
+def start_many(generations: Sequence[Generation]) -> list[StepOutcome]:
+    """Start several generations, their prompts prefilled together
+    (:func:`~meshd.native.session.prefill_many`); each gets its first events, or its
+    exception in its place. A failed shared prefill fails every one of them."""
+    out: list[StepOutcome] = [[] for _ in generations]
+    ready: list[tuple[int, Generation, Sequence[int]]] = []
+    for i, gen in enumerate(generations):
+        try:
+            suffix = gen.prompt_suffix()
+        except Exception as exc:
+            out[i] = exc
+            continue
+        gen.stats.reused_prompt_tokens = len(gen.prompt) - len(suffix)
+        ready.append((i, gen, suffix))
+    try:
+        logits = prefill_many([(gen.session, suffix) for _, gen, suffix in ready])
+    except Exception as exc:
+        for i, _, _ in ready:
+            out[i] = exc
+        return out
+    for (i, gen, _), row in zip(ready, logits, strict=True):
+        try:
+            out[i] = gen.start(row)
+        except Exception as exc:
+            out[i] = exc
+    return out
 
 
 def step_many(generations: Sequence[Generation], *,

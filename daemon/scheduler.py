@@ -23,7 +23,7 @@ import collections
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -35,7 +35,7 @@ from meshd.native.errors import CapacityError, NativeError
 from meshd.policy.decision import FinishReason
 
 from .compute import ComputeThread, loop_poster
-from .engine import Generation, StepOutcome, TokenEvent, step_many
+from .engine import Generation, StepOutcome, TokenEvent, start_many, step_many
 from .generation_stats import GenerationStats
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
 from .runtime import ModelRuntime, RequestError
@@ -50,6 +50,11 @@ from .statistics import (
 #: The longest admissions wait for running requests to end so that a hybrid model's
 #: context can get its rollback snapshots back (a few seconds of one request's decoding).
 SNAPSHOT_WAIT_S = 5.0
+
+#: The longest an admission waits for requests still being prepared (rendered and
+#: tokenized: a burst of requests reaches the queue a few milliseconds apart), so that
+#: they are prefilled together and get their first tokens together.
+GATHER_S = 0.02
 
 
 class Busy(Exception):
@@ -147,6 +152,8 @@ class Scheduler:
         self._native_since: float | None = None
         #: Since when admissions wait for a context rebuild (see _holding_for_snapshots).
         self._hold_since: float | None = None
+        #: Requests being prepared for :meth:`submit` (see :meth:`preparing`).
+        self._preparing = 0
 
     # ------------------------------------------------------------------ API
 
@@ -185,6 +192,28 @@ class Scheduler:
         self._counters.requests += 1
         self._wakeup.set()
         return handle
+
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[None]:
+        """Around a request's preparation (rendering, tokenizing) before :meth:`submit`:
+        an admission waits a moment (:data:`GATHER_S`) for it, so that requests sent
+        together are prefilled together."""
+        self._preparing += 1
+        try:
+            yield
+        finally:
+            self._preparing -= 1
+            self._wakeup.set()
+
+    async def _gather(self) -> None:
+        """Wait, at most :data:`GATHER_S`, for requests still being prepared while
+        there are slots for them."""
+        deadline = time.monotonic() + GATHER_S
+        while (self._preparing and len(self._waiting) < self.runtime.idle_slots
+               and (left := deadline - time.monotonic()) > 0):
+            self._wakeup = anyio.Event()
+            with anyio.move_on_after(left):
+                await self._wakeup.wait()
 
     async def run_sync(self, fn: Callable[..., Any], *args: Any,
                        interrupt: Callable[[], None] | None = None) -> Any:
@@ -259,32 +288,47 @@ class Scheduler:
         return now - self._hold_since < SNAPSHOT_WAIT_S
 
     async def _admit(self) -> None:
+        """Admit every waiting request a slot is free for, in one call: their prompts
+        are prefilled together (:func:`~meshd.daemon.engine.start_many`), so requests
+        that arrive together get their first tokens together."""
         while self._waiting and self.runtime.idle_slots > 0:
             if self._holding_for_snapshots():
                 return
-            handle = self._waiting.popleft()
-            if handle.cancelled:
-                self._finish(handle, Finished(FinishReason.CANCELLED, GenerationStats(), None))
+            await self._gather()
+            batch: list[GenerationHandle] = []
+            while self._waiting and len(batch) < self.runtime.idle_slots:
+                handle = self._waiting.popleft()
+                if handle.cancelled:
+                    self._finish(handle, Finished(FinishReason.CANCELLED, GenerationStats(),
+                                                  None))
+                    continue
+                batch.append(handle)
+            if not batch:
                 continue
             try:
-                admitted = await self.run_sync(_admit, self.runtime, handle.request)
+                results = await self.run_sync(_admit, self.runtime,
+                                              [h.request for h in batch])
             except BaseException:
-                self._waiting.appendleft(handle)  # still owed its last event (see run)
+                self._waiting.extendleft(reversed(batch))  # still owed their last event
                 raise
-            # No await from here until the generation is owned by ``_active``: a
+            # No await from here until the generations are owned by ``_active``: a
             # cancelled loop closes what it owns (see ``run``).
-            if isinstance(admitted, Failed):
-                self._finish(handle, admitted)
-                continue
-            gen, handle.proposer, events = admitted
-            handle.generation = gen
-            self._active.append(handle)
-            self._counters.forwards += 1
-            self._deliver(handle, events)
-            if handle.cancelled:
-                gen.cancel()
-            if await self._maybe_done(handle):
-                self._active.remove(handle)
+            admitted: list[GenerationHandle] = []
+            for handle, result in zip(batch, results, strict=True):
+                if isinstance(result, Failed):
+                    self._finish(handle, result)
+                    continue
+                gen, handle.proposer, events = result
+                handle.generation = gen
+                self._active.append(handle)
+                self._counters.forwards += 1
+                self._deliver(handle, events)
+                if handle.cancelled:
+                    gen.cancel()
+                admitted.append(handle)
+            for handle in admitted:
+                if await self._maybe_done(handle):
+                    self._active.remove(handle)
 
     async def _step(self) -> None:
         active = list(self._active)
@@ -392,28 +436,47 @@ class Scheduler:
 Admitted = tuple[Generation, str | None, list[TokenEvent]]
 
 
-def _admit(runtime: ModelRuntime, request: GenerationRequest) -> Admitted | Failed:
-    """Open a generation for ``request`` and start it (prefill, first token): the
-    generation, the proposer it was given and its first events, or why it failed.
-    Runs on the worker thread: the runtime may load a draft model, trim or evict cached
-    sessions, and the prefill is a forward."""
+def _admit(runtime: ModelRuntime, requests: Sequence[GenerationRequest],
+           ) -> list[Admitted | Failed]:
+    """Open a generation for each request and start them (their prompts prefilled
+    together, first tokens): each one's generation, the proposer it was given and its
+    first events, or why it failed. Runs on the compute thread: the runtime may load a
+    draft model, trim or evict cached sessions, and the prefill is a forward."""
+    results: list[Admitted | Failed] = []
+    opened: list[Generation] = []
     try:
-        gen = runtime.generation(
-            request.prompt, max_tokens=request.max_tokens, sampling=request.sampling,
-            stop=request.stop, proposer=request.proposer, draft_max=request.draft_max,
-            proposer_options=request.proposer_options,
-        )
-    except (RequestError, CapacityError, ValueError) as exc:
-        return Failed("request", str(exc))
-    try:
-        events = gen.start()
-    except NativeError as exc:
-        gen.close()
-        return Failed("model", str(exc), gen.stats)
+        for request in requests:
+            try:
+                gen = runtime.generation(
+                    request.prompt, max_tokens=request.max_tokens, sampling=request.sampling,
+                    stop=request.stop, proposer=request.proposer,
+                    draft_max=request.draft_max, proposer_options=request.proposer_options,
+                )
+            except (RequestError, CapacityError, ValueError) as exc:
+                results.append(Failed("request", str(exc)))
+                continue
+            opened.append(gen)
+            results.append((gen, gen.proposer_name, []))
+        started = iter(start_many(opened))
     except BaseException:
-        gen.close()
+        for gen in opened:
+            gen.close()
         raise
-    return gen, gen.proposer_name, events
+    for i, result in enumerate(results):
+        if isinstance(result, Failed):
+            continue
+        gen = result[0]
+        outcome = next(started)
+        if isinstance(outcome, NativeError):
+            gen.close()
+            results[i] = Failed("model", str(outcome), gen.stats)
+        elif isinstance(outcome, Exception):  # a bug: every generation is closed
+            for g in opened:
+                g.close()
+            raise outcome
+        else:
+            results[i] = (gen, gen.proposer_name, outcome)
+    return results
 
 
 @attrs.define

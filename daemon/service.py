@@ -340,7 +340,8 @@ class Service:
         except ValueError as exc:
             raise BadRequest(f"generate.sampling: {exc}", request_id=rid) from exc
         try:
-            prompt = await anyio.to_thread.run_sync(self._prompt_tokens, request)
+            with self.scheduler.preparing():  # admissions wait a moment for it
+                prompt = await anyio.to_thread.run_sync(self._prompt_tokens, request)
         except (RequestError, ValueError) as exc:
             field = "generate.messages" if request.messages is not None else "generate.prompt"
             raise BadRequest(f"{field}: {exc}", request_id=rid) from exc

@@ -460,3 +460,62 @@ def verify_many(items: Sequence[tuple[SequenceSession, Sequence[int]]]) -> list[
             start += len(tokens)
             session.window_done(len(tokens), dt)
     return out
+
+
+def prefill_many(items: Sequence[tuple[SequenceSession, Sequence[int]]]) -> list[FloatArray]:
+    """Prefill several sessions' prompts together, ``n_batch`` rows a forward; returns
+    each one's last-row logits, in the order given.
+
+    Why: requests admitted together then get their first tokens together and decode
+    side by side from there (llama-server batches prompts the same way), and one forward
+    over several short prompts reads the weights once. Only on attention-only contexts,
+    where every row's result is its own whatever shares its forward (with the default K
+    cache, see :mod:`.primitives`); a recurrent state's micro-batches may move another
+    sequence's state, so there each session prefills on its own.
+    """
+    if not items:
+        return []
+    for session, tokens in items:  # nothing runs unless every prompt can
+        session._check()
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        session._ensure_room(len(tokens))
+    ctx = items[0][0].context
+    if len(items) == 1 or ctx.recurrent or any(s.context is not ctx for s, _ in items):
+        return [session.prefill(tokens) for session, tokens in items]
+    if len({s.seq_id for s, _ in items}) != len(items):
+        raise ValueError("a session may appear once in a prefill")
+    planned: list[tuple[int, Row]] = []
+    for k, (session, tokens) in enumerate(items):
+        outputs = [False] * (len(tokens) - 1) + [True]
+        planned += [(k, row) for row in session._rows(tokens, outputs)]
+    out: list[FloatArray | None] = [None] * len(items)
+    t0 = time.perf_counter()
+    chunk = ctx.config.n_batch
+    with ctx.lock:
+        for start in range(0, len(planned), chunk):
+            part = planned[start:start + chunk]
+            try:
+                logits, _ = ctx.forward([row for _, row in part])
+            except RuntimeStateError as exc:
+                for session, _ in items:  # partly prefilled, or behind a failed forward
+                    session._fail(str(exc))
+                raise
+            rows_of: dict[int, int] = {}
+            j = 0
+            for k, row in part:
+                rows_of[k] = rows_of.get(k, 0) + 1
+                if row.output:
+                    out[k] = logits[j]
+                    j += 1
+            for k, n in rows_of.items():
+                session = items[k][0]
+                session._note_forward(n)
+                session.counters.prefill_forwards += 1
+    total = len(planned)
+    elapsed_ms = (time.perf_counter() - t0) * 1e3
+    for session, tokens in items:  # the shared time, by each one's share of the rows
+        session.counters.prefill_tokens += len(tokens)
+        session.counters.prefill_ms += elapsed_ms * len(tokens) / total
+    assert all(row is not None for row in out)
+    return [row for row in out if row is not None]

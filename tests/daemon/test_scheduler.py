@@ -200,3 +200,38 @@ async def test_statistics_are_frozen_snapshots(runtime: ModelRuntime) -> None:
     assert after.runtime.idle_slots == 4 and after.runtime.checkpoint_bytes == 0
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         after.tokens = 0  # type: ignore[misc]
+
+
+async def test_requests_that_arrive_together_are_prefilled_together(
+    runtime: ModelRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their first tokens come from one shared forward on an attention-only model (a
+    recurrent one prefills each prompt on its own), and each text is still the one it
+    gets alone."""
+    reqs = [GenerationRequest(p, max_tokens=5, proposer="off") for p in prompts(runtime, 3)]
+    sched = Scheduler(runtime)
+    async with anyio.create_task_group() as tg:
+        await tg.start(sched.run)
+        alone = [(await collect(sched.submit(r)))[0] for r in reqs]
+        context_class = type(runtime.context)
+        forwards: list[int] = []
+        real = context_class.forward
+
+        def counting(self: Any, rows: Any) -> Any:
+            forwards.append(len(rows))
+            return real(self, rows)
+
+        monkeypatch.setattr(context_class, "forward", counting)
+        handles = [sched.submit(r) for r in reqs]  # before the loop looks again
+        results = [await collect(h) for h in handles]
+        tg.cancel_scope.cancel()
+    assert [tokens for tokens, _ in results] == alone
+    # What each prefilled: its prompt past what the prefix cache held for it.
+    suffixes = []
+    for r, (_, fin) in zip(reqs, results, strict=True):
+        assert isinstance(fin, Finished)
+        suffixes.append(len(r.prompt) - fin.stats.reused_prompt_tokens)
+    if runtime.context.recurrent:
+        assert forwards[:3] == suffixes
+    else:
+        assert forwards[0] == sum(suffixes)

@@ -74,6 +74,10 @@ class DaemonCollector(Collector):
         yield _histogram("meshd_verify_seconds",
                          "One batched target forward verifying every active window.",
                          st.verify_seconds)
+        yield _histogram("meshd_step_host_seconds",
+                         "One decode step's time on the compute thread outside its "
+                         "forwards (the host gap between forwards).",
+                         st.step_host_seconds)
         yield _histogram("meshd_time_to_first_token_seconds",
                          "From a request's submission to its first token.",
                          st.time_to_first_token_seconds)

@@ -369,6 +369,8 @@ class Scheduler:
         self._counters.forwards += ran.steps
         for seconds in ran.forward_seconds:
             self._counters.verify_seconds.observe(seconds)
+        for seconds in ran.host_seconds:
+            self._counters.step_host_seconds.observe(seconds)
 
     def _progress(self, handles: Sequence[GenerationHandle], part: _Ran) -> None:
         """Steps still running on the compute thread: count them, deliver their tokens."""
@@ -487,6 +489,8 @@ class _Ran:
     outcomes: list[StepOutcome]
     steps: int
     forward_seconds: list[float]
+    #: Each step's wall time outside its forwards.
+    host_seconds: list[float] = attrs.field(factory=list)
 
 
 #: ``progress(part)``: the steps since the last call, their events included, handed on
@@ -505,7 +509,10 @@ def _run_steps(live: Sequence[Generation], interval_s: float,
     t_next = time.perf_counter() + interval_s
     ran = fresh()
     while True:
+        t_step, forwards_before = time.perf_counter(), len(ran.forward_seconds)
         results = step_many(live, on_forward=ran.forward_seconds.append)
+        ran.host_seconds.append(time.perf_counter() - t_step
+                                - sum(ran.forward_seconds[forwards_before:]))
         ran.steps += 1
         failed = False
         for i, result in enumerate(results):

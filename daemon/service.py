@@ -255,6 +255,7 @@ class Service:
         for reason, n in st.finish_reasons.items():
             counters[f"finish_{reason}"] = n
         for name, snap in (("verify_seconds", st.verify_seconds),
+                           ("step_host_seconds", st.step_host_seconds),
                            ("time_to_first_token_seconds", st.time_to_first_token_seconds),
                            ("inter_token_latency_seconds", st.inter_token_latency_seconds)):
             counters[f"{name}_count"] = snap.count

@@ -20,6 +20,9 @@ import attrs
 from .generation_stats import GenerationStats
 from .histogram import Histogram, HistogramSnapshot
 
+#: Upper bounds in seconds for host time per decode step (well under a forward).
+HOST_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+
 __all__ = ["ProposerStatistics", "RuntimeFigures", "SchedulerCounters", "SchedulerStatistics"]
 
 
@@ -78,6 +81,9 @@ class SchedulerCounters:
     finish_reasons: collections.Counter[str] = attrs.field(factory=collections.Counter)
     #: One batched verify forward (every active session's window), in seconds.
     verify_seconds: Histogram = attrs.field(factory=Histogram)
+    #: One decode step's time on the compute thread outside its forwards (planning,
+    #: drafting, deciding, repairing, sampling, handing tokens on), in seconds.
+    step_host_seconds: Histogram = attrs.field(factory=lambda: Histogram(HOST_BUCKETS_S))
     #: From submission to the first token handed to the request's caller.
     time_to_first_token_seconds: Histogram = attrs.field(factory=Histogram)
     #: Between tokens handed to the caller (tokens handed over together share the gap).
@@ -103,6 +109,7 @@ class SchedulerStatistics:
     proposers: Mapping[str, ProposerStatistics]
     finish_reasons: Mapping[str, int]
     verify_seconds: HistogramSnapshot
+    step_host_seconds: HistogramSnapshot
     time_to_first_token_seconds: HistogramSnapshot
     inter_token_latency_seconds: HistogramSnapshot
     runtime: RuntimeFigures
@@ -117,6 +124,7 @@ class SchedulerStatistics:
             forwards=c.forwards, steps=c.steps, active=active, queued=queued,
             proposers=dict(c.proposers), finish_reasons=dict(c.finish_reasons),
             verify_seconds=c.verify_seconds.snapshot(),
+            step_host_seconds=c.step_host_seconds.snapshot(),
             time_to_first_token_seconds=c.time_to_first_token_seconds.snapshot(),
             inter_token_latency_seconds=c.inter_token_latency_seconds.snapshot(),
             runtime=runtime,

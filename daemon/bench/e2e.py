@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import shutil
 import signal
@@ -140,6 +141,9 @@ class Run:
     arm: str
     rep: int
     requests: tuple[RequestRecord, ...]
+    #: meshd serve's host gap per decode step in this run (its compute thread's time
+    #: outside forwards, from ``/metrics``), in ms; None for other servers.
+    host_ms_per_step: float | None = None
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -147,6 +151,7 @@ class Run:
 
     def as_dict(self) -> dict[str, Any]:
         return {"arm": self.arm, "rep": self.rep, "decode_tok_s": self.decode_tok_s,
+                "host_ms_per_step": self.host_ms_per_step,
                 "requests": [r.as_dict() for r in self.requests]}
 
 
@@ -154,8 +159,33 @@ def _serve_run(arm: E2eArm, server: ServerProcess, mut: ModelUnderTest,
                workload: Workload, rep: int, clients: int, cfg: E2eConfig) -> Run:
     tags = [prompt_tag(rep, c) for c in range(clients)]
     bodies = [request_body(mut, workload, t, cfg.tokens) for t in tags]
+    meshd = arm.name.startswith("meshd")
+    before = _step_host_seconds(server.port) if meshd else None
     records = run_clients(server.port, mut.path, bodies, tags=tags, timeout=cfg.timeout_s)
-    return Run(arm.name, rep, tuple(records))
+    after = _step_host_seconds(server.port) if meshd else None
+    gap = None
+    if before is not None and after is not None and after[1] > before[1]:
+        gap = 1e3 * (after[0] - before[0]) / (after[1] - before[1])
+    return Run(arm.name, rep, tuple(records), gap)
+
+
+def _step_host_seconds(port: int) -> tuple[float, int] | None:
+    """``meshd_step_host_seconds``' sum and count from meshd's ``/metrics``."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+    except (OSError, http.client.HTTPException):
+        return None
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("meshd_step_host_seconds_sum", "meshd_step_host_seconds_count"):
+            values[name] = float(value)
+    if len(values) != 2:
+        return None
+    return values["meshd_step_host_seconds_sum"], int(values["meshd_step_host_seconds_count"])
 
 
 def _generate_run(arm: E2eArm, mut: ModelUnderTest, prompt: str, rep: int,
@@ -273,6 +303,7 @@ def _summary(runs: Sequence[Run]) -> dict[str, Any]:
     rates = [r.decode_tok_s for r in runs]
     return {
         "decode_tok_s": _median(rates),
+        "host_ms_per_step": _median([r.host_ms_per_step for r in runs]),
         "ttft_s": _median([q.ttft_s for q in reqs]),
         "completion_tokens": _median([q.result.completion_tokens for q in reqs]),
         "prompt_tokens": _median([q.result.prompt_tokens for q in reqs]),

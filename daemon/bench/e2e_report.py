@@ -75,6 +75,11 @@ def _table(table: Mapping[str, Any], clients: int) -> list[str]:
     if GENERATE_ARM in table["arms"]:
         out.append("  serve over HTTP / in-process (meshd / meshd-generate): "
                    f"{_ratio(table['serve_over_generate'])}")
+    gaps = [f"{name} {s['host_ms_per_step']:.3f} ms" for name, s in table["arms"].items()
+            if s.get("host_ms_per_step") is not None]
+    if gaps:
+        out.append("  host gap per decode step (compute thread outside forwards): "
+                   + ", ".join(gaps))
     return out
 
 

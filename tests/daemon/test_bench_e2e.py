@@ -165,6 +165,9 @@ def test_bench_e2e_reports_what_a_user_sees(tmp_path: Path,
     assert len(re.findall(rf"^  meshd-off +{row} +[12]/[12] +\d+\.\d\dx$", text, re.M)) == 4
     assert len(re.findall(rf"^  meshd-generate +{row} +1/1 +\d+\.\d\dx$", text, re.M)) == 2
     assert text.count("serve over HTTP / in-process (meshd / meshd-generate): ") == 2
+    # meshd's own measure of its host gap, read from its /metrics around each run
+    assert len(re.findall(r"^  host gap per decode step \(compute thread outside forwards\): "
+                          r"meshd \d+\.\d{3} ms, meshd-off \d+\.\d{3} ms$", text, re.M)) == 4
     assert len(re.findall(r"^-- idle CPU, [12] client\(s\): .*meshd \d+\.\d%, meshd-off "
                           r"\d+\.\d%", text, re.M)) == 2
     if peer is None:
@@ -180,6 +183,11 @@ def test_bench_e2e_reports_what_a_user_sees(tmp_path: Path,
         for table in block["workloads"]:
             for arm, summary in table["arms"].items():
                 assert summary["decode_tok_s"] > 0 and summary["failed_runs"] == 0, arm
+                gap = summary["host_ms_per_step"]
+                if arm in ("meshd", "meshd-off"):  # well under one forward of SmolLM2
+                    assert gap is not None and 0 < gap < 5, (arm, gap)
+                else:
+                    assert gap is None, arm
                 (run,) = summary["runs"]
                 assert len(run["requests"]) == (block["clients"] if arm != "meshd-generate"
                                                 else 1)

@@ -157,12 +157,12 @@ async def test_every_llama_call_runs_on_the_one_compute_thread(
 async def test_tokens_stream_while_steps_run_on(runtime: ModelRuntime) -> None:
     """Steps run on without coming back to the event loop, yet the client gets its
     tokens every stream interval, and the counters move, before the request ends."""
-    sched = Scheduler(runtime, step_budget_s=0.005)
+    sched = Scheduler(runtime, step_budget_s=0.001)
     deliveries: list[int] = []
     mid_steps: list[int] = []
     async with anyio.create_task_group() as tg:
         await tg.start(sched.run)
-        handle = sched.submit(GenerationRequest(prompts(runtime, 1)[0], max_tokens=120,
+        handle = sched.submit(GenerationRequest(prompts(runtime, 1)[0], max_tokens=400,
                                                 proposer="off"))
         async with handle.events:
             async for ev in handle.events:
@@ -173,7 +173,7 @@ async def test_tokens_stream_while_steps_run_on(runtime: ModelRuntime) -> None:
                 if sched.active:
                     mid_steps.append(sched.statistics().steps)
         tg.cancel_scope.cancel()
-    assert isinstance(final, Finished) and sum(deliveries) == 120
+    assert isinstance(final, Finished) and sum(deliveries) == 400
     assert len(deliveries) >= 3, deliveries
     assert max(mid_steps) > 0
 

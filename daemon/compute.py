@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-__all__ = ["ComputeThread"]
+__all__ = ["ComputeThread", "loop_poster"]
 
 T = TypeVar("T")
 

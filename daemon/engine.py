@@ -172,18 +172,17 @@ class Generation:
                                "prompt")
         return self.prompt[reused:]
 
-    def start(self, prefilled: FloatArray | None = None) -> list[TokenEvent]:
-        """Prefill the prompt and commit the first token (a zero-length window).
-        ``prefilled``: the last prompt row's logits, where :func:`start_many` prefilled
-        the prompt together with others'."""
-        if self._started:
-            raise RuntimeError("generation already started")
-        self._started = True
-        if prefilled is None:
-            suffix = self.prompt_suffix()
-            self.stats.reused_prompt_tokens = len(self.prompt) - len(suffix)
-            prefilled = self.session.prefill(suffix)
-        logits = prefilled
+    def start(self) -> list[TokenEvent]:
+        """Prefill the prompt and commit the first token: :func:`start_many` with this
+        generation alone."""
+        (outcome,) = start_many([self])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def _start_with(self, logits: FloatArray) -> list[TokenEvent]:
+        """Commit the first token (a zero-length window) from the last prompt row's
+        ``logits``, once the prompt is in the session."""
         c = self.session.counters
         self._decode_base = (c.decode_ms + c.verify_ms, c.mtp_ms, c.target_forwards)
         window = Window(self.prompt[-1], len(self.prompt) - 1, ())
@@ -469,10 +468,13 @@ def start_many(generations: Sequence[Generation]) -> list[StepOutcome]:
     ready: list[tuple[int, Generation, Sequence[int]]] = []
     for i, gen in enumerate(generations):
         try:
+            if gen._started:
+                raise RuntimeError("generation already started")
             suffix = gen.prompt_suffix()
         except Exception as exc:
             out[i] = exc
             continue
+        gen._started = True
         gen.stats.reused_prompt_tokens = len(gen.prompt) - len(suffix)
         ready.append((i, gen, suffix))
     try:
@@ -483,7 +485,7 @@ def start_many(generations: Sequence[Generation]) -> list[StepOutcome]:
         return out
     for (i, gen, _), row in zip(ready, logits, strict=True):
         try:
-            out[i] = gen.start(row)
+            out[i] = gen._start_with(row)
         except Exception as exc:
             out[i] = exc
     return out

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
+from prometheus_client.parser import text_string_to_metric_families
 
 from meshd.clients.argtypes import non_negative_float, positive, positive_seconds
 from meshd.native.cpus import usable_cpus
@@ -160,32 +161,29 @@ def _serve_run(arm: E2eArm, server: ServerProcess, mut: ModelUnderTest,
     tags = [prompt_tag(rep, c) for c in range(clients)]
     bodies = [request_body(mut, workload, t, cfg.tokens) for t in tags]
     meshd = arm.name.startswith("meshd")
-    before = _step_host_seconds(server.port) if meshd else None
+    before = _step_host_seconds(server) if meshd else None
     records = run_clients(server.port, mut.path, bodies, tags=tags, timeout=cfg.timeout_s)
-    after = _step_host_seconds(server.port) if meshd else None
+    after = _step_host_seconds(server) if meshd else None
     gap = None
     if before is not None and after is not None and after[1] > before[1]:
         gap = 1e3 * (after[0] - before[0]) / (after[1] - before[1])
     return Run(arm.name, rep, tuple(records), gap)
 
 
-def _step_host_seconds(port: int) -> tuple[float, int] | None:
+def _step_host_seconds(server: ServerProcess) -> tuple[float, int] | None:
     """``meshd_step_host_seconds``' sum and count from meshd's ``/metrics``."""
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-        conn.close()
+        status, text = server.request("GET", "/metrics", timeout=10)
     except (OSError, http.client.HTTPException):
         return None
-    values = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in ("meshd_step_host_seconds_sum", "meshd_step_host_seconds_count"):
-            values[name] = float(value)
-    if len(values) != 2:
+    if status != 200 or not isinstance(text, str):
         return None
-    return values["meshd_step_host_seconds_sum"], int(values["meshd_step_host_seconds_count"])
+    for family in text_string_to_metric_families(text):
+        if family.name == "meshd_step_host_seconds":
+            values = {s.name: s.value for s in family.samples}
+            return (values["meshd_step_host_seconds_sum"],
+                    int(values["meshd_step_host_seconds_count"]))
+    return None
 
 
 def _generate_run(arm: E2eArm, mut: ModelUnderTest, prompt: str, rep: int,

@@ -11,7 +11,9 @@
 ``generate``/``chat`` stream the text to stdout and print a stats line to stderr
 (``--json`` prints one object with the text, the token ids and the ``done`` frame
 instead). Sampling defaults to greedy, as ``meshd generate`` does, so both print the same
-text. The socket is ``--socket``, else ``$MESHD_SOCKET``, else meshd's default path.
+text. The socket is ``--socket``, else ``$MESHD_SOCKET``, else the first that exists of
+the user's default (``$XDG_RUNTIME_DIR/meshd/meshd.sock``) and the systemd service's
+(``/run/meshd/meshd.sock``): :func:`meshd.clients.socket_path.find_socket`.
 
 Exit codes (scripts branch on them): 0 success; 1 other failure (including an unhealthy
 ``health`` and a generation cancelled from elsewhere); 2 bad usage or a request the
@@ -47,9 +49,10 @@ from meshd.protocol import (
 )
 
 from .argtypes import integer, non_negative, positive
-from .options import HelpFormatter, add_version, sampling_options, subparser
-from .socket_path import default_socket_path
-from .terminal import format_count, stats_line
+from .options import HelpFormatter, add_version, sampling_options, seed_note, subparser
+from .refusals import explain_refusals
+from .socket_path import find_socket, socket_candidates
+from .terminal import format_count, stats_line, wants_notes
 
 __all__ = ["main"]
 
@@ -65,12 +68,6 @@ DEFAULT_TIMEOUT_S: Final = 10.0
 Command = Callable[[SyncClient, argparse.Namespace], int]
 
 
-def socket_path(explicit: str | None) -> str:
-    """The socket meshctl talks to: ``--socket``, ``$MESHD_SOCKET``, or the default."""
-    path = explicit or os.environ.get("MESHD_SOCKET") or default_socket_path()
-    return path.removeprefix("unix:")
-
-
 # ---------------------------------------------------------------------- commands
 
 
@@ -83,10 +80,14 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
         if args.system:
             messages.append(ChatMessage(role="system", content=args.system))
         messages.append(ChatMessage(role="user", content=text))
-    elif "chat" in client.welcome.capabilities and not args.json:
-        # An instruct model given raw text often ends at once: say what happened.
+    elif "chat" in client.welcome.capabilities and not args.json and wants_notes():
+        # An instruct model given raw text often ends at once: say what happened (to a
+        # person: a script that chose `generate` needs no reminder on every call).
         print("meshctl: note: sent as raw text without the model's chat template "
               "(`meshctl chat` applies it)", file=sys.stderr)
+    note = seed_note(args.temperature, args.seed)
+    if note is not None and not args.json:
+        print(f"meshctl: note: {note}", file=sys.stderr)
     stream = client.generate(
         None if chat else text,
         messages=messages,
@@ -121,6 +122,9 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
             out.write("\n")
         print(_stats_line(stream.id, done, elapsed, first - t0 if first else None),
               file=sys.stderr)
+        if args.explain and done.speculation.refusals:
+            print("refused: steps that decoded without a draft, by reason",
+                  *explain_refusals(done.speculation.refusals), sep="\n", file=sys.stderr)
     if done.finish_reason is FinishReason.ERROR:
         print(f"meshctl: the generation failed: {done.error_message}", file=sys.stderr)
         return EXIT_MODEL
@@ -139,7 +143,10 @@ def _stats_line(request_id: str, done: Done, elapsed_s: float, ttft_s: float | N
         forwards=sp.target_forwards, drafted=sp.drafted, accepted=sp.accepted,
         refusals=sp.refusals,
         extra={"ttft": f"{ttft_s * 1e3:.0f}ms" if ttft_s is not None else "-",
-               "total": f"{elapsed_s:.2f}s", "id": request_id},
+               "total": f"{elapsed_s:.2f}s", "id": request_id,
+               # The seed sampling drew with (the daemon's choice when none was given):
+               # `--seed N` with the same prompt and settings replays the text.
+               **({"seed": str(done.seed)} if done.seed is not None else {})},
     )
 
 
@@ -228,6 +235,9 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                                               "one chosen by meshctl)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: text, token ids and the done frame")
+    p.add_argument("--explain", action="store_true",
+                   help="after the stats line, say what each refusal reason in "
+                        "refused=... means")
 
 
 def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
@@ -240,7 +250,8 @@ def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
     g = p.add_argument_group("connection")
     g.add_argument("-s", "--socket", metavar="PATH",
                    default=argparse.SUPPRESS if suppress else None,
-                   help=f"daemon socket (default: $MESHD_SOCKET, else {default_socket_path()})")
+                   help="daemon socket (default: $MESHD_SOCKET, else the first that "
+                        f"exists of {', '.join(socket_candidates())})")
     g.add_argument("--timeout", type=positive_seconds, metavar="S",
                    default=argparse.SUPPRESS if suppress else DEFAULT_TIMEOUT_S,
                    help="seconds to wait for the connection and handshake"
@@ -321,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version, a usage error: argparse has printed it
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    path = socket_path(args.socket)
+    path = find_socket(args.socket)
     try:
         with connect_sync(path, client_name="meshctl", connect_timeout=args.timeout) as client:
             return COMMANDS[args.command](client, args)
@@ -347,8 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _unavailable(path: str, detail: str) -> int:
     if not os.path.exists(path):
-        print(f"meshctl: no daemon at {path} (the socket does not exist; "
-              f"start one with `meshd serve`)", file=sys.stderr)
+        searched = ("" if path not in socket_candidates()
+                    else f"; looked at {', '.join(socket_candidates())}")
+        print(f"meshctl: no daemon at {path} (the socket does not exist{searched}; "
+              f"start one with `meshd serve`, or name its socket with --socket)",
+              file=sys.stderr)
     else:
         print(f"meshctl: cannot talk to the daemon at {path}: {detail}", file=sys.stderr)
     return EXIT_UNAVAILABLE

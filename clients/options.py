@@ -17,7 +17,8 @@ from meshd.protocol import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
 from .argtypes import integer, non_negative, non_negative_float, probability
 
-__all__ = ["HelpFormatter", "add_version", "sampling_options", "subparser", "version_string"]
+__all__ = ["HelpFormatter", "add_version", "sampling_options", "seed_note", "subparser",
+           "version_string"]
 
 
 def version_string(prog: str) -> str:
@@ -61,6 +62,18 @@ def sampling_options() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=probability, default=DEFAULT_TOP_P, metavar="P",
                    help="sample among the most likely tokens whose probabilities add up to P")
     return p
+
+
+def seed_note(temperature: float, seed: int | None) -> str | None:
+    """What to tell a user who gave ``--seed`` at temperature 0 (else None).
+
+    Why: greedy decoding uses no randomness, so the seed changes nothing (``done.seed``
+    is null), and a user who expected varied, reproducible samples would not know why.
+    """
+    if seed is None or temperature > 0:
+        return None
+    return (f"--seed {seed} has no effect at temperature 0 (greedy decoding uses no "
+            "randomness); give --temperature > 0 to sample")
 
 
 def add_version(parser: argparse.ArgumentParser, prog: str) -> None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import TextIO
 
-__all__ = ["Progress", "format_count", "stats_line", "wants_progress"]
+__all__ = ["Progress", "format_count", "stats_line", "wants_notes", "wants_progress"]
 
 
 def format_count(value: float) -> str:
@@ -56,6 +56,16 @@ def wants_progress(stream: TextIO | None = None) -> bool:
     forced = os.environ.get("MESHD_PROGRESS")
     if forced in ("0", "1"):
         return forced == "1"
+    stream = stream or sys.stderr
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def wants_notes(stream: TextIO | None = None) -> bool:
+    """Whether to print advice meant for a person (e.g. "sent as raw text"): only when
+    stderr is a terminal; a script that calls meshctl in a loop would get it every time."""
     stream = stream or sys.stderr
     try:
         return stream.isatty()

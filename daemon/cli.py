@@ -12,13 +12,15 @@ import json
 import sys
 from collections.abc import Sequence
 
+from meshd.clients.options import seed_note
 from meshd.clients.terminal import Progress, stats_line
 from meshd.native.cpus import apply_thread_wait
 from meshd.native.errors import NativeError
 
 from . import options as opt
 from .checks import check_model_args
-from .runtime import ModelRuntime, PromptTooLong, RequestError, RuntimeConfig
+from .request_errors import PromptTooLong, RequestError
+from .runtime import ModelRuntime, RuntimeConfig
 from .sampling import SamplingParams, with_chosen_seed
 
 DESCRIPTION = "A local LLM daemon that makes speculative decoding pay on one machine."
@@ -116,18 +118,35 @@ def _add_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
              "variables, defaults) with each value's source; exit 2 naming the bad key")
     check.add_argument("-C", "--config", metavar="FILE", default=None,
                        help=f"TOML file (default: {DEFAULT_CONFIG_PATH} if it exists)")
+    opt.subparser(
+        actions, "example",
+        help="print the example configuration file (every key with its default; "
+             "systemd/meshd.toml is its output)")
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    """``config example`` prints the example file; ``config check`` loads the
+    configuration and checks what ``serve`` would check before loading the model."""
     from . import config
+    from .config_text import render, render_example
+    from .serve_checks import StartupProblem, check_before_start
 
+    if args.config_command == "example":
+        sys.stdout.write(render_example())
+        return 0
     try:
         loaded = config.load(args.config)
-        config.server_config(loaded.config)  # user and group names must resolve
-    except (config.ConfigError, ValueError) as exc:
+    except config.ConfigError as exc:
         print(f"meshd config check: {exc}", file=sys.stderr)
         return 2
-    print(config.render(loaded))
+    c = loaded.config
+    try:  # the daemon may run as another user (meshd), and may be running already
+        check_before_start(loaded, bind=c.serve.socket, http=c.serve.http, checking=True)
+    except StartupProblem as problem:
+        print(f"meshd config check: {problem.key} (from {loaded.sources[problem.key]}): "
+              f"{problem.message}", file=sys.stderr)
+        return 2
+    print(render(loaded))
     return 0
 
 
@@ -136,6 +155,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # be replayed and speculation verifies it exactly.
     sampling = with_chosen_seed(
         SamplingParams(args.temperature, args.top_k, args.top_p, args.seed))
+    note = seed_note(args.temperature, args.seed)
+    if note is not None:
+        _note("seed_ignored", note)
     config = RuntimeConfig(
         model_path=args.model, n_ctx_seq=args.ctx, draft_max=args.draft_max,
         threads=args.threads, calibrate=not args.fixed_k,
@@ -177,8 +199,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 st = gen.stats
                 print(stats_line(
                     finish=gen.finish.value, tokens=st.emitted, prompt=st.prompt_tokens,
-                    wall_ms=st.wall_ms, proposer=proposer_name, forwards=st.session.target_forwards
-                    - st.session.prefill_forwards, drafted=st.drafted, accepted=st.accepted,
+                    wall_ms=st.wall_ms, proposer=proposer_name, forwards=st.decode_forwards,
+                    drafted=st.drafted, accepted=st.accepted,
                     refusals=st.refusals, extra={"chat": "yes" if chat else "no",
                            **({} if sampling.greedy else {"seed": str(sampling.seed)})},
                 ), file=sys.stderr)

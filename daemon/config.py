@@ -9,7 +9,8 @@ environment variable (``MESHD_SERVE_MAX_QUEUE``), the flag (``--max-queue``; key
 a flag of their own in :mod:`.options` or ``serve`` get ``--SECTION-KEY``), the type
 check, ``meshd config check``'s listing and SIGHUP's live/restart split.
 
-Precedence: flag > environment > file > default. A bad value or an unknown key is an
+Precedence: flag > environment > file > default, for every name of a key (``MESHD_SOCKET``
+is environment too, below ``MESHD_SERVE_SOCKET``). A bad value or an unknown key is an
 error that names the key and where it came from (the file, the variable); nothing is
 silently ignored. Values are strictly typed (``"64"`` is not an integer in TOML, ``1.5``
 is not an integer anywhere); environment values are parsed by the key's type (lists are
@@ -20,7 +21,8 @@ Proposer plugins are configured in ``[speculation.plugins.NAME]`` tables of the 
 variables or flags and are checked by :mod:`meshd.plugins.config`.
 
 Adding a key: add an :func:`key` field to its section class (and use it where the daemon
-is built, in :mod:`.serve`). Nothing else.
+is built, in :mod:`.serve`), then regenerate the example file
+(``meshd config example > systemd/meshd.toml``; a test compares them). Nothing else.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from meshd.plugins.config import PluginConfig, PluginConfigError, parse_plugin_t
 
 from . import options as opt
 from .http.config import HttpConfig
-from .logs import FORMATS, LEVELS
+from .logs import DEFAULT_LLAMA_LOG_LEVEL, FORMATS, LEVELS, LLAMA_LEVELS
 from .peercred import PeerPolicy
 from .service import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
 
@@ -57,8 +59,9 @@ __all__ = [
     "ShownDefault",
     "add_config_flags",
     "explicit_flags",
+    "live_changes",
     "load",
-    "render",
+    "restart_needed",
     "server_config",
 ]
 
@@ -73,10 +76,12 @@ class ConfigError(ValueError):
 
 
 def key(default: Any, help: str, *, flag: str | None = None, live: bool = False,
-        validator: Any = None) -> Any:
+        validator: Any = None, env: tuple[str, ...] = (), example: Any = None) -> Any:
     """One configuration key. ``flag``: the argparse dest of an existing option (None: a
-    ``--SECTION-KEY`` flag is generated); ``live``: SIGHUP applies it while serving."""
-    metadata = {"help": help, "flag": flag, "live": live}
+    ``--SECTION-KEY`` flag is generated); ``live``: SIGHUP applies it while serving;
+    ``env``: older variables for it (below ``MESHD_SECTION_KEY``); ``example``: what the
+    example file shows for a key whose default is None."""
+    metadata = {"help": help, "flag": flag, "live": live, "env": env, "example": example}
     return attrs.field(default=default, metadata=metadata, validator=validator)
 
 
@@ -98,12 +103,13 @@ def _split_weights(_inst: object, _attr: object, value: tuple[float, ...]) -> No
 
 @attrs.frozen
 class ModelSection:
-    path: str | None = key(None, "GGUF model file (default: the embedded SmolLM2-135M)",
-                           flag="model")
+    path: str | None = key(None, "GGUF model file (default: the embedded SmolLM2-135M); "
+                           "under systemd not below /home, which ProtectHome=yes hides",
+                           flag="model", example="/srv/models/model.gguf")
     ctx: int = key(opt.DEFAULT_CTX, "context length per session in tokens", flag="ctx",
                    validator=_positive)
     threads: int | None = key(None, "CPU threads for llama.cpp (default: the CPUs this "
-                              "process may use)", flag="threads", validator=_positive)
+                              "process may use)", flag="threads", validator=_positive, example=2)
     thread_wait: str = key(DEFAULT_THREAD_WAIT, "how llama.cpp's threads wait between "
                            "operations: spin (a short while, then sleep: fastest where "
                            "meshd has its cores) | sleep (at once: for machines shared with "
@@ -117,9 +123,12 @@ class ModelSection:
                                   flag="draft_model")
     gpu_layers: int | None = key(None, "layers offloaded to the GPU and workers, -1 for all "
                                  "(default: all; a CPU-only build runs everything here)",
-                                 flag="gpu_layers", validator=v.optional(v.ge(-1)))
+                                 flag="gpu_layers", validator=v.optional(v.ge(-1)),
+                                 example=-1)
     rpc: tuple[str, ...] = key((), "remote workers (meshd worker, HOST:PORT) the model's "
-                               "layers are split across", flag="rpc", validator=_endpoints)
+                               "layers are split across (the RPC protocol has no "
+                               "authentication: private networks only)", flag="rpc",
+                               validator=_endpoints)
     tensor_split: tuple[float, ...] = key((), "weights of the layer split, one per device "
                                           "(each worker's, then local GPUs; default: by free "
                                           "memory)", flag="tensor_split",
@@ -143,10 +152,13 @@ class SpeculationSection:
 @attrs.frozen
 class ServeSection:
     socket: str | None = key(None, "socket path, unix:PATH or fd://N (default: the "
-                             "socket-activated one, $MESHD_SOCKET, $RUNTIME_DIRECTORY/"
-                             "meshd.sock, ...)", flag="socket")
-    http: str | None = key(None, "also serve HTTP on tcp:127.0.0.1:PORT or fd://N",
-                           flag="http")
+                             "socket-activated one, else $RUNTIME_DIRECTORY/meshd.sock, "
+                             "...); $MESHD_SOCKET is another name for $MESHD_SERVE_SOCKET",
+                             flag="socket", env=("MESHD_SOCKET",),
+                             example="/run/meshd/meshd.sock")
+    http: str | None = key(None, "also serve HTTP on tcp:127.0.0.1:PORT or fd://N (under "
+                           "systemd: see systemd/README.md for the sandbox changes)",
+                           flag="http", example="tcp:127.0.0.1:8080")
     backend: str = key(opt.DEFAULT_BACKEND, "event loop: asyncio | trio", flag="backend",
                        validator=v.in_(("asyncio", "trio")))
     slots: int = key(opt.DEFAULT_SLOTS, "generations decoded together", flag="slots",
@@ -161,7 +173,7 @@ class ServeSection:
                           flag="max_tokens", live=True, validator=_positive)
     max_tokens_limit: int | None = key(None, "largest max_tokens accepted (default: the "
                                        "context length)", flag="max_tokens_limit", live=True,
-                                       validator=_positive)
+                                       validator=_positive, example=4096)
     shutdown_grace: float = key(DEFAULT_SHUTDOWN_GRACE_S, "seconds running requests may "
                                 "finish after SIGTERM", flag="shutdown_grace", live=True,
                                 validator=_non_negative_float)
@@ -180,12 +192,12 @@ class ServeSection:
                                "begun may take to end", flag="frame_timeout", live=True,
                                validator=v.gt(0.0))
     backlog: int | None = key(_SERVER.backlog.default, "listen backlog (default: the "
-                              "system maximum)", flag="backlog", validator=_positive)
+                              "system maximum)", flag="backlog", validator=_positive, example=4096)
     prefix_cache_tokens: int | None = key(None, "tokens of finished requests kept for "
                                           "prompts that share their start (default: every "
                                           "slot's context; 0: off)",
                                           flag="prefix_cache_tokens",
-                                          validator=v.optional(_non_negative))
+                                          validator=v.optional(_non_negative), example=0)
 
 
 _HTTP = attrs.fields(HttpConfig)
@@ -211,6 +223,9 @@ class LogSection:
                      live=True, validator=v.in_(LEVELS))
     format: str = key("auto", "auto | json | console | journal", flag="log_format",
                       validator=v.in_(FORMATS))
+    llama_level: str = key(DEFAULT_LLAMA_LOG_LEVEL, "least severe llama.cpp messages logged, "
+                           "whatever level is: debug | info | warn | error | none",
+                           flag="llama_log_level", live=True, validator=v.in_(LLAMA_LEVELS))
 
 
 @attrs.frozen
@@ -390,15 +405,27 @@ def _read_env(environ: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], di
             keys = ", ".join(f"{ENV_PREFIX}{section.upper()}_{n.upper()}"
                              for s, n in known if s == section)
             raise ConfigError(f"${name}: unknown key {section}.{field_name} (known: {keys})")
-        try:
-            value = _env_value(text, known[(section, field_name)])
-            _structure({section: {field_name: value}})
-        except (ValueError, ConfigError) as exc:
-            detail = str(exc).split(": ", 1)[-1]
-            raise ConfigError(f"${name}: {section}.{field_name}: {detail}") from None
-        data.setdefault(section, {})[field_name] = value
+        data.setdefault(section, {})[field_name] = _env_checked(
+            name, text, section, field_name, known[(section, field_name)])
         names[f"{section}.{field_name}"] = f"${name}"
+    for section, f, kind in _keys():  # older names, where the canonical one is not set
+        alias = next((a for a in f.metadata.get("env", ()) if a in environ), None)
+        if alias is not None and f.name not in data.get(section, {}):
+            data.setdefault(section, {})[f.name] = _env_checked(
+                alias, environ[alias], section, f.name, kind)
+            names[f"{section}.{f.name}"] = f"${alias}"
     return data, names
+
+
+def _env_checked(name: str, text: str, section: str, field_name: str, kind: Any) -> Any:
+    """The value of variable ``name`` for ``section.field_name``, type-checked."""
+    try:
+        value = _env_value(text, kind)
+        _structure({section: {field_name: value}})
+    except (ValueError, ConfigError) as exc:
+        detail = str(exc).split(": ", 1)[-1]
+        raise ConfigError(f"${name}: {section}.{field_name}: {detail}") from None
+    return value
 
 
 def load(path: str | None = None, *, environ: Mapping[str, str] | None = None,
@@ -513,51 +540,15 @@ def server_config(config: Config) -> ServerConfig:
 
 def restart_needed(old: Config, new: Config) -> list[str]:
     """Keys that changed but only take effect after a restart."""
-    changed = []
-    for section, f, _ in _keys():
-        if f.metadata.get("live"):
-            continue
-        if getattr(getattr(old, section), f.name) != getattr(getattr(new, section), f.name):
-            changed.append(f"{section}.{f.name}")
-    return changed
+    return _changed(old, new, live=False)
 
 
-def render(loaded: Loaded) -> str:
-    """The effective configuration as TOML, each key commented with its source."""
-    lines = [f"# meshd configuration (file: {loaded.path or 'none'}); precedence: "
-             "flag > MESHD_<SECTION>_<KEY> > file > default", ""]
-    for section, cls in SECTIONS.items():
-        lines.append(f"[{section}]")
-        body = getattr(loaded.config, section)
-        for f in attrs.fields(cls):
-            value = getattr(body, f.name)
-            source = loaded.sources[f"{section}.{f.name}"]
-            live = "" if f.metadata.get("live") else ", restart to change"
-            text = f"{f.name} = {_toml(value)}" if value is not None else f"# {f.name} = (unset)"
-            lines.append(f"{text:<48} # {source}{live}")
-        lines.append("")
-    for name, plugin in sorted(loaded.plugins.items()):
-        lines.append(f"[speculation.plugins.{name}]                   # {loaded.path}, "
-                     "restart to change")
-        table = {"enabled": plugin.enabled, "allow_prompt_text": plugin.allow_prompt_text,
-                 "command": plugin.command, "connect": plugin.connect,
-                 "deadline_ms": plugin.deadline_ms, "max_faults": plugin.max_faults,
-                 "restart_backoff_s": plugin.restart_backoff_s,
-                 "restart_backoff_max_s": plugin.restart_backoff_max_s, **plugin.options}
-        lines.extend(f"{k} = {_toml(v)}" for k, v in table.items() if v is not None)
-        lines.append("")
-    return "\n".join(lines)
+def live_changes(old: Config, new: Config) -> list[str]:
+    """Keys that changed and take effect at once (what a reload reports as applied)."""
+    return _changed(old, new, live=True)
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(x) for x in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml(x)}" for k, x in value.items()) + "}"
-    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
-
+def _changed(old: Config, new: Config, *, live: bool) -> list[str]:
+    return [f"{section}.{f.name}" for section, f, _ in _keys()
+            if bool(f.metadata.get("live")) == live
+            and getattr(getattr(old, section), f.name) != getattr(getattr(new, section), f.name)]

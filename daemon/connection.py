@@ -11,12 +11,13 @@ interleave but never mix bytes.
 
 Failure policy: a malformed frame is answered with an ``error`` frame and the
 connection carries on (only a bad *first* frame closes it, as the protocol says); a
-peer that goes away (EOF, reset, a write that does not complete within the send
+peer that goes away (a hang-up, reset, a write that does not complete within the send
 timeout) cancels all of the connection's requests, which stop at their next step
-boundary and hand their session slots back. EOF counts as going away even if only the
-write side was shut (the protocol: closing the connection cancels its requests), so a
-client keeps its side open until it has its answers. A bug while serving one request is
-reported to that request as ``internal`` and logged; it never takes the daemon down.
+boundary and hand their session slots back. End of stream alone is not going away: a
+client that shut only its sending side after its requests (a half-close) gets their
+answers, then the connection closes (see :mod:`.hangup` for how a full close is told
+apart). A bug while serving one request is reported to that request as ``internal``
+and logged; it never takes the daemon down.
 
 Bounded resources: a connection holds a file descriptor, so after the handshake it is
 closed when it is idle (no request in flight and no frame received) for
@@ -71,6 +72,7 @@ from meshd.protocol import FinishReason as WireFinishReason
 
 from .engine import TokenEvent
 from .generation_stats import GenerationStats
+from .hangup import POLL_INTERVAL_S, hung_up
 from .mapping import done_message, token_message
 from .scheduler import Failed, Finished, GenerationHandle, GenerationRequest
 from .service import InFlightGeneration, Service
@@ -106,6 +108,8 @@ class Connection:
         self._scope: anyio.CancelScope | None = None
         self._last_activity = anyio.current_time()
         self._frame_started: float | None = None  # when the current partial frame began
+        self._eof = False  # the peer shut its sending side (or closed)
+        self._request_ended = anyio.Event()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -120,6 +124,7 @@ class Connection:
                 try:
                     if await self._handshake():
                         await self._serve(tg)
+                        await self._answer_after_half_close()
                 finally:
                     # The peer is gone (or we are being stopped): nobody will read the
                     # rest, so every request stops at its next step boundary.
@@ -150,6 +155,25 @@ class Connection:
         for entry in list(self._requests.values()):
             entry.cancel()
 
+    async def _answer_after_half_close(self) -> None:
+        """The stream ended with requests in flight: the client may only have shut its
+        sending side, so they run on and are answered, unless it hangs up."""
+        if not self._eof or self._lost or not self._in_flight():
+            return
+        self.log.debug("client_half_closed", in_flight=self._in_flight())
+        while self._in_flight() and not self._lost:
+            if hung_up(self._socket):
+                self.log.info("client_gone", in_flight=self._in_flight())
+                return
+            self._request_ended = anyio.Event()
+            with anyio.move_on_after(POLL_INTERVAL_S):
+                await self._request_ended.wait()
+
+    def _ended(self) -> None:
+        """A request in flight has ended (for :meth:`_answer_after_half_close`)."""
+        self._last_activity = anyio.current_time()
+        self._request_ended.set()
+
     # ------------------------------------------------------------------ reading
 
     async def _next(self, *, bounded: bool = False) -> Request | Rejected | None:
@@ -164,6 +188,7 @@ class Connection:
                     data = await self._receiver.receive()
                 except anyio.EndOfStream:
                     data = b""
+                    self._eof = True
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return None
                 self._conn.receive_data(data)
@@ -311,7 +336,7 @@ class Connection:
             await self._send(reply)
         finally:
             self._helpers -= 1
-            self._last_activity = anyio.current_time()
+            self._ended()
 
     async def _generate(self, request: Generate, entry: InFlightGeneration) -> None:
         """Serve one ``generate``: prepare, submit, stream, finish. Never raises."""
@@ -334,7 +359,7 @@ class Connection:
             if self._requests.get(request.id) is entry:
                 del self._requests[request.id]
             self.service.unregister(entry)
-            self._last_activity = anyio.current_time()
+            self._ended()
 
     async def _finish_early(self, request_id: str, gen: GenerationRequest,
                             entry: InFlightGeneration) -> None:
@@ -418,7 +443,8 @@ class Connection:
             proposer=proposer or "off",
             drafted=stats.drafted,
             accepted=stats.accepted,
-            target_forwards=stats.session.target_forwards,
+            target_forwards=stats.decode_forwards,
+            prefill_forwards=stats.session.prefill_forwards,
             wall_ms=round(stats.wall_ms, 2),
             tokens_per_s=round(stats.emitted / wall_s, 2) if wall_s > 0 else None,
         )

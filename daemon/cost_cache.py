@@ -110,6 +110,8 @@ def load_or_measure_costs(context: TargetContext, path: Path, *, threads: int | 
         tmp = cache.with_suffix(".tmp")
         tmp.write_text(json.dumps({"costs": costs, "model": model_key, "threads": threads}))
         tmp.replace(cache)
-    except OSError:
-        pass
+    except OSError as exc:  # serving goes on; the next start measures again
+        note("cost_cache_unwritable", f"cannot keep the measured verify cost in "
+             f"{cache.parent}: {exc.strerror or exc}; the next start will measure it again "
+             "(make the directory writable, or set XDG_CACHE_HOME / CACHE_DIRECTORY)")
     return costs

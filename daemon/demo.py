@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     command = [
         sys.executable, "-m", "meshd.daemon.cli", "serve", "--socket", socket_path,
         "--backend", args.backend, "--slots", "1", "--ctx", str(args.ctx),
-        "--log-level", args.log_level, "--draft-max", str(args.draft_max),
+        "--log-level", args.log_level, "--llama-log-level", args.llama_log_level,
+        "--draft-max", str(args.draft_max),
         "--max-tokens", str(args.max_tokens),
     ]
     if args.model:

@@ -40,7 +40,7 @@ from meshd.policy.decision import (
     decide,
     needs_checkpoint,
 )
-from meshd.policy.gate import HeadLoad, StepFacts, StepGate
+from meshd.policy.gate import HeadLoad, Refusal, StepFacts, StepGate
 from meshd.policy.shared_window import DEFAULT_PRIOR, RunningAcceptance
 
 from .generation_stats import GenerationStats
@@ -246,7 +246,7 @@ class Generation:
         if verdict.drop_head:
             self._drop_mtp_head()
         if verdict.refusal is not None:
-            self.stats.refuse(verdict.refusal.value)
+            self.stats.refuse(verdict.refusal)
         return verdict.k
 
     def _repair_cost(self) -> RepairCost:
@@ -342,7 +342,7 @@ class Generation:
         if time.monotonic() > request.deadline:
             self.stats.fault("late")
         if proposal is None or not proposal.tokens:
-            self.stats.refuse("proposer_empty")
+            self.stats.refuse(Refusal.PROPOSER_EMPTY)
             return ()
         tokens = proposal.tokens
         n_vocab = self.info.n_vocab
@@ -443,6 +443,25 @@ class Generation:
         return events
 
 
+@attrs.frozen
+class ForwardTiming:
+    """One decode-phase target forward: its wall time and its shape.
+
+    Why the shape: a forward whose windows are all one row is a plain decode step, one
+    with drafts (or filler) a verify; ``/metrics`` keeps their times apart
+    (``meshd_decode_seconds``, ``meshd_verify_seconds``), as they cost differently.
+    """
+
+    seconds: float
+    windows: int
+    rows: int
+
+    @property
+    def plain(self) -> bool:
+        """Every window one row: a plain decode of each sequence, nothing verified."""
+        return self.rows == self.windows
+
+
 StepOutcome: TypeAlias = list[TokenEvent] | Exception
 """One generation's share of a step: the events it committed, or why it failed."""
 
@@ -492,15 +511,17 @@ def start_many(generations: Sequence[Generation]) -> list[StepOutcome]:
 
 
 def step_many(generations: Sequence[Generation], *,
-              on_forward: Callable[[float], None] | None = None) -> list[StepOutcome]:
+              on_forward: Callable[[ForwardTiming], None] | None = None,
+              ) -> list[StepOutcome]:
     """One decode step for every generation: plan each window, verify them in as few
     forwards as is exact (:func:`forward_groups_of`; one for attention-only models),
     and decide, repair and commit each forward's windows before the next forward.
 
     A generation that fails (its proposer, its state, the forward) gets its exception
-    in its place and the others go on. ``on_forward(seconds)`` hears the wall time of
-    every verify forward; the cost model (shared by generations of one runtime) records
-    it by rows. Runs where the model's calls may block: a worker thread in the daemon.
+    in its place and the others go on. ``on_forward`` hears the wall time and shape of
+    every forward (:class:`ForwardTiming`); the cost model (shared by generations of one
+    runtime) records it by rows. Runs where the model's calls may block: a worker thread
+    in the daemon.
 
     Why a recurrent (hybrid) step may take several forwards: llama.cpp runs the windows of
     one forward as micro-batches, one after another, and a later micro-batch may move a
@@ -534,7 +555,7 @@ def step_many(generations: Sequence[Generation], *,
 
 def _verify_and_apply(planned: Sequence[tuple[int, Generation, Window]],
                       out: list[StepOutcome],
-                      on_forward: Callable[[float], None] | None) -> None:
+                      on_forward: Callable[[ForwardTiming], None] | None) -> None:
     """Verify ``planned`` windows in ONE forward, then decide, repair and commit each
     (into ``out`` at its index)."""
     windows = [(gen.session, [w.last, *w.draft]) for _, gen, w in planned]
@@ -553,7 +574,8 @@ def _verify_and_apply(planned: Sequence[tuple[int, Generation, Window]],
         costs.record(sum(len(tokens) for _, tokens in windows), elapsed,
                      sequences=len(windows))
     if on_forward is not None:
-        on_forward(elapsed)
+        on_forward(ForwardTiming(elapsed, len(windows),
+                                 sum(len(tokens) for _, tokens in windows)))
     decided: list[tuple[int, Generation, Window, Decision]] = []
     for (i, gen, window), rows in zip(planned, logits, strict=True):
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import attrs
 
 from meshd.native.session import SessionCounters
+from meshd.policy.gate import Refusal
 
 __all__ = ["GenerationStats"]
 
@@ -20,8 +21,9 @@ class GenerationStats:
     """What one request did; the ``done`` frame and ``meshd generate --json`` carry it.
 
     Every figure describes this request alone, also when its session came from the
-    prefix cache (the session's own counters run over its whole life). Forwards include
-    the prefill's (``prefill_forwards`` of them); ``decode_ms`` is the forward time after
+    prefix cache (the session's own counters run over its whole life). The session's
+    forwards include the prefill's (``prefill_forwards`` of them); every report gives
+    :attr:`decode_forwards`, those after it. ``decode_ms`` is the forward time after
     the prefill (plain decodes and verify windows), ``verify_ms`` the part of it spent in
     forwards over a draft (``verify_calls`` of them). Written by the engine while the
     request runs; read by others only once it has finished.
@@ -45,6 +47,13 @@ class GenerationStats:
     """The session's counters over this request alone (set when the request ends)."""
 
     @property
+    def decode_forwards(self) -> int:
+        """Target forwards after the prefill: the one count of a request's forwards that
+        the ``done`` frame, the stats lines and the ``request_finished`` log all give
+        (the prefill's are ``session.prefill_forwards``)."""
+        return max(0, self.session.target_forwards - self.session.prefill_forwards)
+
+    @property
     def decode_ms(self) -> float:
         """Forward time after the prefill: plain decodes and verify windows."""
         return self.session.decode_ms + self.session.verify_ms
@@ -64,8 +73,10 @@ class GenerationStats:
         for i in range(accepted):
             self.accepted_per_position[i] += 1
 
-    def refuse(self, reason: str) -> None:
-        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+    def refuse(self, reason: Refusal) -> None:
+        """One step decoded plainly for ``reason`` (a member, so every reason counted is
+        one the docs and ``meshctl generate --explain`` explain)."""
+        self.refusals[reason.value] = self.refusals.get(reason.value, 0) + 1
 
     def fault(self, kind: str) -> None:
         self.proposer_faults[kind] = self.proposer_faults.get(kind, 0) + 1
@@ -76,7 +87,7 @@ class GenerationStats:
             "emitted": self.emitted,
             "prompt_tokens": self.prompt_tokens,
             "reused_prompt_tokens": self.reused_prompt_tokens,
-            "target_forwards": self.session.target_forwards,
+            "target_forwards": self.decode_forwards,
             "prefill_forwards": self.session.prefill_forwards,
             "verify_calls": self.verify_calls,
             "drafted": self.drafted,

@@ -201,9 +201,14 @@ async def open_listener(
     return Listener(sock, spec, owned)
 
 
-def preflight(spec: BindSpec | str) -> None:
+def preflight(spec: BindSpec | str, *, other_user: bool = False,
+              listening_ok: bool = False) -> None:
     """Fail early (before loading a model for minutes) if ``spec`` cannot be used:
-    the same checks :func:`open_listener` makes, without binding or removing anything."""
+    the same checks :func:`open_listener` makes, without binding or removing anything.
+
+    For ``meshd config check``: ``other_user``, the daemon runs as another user (root
+    checks for the ``meshd`` user), so that user's directories are not a problem;
+    ``listening_ok``, a daemon already listening there is the one being checked."""
     if isinstance(spec, str):
         try:
             spec = BindSpec.parse(spec)
@@ -213,14 +218,19 @@ def preflight(spec: BindSpec | str) -> None:
         return
     directory = os.path.dirname(os.path.abspath(spec.path))
     if os.path.exists(directory):
-        _ensure_directory(directory)
+        if not os.path.isdir(directory):
+            raise ListenerError(f"{directory} is not a directory")
+        if not other_user:
+            _ensure_directory(directory)
+    elif not other_user:
+        _check_creatable(directory)
     try:
         st = os.lstat(spec.path)
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise ListenerError(f"{spec.path} exists and is not a socket; refusing to replace it")
-    if _is_live(spec.path):
+    if not listening_ok and _is_live(spec.path):
         raise ListenerError(f"another process is already listening on {spec.path}")
 
 
@@ -260,6 +270,17 @@ def _bind_unix(path: str, mode: int, backlog: int) -> tuple[socket.socket, tuple
         sock.close()
         raise
     return sock, (st.st_dev, st.st_ino)
+
+
+def _check_creatable(directory: str) -> None:
+    """The socket directory does not exist: its nearest existing ancestor must let us
+    create it (else the bind would fail after the model has loaded)."""
+    ancestor = os.path.dirname(directory)
+    while ancestor != os.path.dirname(ancestor) and not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ListenerError(f"cannot create socket directory {directory}: {ancestor} is "
+                            "not a writable directory")
 
 
 def _ensure_directory(directory: str) -> None:

@@ -16,6 +16,11 @@ priority (``<3>`` error ... ``<7>`` debug), which journald strips and records as
 entry's priority (``journalctl -p warning`` works); journald stamps the time itself, so
 the default format there is ``event key=value`` without a timestamp.
 
+llama.cpp's own lines have a level of their own (``--llama-log-level``, default
+``warn``): loading a model prints thousands of info lines that would otherwise drown the
+daemon's events at ``debug``. Both levels are read at every event, so SIGHUP can change
+them (:func:`set_levels`) for loggers already handed out.
+
 Only ``meshd serve`` (and whoever else calls :func:`configure_logging`) changes the
 global structlog and logging configuration; library code just asks :func:`get_logger`
 (or a stdlib logger).
@@ -32,10 +37,32 @@ from typing import Any, Final, TextIO
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
-__all__ = ["FORMATS", "LEVELS", "configure_logging", "get_logger", "under_journald"]
+__all__ = [
+    "DEFAULT_LLAMA_LOG_LEVEL",
+    "FORMATS",
+    "LEVELS",
+    "LLAMA_LEVELS",
+    "LLAMA_LOGGER",
+    "configure_logging",
+    "get_logger",
+    "set_levels",
+    "under_journald",
+]
 
 LEVELS: Final = ("debug", "info", "warning", "error")
 """The accepted ``--log-level`` values."""
+
+LLAMA_LEVELS: Final = ("debug", "info", "warn", "error", "none")
+"""The accepted ``--llama-log-level`` values (llama.cpp's own names; none: drop them all)."""
+
+DEFAULT_LLAMA_LOG_LEVEL: Final = "warn"
+
+LLAMA_LOGGER: Final = "meshd.llama"
+"""The stdlib logger llama.cpp's lines arrive on (:mod:`meshd.native.llama`)."""
+
+_NUMBERS: Final = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+                   "warning": logging.WARNING, "error": logging.ERROR,
+                   "critical": logging.CRITICAL, "none": logging.CRITICAL + 10}
 
 FORMATS: Final = ("auto", "json", "console", "journal")
 """``--log-format``: auto picks journal under journald, console on a terminal, else JSON."""
@@ -59,15 +86,15 @@ def under_journald(stream: TextIO, environ: Mapping[str, str] | None = None) -> 
 
 def configure_logging(
     level: str = "info", *, stream: TextIO | None = None, json: bool | None = None,
-    format: str | None = None,
+    format: str | None = None, llama_level: str = DEFAULT_LLAMA_LOG_LEVEL,
 ) -> None:
-    """Send every event at ``level`` and above to ``stream`` (default stderr).
+    """Send every event at ``level`` and above to ``stream`` (default stderr), and
+    llama.cpp's lines at ``llama_level`` and above (whatever ``level`` is).
 
     ``format`` is one of :data:`FORMATS` (``json=True/False`` is the older spelling of
     ``json``/``console``). Also routes stdlib logging and Python warnings into structlog.
     """
-    if level not in LEVELS:
-        raise ValueError(f"unknown log level {level!r}; expected one of {', '.join(LEVELS)}")
+    _check_levels(level, llama_level)
     out = stream if stream is not None else sys.stderr
     if format is None:
         format = "auto" if json is None else ("json" if json else "console")
@@ -77,8 +104,9 @@ def configure_logging(
     if format == "auto":
         format = "journal" if journal else ("console" if _isatty(out) else "json")
     processors: list[Processor] = [
-        structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
+        _gate,
+        structlog.contextvars.merge_contextvars,
     ]
     if format != "journal":
         processors.append(structlog.processors.TimeStamper(fmt="iso", utc=True))
@@ -92,14 +120,46 @@ def configure_logging(
         renderer = structlog.dev.ConsoleRenderer(colors=_isatty(out))
     if journal or format == "journal":
         renderer = _Prioritised(renderer)
-    threshold = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
         processors=[*processors, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(threshold),
+        # No filtering here: a bound logger keeps the wrapper it was made with, so the
+        # levels are applied by _gate, which reads them at each event (SIGHUP).
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
-    _route_stdlib(threshold)
+    _route_stdlib()
+    set_levels(level, llama_level)
+
+
+def set_levels(level: str, llama_level: str = DEFAULT_LLAMA_LOG_LEVEL) -> None:
+    """Change the daemon's and llama.cpp's levels at once, for every logger (live)."""
+    _check_levels(level, llama_level)
+    _thresholds[""] = _NUMBERS[level]
+    _thresholds[LLAMA_LOGGER] = _NUMBERS[llama_level]
+    logging.getLogger().setLevel(_NUMBERS[level])
+    # Its own level: llama.cpp's lines below it are not even formatted (native.llama).
+    logging.getLogger(LLAMA_LOGGER).setLevel(_NUMBERS[llama_level])
+
+
+def _check_levels(level: str, llama_level: str) -> None:
+    if level not in LEVELS:
+        raise ValueError(f"unknown log level {level!r}; expected one of {', '.join(LEVELS)}")
+    if llama_level not in LLAMA_LEVELS:
+        raise ValueError(f"unknown llama.cpp log level {llama_level!r}; expected one of "
+                         f"{', '.join(LLAMA_LEVELS)}")
+
+
+_thresholds: dict[str, int] = {"": logging.INFO, LLAMA_LOGGER: logging.WARNING}
+"""Least severe level logged: ``""`` for every event, else by ``logger_name``."""
+
+
+def _gate(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
+    """Drop an event below its logger's current level (after ``add_log_level``)."""
+    threshold = _thresholds.get(str(event_dict.get("logger_name", "")), _thresholds[""])
+    if _NUMBERS.get(str(event_dict.get("level")), logging.INFO) < threshold:
+        raise structlog.DropEvent
+    return event_dict
 
 
 def get_logger(name: str, **bound: object) -> FilteringBoundLogger:
@@ -137,13 +197,12 @@ class _ToStructlog(logging.Handler):
             self.handleError(record)
 
 
-def _route_stdlib(threshold: int) -> None:
+def _route_stdlib() -> None:
     root = logging.getLogger()
     for handler in list(root.handlers):
         if isinstance(handler, _ToStructlog):
             root.removeHandler(handler)
     root.addHandler(_ToStructlog())
-    root.setLevel(threshold)
     logging.captureWarnings(True)
 
 

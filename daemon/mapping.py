@@ -67,7 +67,7 @@ def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.Spec
     return wire.SpeculationStats(
         proposer=proposer,
         emitted=stats.emitted,
-        target_forwards=max(0, stats.session.target_forwards - stats.session.prefill_forwards),
+        target_forwards=stats.decode_forwards,
         verify_calls=stats.verify_calls,
         drafted=stats.drafted,
         accepted=stats.accepted,

@@ -36,6 +36,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text exposition format."""
 
 _ERROR_PREFIX = "errors_"
+_PLUGIN_PREFIX, _FAULTS = "plugin.", ".faults."
 
 
 class DaemonCollector(Collector):
@@ -55,6 +56,11 @@ class DaemonCollector(Collector):
         tokens = CounterMetricFamily("meshd_generation_tokens", "Tokens generated.")
         tokens.add_metric([], st.tokens)
         yield tokens
+        prompt = CounterMetricFamily(
+            "meshd_prompt_tokens",
+            "Prompt tokens of admitted requests (prefix-cache hits included).")
+        prompt.add_metric([], st.prompt_tokens)
+        yield prompt
         finished = CounterMetricFamily(
             "meshd_requests", "Requests that ended, by finish reason.",
             labels=["finish_reason"])
@@ -71,9 +77,16 @@ class DaemonCollector(Collector):
         for code, count in sorted(codes.items()):
             errors.add_metric([code], count)
         yield errors
+        yield from _plugin_faults(counters)
         yield _histogram("meshd_verify_seconds",
-                         "One batched target forward verifying every active window.",
+                         "One batched target forward over windows with drafts.",
                          st.verify_seconds)
+        yield _histogram("meshd_decode_seconds",
+                         "One batched plain decode forward (one row per sequence).",
+                         st.decode_seconds)
+        yield _histogram("meshd_request_seconds",
+                         "From a request's submission to its end, queue wait included.",
+                         st.request_seconds)
         yield _histogram("meshd_step_host_seconds",
                          "One decode step's time on the compute thread outside its "
                          "forwards (the host gap between forwards).",
@@ -117,6 +130,19 @@ class DaemonCollector(Collector):
             for pos, n in enumerate(tot.accepted_per_position):
                 per_pos.add_metric([name, str(pos)], n)
         yield from (drafts, draft_tokens, accepted, per_pos)
+
+
+def _plugin_faults(counters: Mapping[str, float]) -> Iterator[Metric]:
+    """``plugin.NAME.faults.KIND`` of the ``stats`` op (out-of-process plugins and
+    isolated in-process ones alike) as one family."""
+    faults = CounterMetricFamily(
+        "meshd_plugin_faults", "Proposer plugin faults (late, plugin_error, garbage, ...), "
+        "by plugin and kind.", labels=["plugin", "kind"])
+    for key, n in sorted(counters.items()):
+        name, sep, kind = key.removeprefix(_PLUGIN_PREFIX).rpartition(_FAULTS)
+        if key.startswith(_PLUGIN_PREFIX) and sep:
+            faults.add_metric([name, kind], n)
+    yield faults
 
 
 def _histogram(name: str, doc: str, snap: HistogramSnapshot) -> HistogramMetricFamily:

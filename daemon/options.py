@@ -35,7 +35,7 @@ from meshd.clients.options import (
 from meshd.native.context import CACHE_TYPES_K, DEFAULT_DRAFT_MAX
 from meshd.native.cpus import THREAD_WAITS
 
-from .logs import LEVELS
+from .logs import DEFAULT_LLAMA_LOG_LEVEL, LEVELS, LLAMA_LEVELS
 
 __all__ = [
     "DEFAULT_CTX",
@@ -195,11 +195,14 @@ def placement_options() -> argparse.ArgumentParser:
 
 
 def daemon_options(*, log_level: str = DEFAULT_LOG_LEVEL) -> argparse.ArgumentParser:
-    """``--backend`` and ``--log-level`` (how the daemon runs)."""
+    """``--backend``, ``--log-level`` and ``--llama-log-level`` (how the daemon runs)."""
     p = _parent()
     g = p.add_argument_group("daemon")
     g.add_argument("--backend", choices=["asyncio", "trio"], default=DEFAULT_BACKEND,
                    help="event loop (asyncio uses uvloop when installed)")
     g.add_argument("--log-level", choices=LEVELS, default=log_level,
                    help="least severe log events shown")
+    g.add_argument("--llama-log-level", choices=LLAMA_LEVELS, default=DEFAULT_LLAMA_LOG_LEVEL,
+                   help="least severe of llama.cpp's own messages shown, whatever "
+                        "--log-level is (loading a model prints thousands at info)")
     return p

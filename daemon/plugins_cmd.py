@@ -57,7 +57,9 @@ def describe(registry: Registry, configs: dict[str, PluginConfig]) -> list[dict[
         rows.append({
             "name": name, "origin": "out-of-process (" + "; ".join(how) + ")",
             "loaded": None, "error": None, "enabled": config.enabled,
-            "needs": ["prompt_text"] if config.allow_prompt_text else [],
+            # An unpinned connecting plugin never gets the text (plugins/README.md).
+            "needs": ["prompt_text"] if config.allow_prompt_text and (
+                config.command is not None or config.pinned) else [],
             "capabilities": None,
         })
     return sorted(rows, key=lambda r: r["name"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
@@ -24,6 +24,7 @@ from meshd.native.rpc_workers import RemoteWorkers
 from meshd.native.session import SequenceSession
 from meshd.plugins.base import ModelDescription, Proposer, ProposerEnv
 from meshd.plugins.config import PluginConfig
+from meshd.plugins.guard import PluginGuards
 from meshd.plugins.hosts import PluginHosts
 from meshd.plugins.match_stats import SharedMatchStats
 from meshd.plugins.registry import Registry, default_registry
@@ -38,40 +39,10 @@ from .chat_template import ChatTemplate, ChatTemplateError
 from .cost_cache import load_or_measure_costs
 from .engine import Generation, SpeculationSettings
 from .prefix_cache import PrefixCache
+from .request_errors import PromptTooLong, RequestError, too_long_message
 from .sampling import GREEDY, SamplingParams
+from .timed_steps import Events, Notes, ProgressFactory, StepProgress, slow_step, timed
 from .window import MtpHead
-
-
-class RequestError(ValueError):
-    """The request cannot be served as asked (bad proposer name, prompt too long, ...)."""
-
-
-class PromptTooLong(RequestError):
-    """The prompt does not fit the context (the daemon answers ``model_error``; ``meshd
-    generate`` exits 3 like meshctl)."""
-
-
-class StepProgress(Protocol):
-    """A slow step's progress display (``meshd.clients.terminal.Progress`` on a terminal)."""
-
-    def update(self, fraction: float) -> None: ...
-
-    def done(self, result: str = "done") -> None: ...
-
-
-class _Silent:
-    def update(self, fraction: float) -> None:
-        pass
-
-    def done(self, result: str = "done") -> None:
-        pass
-
-
-#: ``notes(event, message)``: something the user should know (a capped --ctx, a
-#: recalibration); the CLI prints it, the daemon logs it.
-Notes = Callable[[str, str], None]
-#: ``progress(what)``: a display for one slow step (model load, calibration).
-ProgressFactory = Callable[[str], StepProgress]
 
 
 @attrs.frozen
@@ -113,10 +84,13 @@ class ModelRuntime:
 
     def __init__(self, config: RuntimeConfig = RuntimeConfig(),
                  registry: Registry | None = None, *, notes: Notes | None = None,
-                 progress: ProgressFactory | None = None) -> None:
+                 progress: ProgressFactory | None = None, events: Events | None = None,
+                 ) -> None:
         self.config = config
         self._notes = notes
         self._progress = progress
+        #: Slow steps' start and end, with durations (the daemon logs them).
+        self._events = events
         path = Path(config.model_path) if config.model_path else default_model_path()
         self.path = path
         #: The workers the layers are split across (None: everything is local).
@@ -141,6 +115,13 @@ class ModelRuntime:
         if self.plugins:
             self.registry = self.registry.copy()
             self.plugins.register_into(self.registry)
+        #: Third-party in-process proposers: each on a worker thread, under its deadline.
+        self.guards = PluginGuards({
+            name: config.plugins.get(name, PluginConfig(name)).deadline_ms / 1e3
+            for name in self.registry.names() if self.registry.isolatable(name)})
+        if self.guards:
+            self.registry = self.registry.copy()
+            self.registry.guards = self.guards
         cache_tokens = config.prefix_cache_tokens
         if cache_tokens is None:
             cache_tokens = ctx_config.n_ctx_seq * ctx_config.n_seq_max
@@ -170,9 +151,9 @@ class ModelRuntime:
                 self.costs = CostModel(load_or_measure_costs(
                     self.context, path, threads=config.threads,
                     placement=[*config.rpc_workers, *config.tensor_split],
-                    note=self._note, step=self._step))
+                    note=self._note, step=lambda what: self._step(what, "calibration")))
                 if self.context.mtp is not None:
-                    bar = self._step("measuring the MTP head")
+                    bar = self._step("measuring the MTP head", "mtp_calibration")
                     self.mtp_costs = measure_mtp_costs(self.context)
                     bar.done()
                 else:
@@ -186,14 +167,17 @@ class ModelRuntime:
         if self._notes is not None:
             self._notes(event, message)
 
-    def _step(self, what: str) -> StepProgress:
-        return self._progress(what) if self._progress is not None else _Silent()
+    def _step(self, what: str, kind: str, *, display: bool = True,
+              **fields: object) -> StepProgress:
+        return slow_step(what, kind, progress=self._progress if display else None,
+                         events=self._events, **fields)
 
     def _load(self, *, announce: bool = True) -> tuple[Model, TargetContext]:
         """Load the model (placing layers on the workers, if any) and its context."""
         config = self.config
         placement = self.remote.connect() if self.remote is not None else None
-        bar = self._step(f"loading {self.path.name}") if announce else _Silent()
+        bar = self._step(f"loading {self.path.name}", "model_load" if announce
+                         else "model_reload", display=announce, path=str(self.path))
         model = Model.load(self.path, on_progress=bar.update, placement=placement,
                            n_gpu_layers=-1 if config.gpu_layers is None else config.gpu_layers)
         bar.done()
@@ -209,7 +193,10 @@ class ModelRuntime:
                 in_place_rollback=config.in_place_rollback,
                 cache_type_k=config.cache_type_k,
             )
-            return model, TargetContext(model, ctx_config)
+            with timed("context_build", self._events, n_ctx_seq=ctx_config.n_ctx_seq,
+                       n_seq_max=ctx_config.n_seq_max):
+                context = TargetContext(model, ctx_config)
+            return model, context
         except BaseException:
             model.close()
             raise
@@ -331,6 +318,7 @@ class ModelRuntime:
 
     def close(self) -> None:
         self.plugins.close()
+        self.guards.close()
         self.prefix_cache.clear()
         for draft in self._drafts.values():
             draft.close()
@@ -351,10 +339,11 @@ class ModelRuntime:
         if key not in self._drafts:
             cfg = self.context.config
             try:
-                self._drafts[key] = DraftModel(
-                    key, target=self.model, n_ctx_seq=cfg.n_ctx_seq,
-                    n_seq_max=cfg.n_seq_max, n_threads=cfg.n_threads,
-                )
+                with timed("draft_model_load", self._events, path=key):
+                    self._drafts[key] = DraftModel(
+                        key, target=self.model, n_ctx_seq=cfg.n_ctx_seq,
+                        n_seq_max=cfg.n_seq_max, n_threads=cfg.n_threads,
+                    )
             except ModelLoadError as exc:
                 raise RequestError(str(exc)) from exc
         return self._drafts[key]
@@ -389,20 +378,12 @@ class ModelRuntime:
             raise RequestError(str(exc)) from exc
 
     def prompt_too_long(self, n_prompt: int) -> str:
-        """Why a prompt of ``n_prompt`` tokens cannot run, naming ``--ctx`` and the limit."""
-        n_ctx = self.context.config.n_ctx_seq
-        n_train = self.model.info.n_ctx_train
-        message = (f"prompt of {n_prompt} tokens does not fit the context of {n_ctx} tokens "
-                   f"per session (--ctx): at most {n_ctx - 1} prompt tokens")
-        if n_train and n_ctx < n_train:
-            return f"{message}; a larger --ctx (up to {n_train}, the model's training " \
-                   "context) makes room"
-        if n_train and n_ctx >= n_train:
-            return f"{message}; that is the model's training context, the most --ctx allows"
-        return message
+        return too_long_message(n_prompt, self.context.config.n_ctx_seq,
+                                self.model.info.n_ctx_train)
 
-    def tokenize_prompt(self, text: str, *, chat: bool) -> list[int]:
-        return self.model.tokenizer.tokenize(text, add_special=not chat, parse_special=chat)
+    def tokenize_prompt(self, text: str, *, chat: bool, limit: int | None = None) -> list[int]:
+        return self.model.tokenizer.tokenize(text, add_special=not chat, parse_special=chat,
+                                             max_tokens=limit)
 
     # ------------------------------------------------------------------ generations
 
@@ -415,7 +396,15 @@ class ModelRuntime:
             out["draft"] = "no draft model (start meshd serve with --draft-model PATH)"
         for name, why in self.registry.errors.items():
             out[name] = f"the plugin failed to load: {why}"
+        for name, host in self.plugins.hosts.items():
+            if host.start_error is not None and host.link is None:
+                host.current()  # tried again once its backoff has passed
+                out[name] = f"the plugin failed to start: {host.start_error}"
         return out
+
+    def plugin_counters(self) -> dict[str, int]:
+        """``plugin.NAME.*`` for every plugin, out-of-process and isolated in-process."""
+        return {**self.plugins.counters(), **self.guards.counters()}
 
     def usable_proposers(self) -> list[str]:
         """What a request may name besides ``off``: ``auto``, every installed proposer

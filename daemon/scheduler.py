@@ -35,10 +35,18 @@ from meshd.native.errors import CapacityError, NativeError
 from meshd.policy.decision import FinishReason
 
 from .compute import ComputeThread, loop_poster
-from .engine import Generation, StepOutcome, TokenEvent, start_many, step_many
+from .engine import (
+    ForwardTiming,
+    Generation,
+    StepOutcome,
+    TokenEvent,
+    start_many,
+    step_many,
+)
 from .generation_stats import GenerationStats
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
-from .runtime import ModelRuntime, RequestError
+from .request_errors import RequestError
+from .runtime import ModelRuntime
 from .sampling import GREEDY, SamplingParams
 from .statistics import (
     ProposerStatistics,
@@ -154,6 +162,8 @@ class Scheduler:
         self._hold_since: float | None = None
         #: Requests being prepared for :meth:`submit` (see :meth:`preparing`).
         self._preparing = 0
+        #: Requests handed to the compute thread to start (neither waiting nor active).
+        self._admitting = 0
 
     # ------------------------------------------------------------------ API
 
@@ -182,10 +192,20 @@ class Scheduler:
         )
 
     def submit(self, request: GenerationRequest) -> GenerationHandle:
-        """Queue a request; raises Busy when the queue is full."""
-        if len(self._waiting) >= self.max_queue:
+        """Queue a request; raises Busy when it would wait for a slot while
+        ``max_queue`` requests already do.
+
+        Requests that have a free slot pass through the queue too, for a moment (the
+        loop admits them), so only those beyond the free slots count against
+        ``max_queue``: with 0, a request is admitted while a slot is free and refused
+        when none is, instead of always.
+        """
+        slots = self.runtime.context.config.n_seq_max
+        free = max(0, slots - len(self._active) - self._admitting)
+        if len(self._waiting) >= free + self.max_queue:
             self._counters.rejected_busy += 1
-            raise Busy(f"{len(self._waiting)} requests are already waiting")
+            raise Busy(f"all {slots} slots are busy and {len(self._waiting) - free} "
+                       f"requests wait for one (at most {self.max_queue})")
         send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=math.inf)
         handle = GenerationHandle(request, send, receive)
         self._waiting.append(handle)
@@ -305,12 +325,15 @@ class Scheduler:
                 batch.append(handle)
             if not batch:
                 continue
+            self._admitting = len(batch)
             try:
                 results = await self.run_sync(_admit, self.runtime,
                                               [h.request for h in batch])
             except BaseException:
                 self._waiting.extendleft(reversed(batch))  # still owed their last event
                 raise
+            finally:
+                self._admitting = 0
             # No await from here until the generations are owned by ``_active``: a
             # cancelled loop closes what it owns (see ``run``).
             admitted: list[GenerationHandle] = []
@@ -322,6 +345,7 @@ class Scheduler:
                 handle.generation = gen
                 self._active.append(handle)
                 self._counters.forwards += 1
+                self._counters.prompt_tokens += len(handle.request.prompt)
                 self._deliver(handle, events)
                 if handle.cancelled:
                     gen.cancel()
@@ -367,8 +391,9 @@ class Scheduler:
     def _count_steps(self, ran: _Ran) -> None:
         self._counters.steps += ran.steps
         self._counters.forwards += ran.steps
-        for seconds in ran.forward_seconds:
-            self._counters.verify_seconds.observe(seconds)
+        for forward in ran.forwards:
+            (self._counters.decode_seconds if forward.plain
+             else self._counters.verify_seconds).observe(forward.seconds)
         for seconds in ran.host_seconds:
             self._counters.step_host_seconds.observe(seconds)
 
@@ -421,6 +446,7 @@ class Scheduler:
         totals[proposer] = totals.get(proposer, ProposerStatistics()).plus(st)
 
     def _finish(self, handle: GenerationHandle, event: Finished | Failed) -> None:
+        self._counters.request_seconds.observe(time.monotonic() - handle.submitted)
         if isinstance(event, Failed):
             self._counters.failed += 1
             self._counters.finish_reasons["error"] += 1
@@ -484,11 +510,11 @@ def _admit(runtime: ModelRuntime, requests: Sequence[GenerationRequest],
 @attrs.define
 class _Ran:
     """What :func:`_run_steps` did: each generation's events not yet handed on (or its
-    failure), the number of steps, and the wall time of each verify forward."""
+    failure), the number of steps, and the time and shape of each forward."""
 
     outcomes: list[StepOutcome]
     steps: int
-    forward_seconds: list[float]
+    forwards: list[ForwardTiming]
     #: Each step's wall time outside its forwards.
     host_seconds: list[float] = attrs.field(factory=list)
 
@@ -509,10 +535,10 @@ def _run_steps(live: Sequence[Generation], interval_s: float,
     t_next = time.perf_counter() + interval_s
     ran = fresh()
     while True:
-        t_step, forwards_before = time.perf_counter(), len(ran.forward_seconds)
-        results = step_many(live, on_forward=ran.forward_seconds.append)
+        t_step, forwards_before = time.perf_counter(), len(ran.forwards)
+        results = step_many(live, on_forward=ran.forwards.append)
         ran.host_seconds.append(time.perf_counter() - t_step
-                                - sum(ran.forward_seconds[forwards_before:]))
+                                - sum(f.seconds for f in ran.forwards[forwards_before:]))
         ran.steps += 1
         failed = False
         for i, result in enumerate(results):

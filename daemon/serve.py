@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import time
-from collections.abc import Callable
 from typing import Any, Final
 
 import anyio
@@ -35,21 +33,22 @@ from meshd.native.errors import NativeError
 from . import config as cfg
 from . import options as opt
 from .activation import ActivationError, InheritedSocket, listen_fds
-from .checks import check_model_args
 from .compute import ComputeThread
-from .http.tcp import check_http_address, open_http_listener
-from .listener import ListenerError, default_socket_path, open_listener, preflight
-from .logs import FORMATS, configure_logging, get_logger
+from .http.tcp import open_http_listener
+from .listener import ListenerError, default_socket_path, open_listener
+from .logs import DEFAULT_LLAMA_LOG_LEVEL, FORMATS, configure_logging, get_logger, set_levels
 from .notify import Notifier
-from .runtime import ModelRuntime, RequestError, RuntimeConfig
+from .request_errors import RequestError
+from .runtime import ModelRuntime, RuntimeConfig
+from .serve_checks import StartupProblem, check_before_start
 from .server import Server
 from .service import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
-from .supervise import Supervisor, notifying_progress, pinging_while_starting
+from .supervise import Reload, Supervisor, notifying_progress, pinging_while_starting
 
 HTTP_FD_NAME: Final = "http"
 """``FileDescriptorName=`` of an inherited socket to serve HTTP on."""
 
-__all__ = ["HTTP_FD_NAME", "add_parser", "run", "socket_address"]
+__all__ = ["HTTP_FD_NAME", "add_parser", "run"]
 
 #: Runtime notes about routine adaptation (logged at info, not warning).
 ROUTINE_NOTES = frozenset({"rollback_depth"})
@@ -65,8 +64,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                  opt.placement_options()],
     )
     p.add_argument("-s", "--socket", default=None, metavar="PATH",
-                   help="socket path, unix:PATH or fd://N (default: $MESHD_SOCKET, else "
-                        f"{default_socket_path()})")
+                   help="socket path, unix:PATH or fd://N (default: $MESHD_SERVE_SOCKET "
+                        "or $MESHD_SOCKET, else the file's [serve] socket, else a "
+                        f"socket-activated one, else {default_socket_path()})")
     p.add_argument("--http", default=None, metavar="tcp:127.0.0.1:PORT",
                    help="also serve HTTP (OpenAI API, /health, /metrics) on a loopback TCP "
                         "port or an inherited socket (fd://N); the Unix socket always "
@@ -122,12 +122,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     cfg.add_config_flags(p)
 
 
-def socket_address(explicit: str | None) -> str:
-    """Where ``serve`` listens: ``--socket``, else ``$MESHD_SOCKET``, else the default
-    (the same order meshctl looks in, so both find each other)."""
-    return explicit or os.environ.get("MESHD_SOCKET") or default_socket_path()
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``meshd serve`` with parsed ``args``; returns the exit code."""
     flags = cfg.explicit_flags(args)
@@ -135,12 +129,13 @@ def run(args: argparse.Namespace) -> int:
         loaded = cfg.load(args.config, flags=flags)
     except cfg.ConfigError as exc:
         configure_logging(flags.get("log_level", opt.DEFAULT_LOG_LEVEL),
-                          format=flags.get("log_format", "auto"))
+                          format=flags.get("log_format", "auto"),
+                          llama_level=flags.get("llama_log_level", DEFAULT_LLAMA_LOG_LEVEL))
         get_logger("meshd.serve").error("bad_config", error=str(exc))
         return 2
     c = loaded.config
     apply_thread_wait(c.model.thread_wait)  # may run this command again (see there)
-    configure_logging(c.log.level, format=c.log.format)
+    configure_logging(c.log.level, format=c.log.format, llama_level=c.log.llama_level)
     log = get_logger("meshd.serve")
     if loaded.path:
         log.info("config_loaded", path=loaded.path)
@@ -152,27 +147,17 @@ def run(args: argparse.Namespace) -> int:
     except ActivationError as exc:
         log.error("socket_activation_failed", error=str(exc))
         return 1
-    bind = c.serve.socket or _activated_bind(inherited) or socket_address(None)
+    # serve.socket (flag, $MESHD_SERVE_SOCKET or $MESHD_SOCKET, file), else systemd's.
+    bind = c.serve.socket or _activated_bind(inherited) or default_socket_path()
     http = c.serve.http or _activated_http(inherited)
     drafts = list(c.model.draft_models)
     try:
-        remote = loaded.plugins.get(c.speculation.proposer)
-        proposer = c.speculation.proposer if remote is not None and remote.out_of_process \
-            else opt.proposer_name(c.speculation.proposer)  # out-of-process: from the file
-    except argparse.ArgumentTypeError as exc:
-        log.error("bad_config", error=f"speculation.proposer: {exc}")
-        return 2
-    if proposer.startswith("draft:") and proposer.partition(":")[2] not in drafts:
-        message = (f"proposer {proposer} names a draft model that is not among the "
-                   "draft models; add --draft-model "
-                   f"{proposer.partition(':')[2]}")
-        log.error("bad_usage", error=message)
-        return 2
-    try:
-        check_model_args(c.model.path, proposer, drafts)
-    except NativeError as exc:
-        log.error("model_load_failed", error=str(exc))
-        return 3
+        checked = check_before_start(loaded, bind=bind, http=http)
+    except StartupProblem as refused:
+        where = {"address": bind} if refused.event == "listen_failed" else {}
+        log.error(refused.event, error=refused.message, **where)
+        return refused.exit_code
+    proposer, server_config = checked.proposer, checked.server_config
     config = RuntimeConfig(
         model_path=c.model.path, n_ctx_seq=c.model.ctx, n_seq_max=c.serve.slots,
         draft_max=c.speculation.draft_max, threads=c.model.threads,
@@ -185,17 +170,6 @@ def run(args: argparse.Namespace) -> int:
         cache_type_k=c.model.cache_type_k,
         plugins=loaded.plugins,
     )
-    try:
-        preflight(bind)
-        server_config = cfg.server_config(c)
-        if http is not None:
-            check_http_address(http)
-    except ListenerError as exc:
-        log.error("listen_failed", address=bind, error=str(exc))
-        return 1
-    except ValueError as exc:
-        log.error("bad_config", error=str(exc))
-        return 2
     log.info("loading_model", model=c.model.path or "embedded default",
              workers=list(c.model.rpc))
     t0 = time.monotonic()
@@ -210,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with pinging_while_starting(notifier):
             runtime = compute.call(lambda: ModelRuntime(
-                config, notes=note, progress=notifying_progress(notifier, Progress)))
+                config, notes=note, progress=notifying_progress(notifier, Progress),
+                events=log.info))
     except (NativeError, RequestError, OSError, ValueError) as exc:
         compute.close()
         log.error("model_load_failed", error=str(exc))
@@ -251,21 +226,21 @@ def run(args: argparse.Namespace) -> int:
     return 130 if supervisor.forced else 0
 
 
-def _reloader(loaded: cfg.Loaded) -> Callable[[], ServerConfig]:
+def _reloader(loaded: cfg.Loaded) -> Reload:
     """SIGHUP: read the file and environment again (the command line's flags still win),
     apply what can change live, say which changed keys need a restart."""
     current = [loaded.config]
 
-    def reload() -> ServerConfig:
+    def reload() -> tuple[ServerConfig, list[str]]:
         new = cfg.load(loaded.path, flags=loaded.flags).config
         server_config = cfg.server_config(new)  # raises before anything is applied
         needs_restart = cfg.restart_needed(current[0], new)
         if needs_restart:
             get_logger("meshd.serve").warning("restart_needed", keys=needs_restart)
-        if new.log.level != current[0].log.level:
-            configure_logging(new.log.level, format=current[0].log.format)
+        set_levels(new.log.level, new.log.llama_level)  # every logger, from the next event
+        changed = cfg.live_changes(current[0], new)
         current[0] = new
-        return server_config
+        return server_config, changed
 
     return reload
 

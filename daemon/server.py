@@ -87,6 +87,16 @@ class Server:
         self.service.config = config
         self.scheduler.max_queue = config.max_queue
         self.scheduler.step_budget_s = config.stream_interval_s
+        self._warn_if_tcp_bypasses_allow_list()
+
+    def _warn_if_tcp_bypasses_allow_list(self) -> None:
+        """TCP peers carry no credentials, so ``--allow-user``/``--allow-group`` cannot
+        apply to ``--http``: whoever reaches the loopback port is served. Say so."""
+        if self.http_listener is not None and self.config.peers.restricted:
+            self.log.warning(
+                "allow_list_bypassed_by_tcp", http=self.http_listener.address,
+                message="the allowed users and groups apply to the Unix socket only: any "
+                        "local user can reach the --http TCP port")
 
     @property
     def connections(self) -> int:
@@ -127,6 +137,7 @@ class Server:
                     accepting.start_soon(self._accept_loop, listener, conns)
                     if http_listener is not None:
                         accepting.start_soon(self._accept_loop, http_listener, conns, True)
+                    self._warn_if_tcp_bypasses_allow_list()
                     self._ready(listener.address)
                     task_status.started(listener.address)
                     await self._stop.wait()

@@ -11,6 +11,7 @@ flight (for shutdown and for cancelling a request from another connection).
 from __future__ import annotations
 
 import collections
+import functools
 import importlib.metadata
 import socket
 import time
@@ -22,6 +23,7 @@ import anyio.to_thread
 import attrs
 from structlog.typing import FilteringBoundLogger
 
+from meshd.native.tokenizer import TooManyTokens
 from meshd.plugins.host import PluginRefused
 from meshd.plugins.hosts import is_plugin_hello
 from meshd.protocol import (
@@ -31,6 +33,7 @@ from meshd.protocol import (
     BadRequest,
     Detokenize,
     DetokenizeReply,
+    FrameTooLarge,
     Generate,
     Health,
     HealthReply,
@@ -54,7 +57,9 @@ from .http.config import HttpConfig
 from .mapping import model_info, sampling_params
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS, DEFAULT_STREAM_INTERVAL_MS
 from .peercred import PeerPolicy, peer_credentials
-from .runtime import ModelRuntime, RequestError
+from .prompt_fit import PromptTooLong, prompt_tokens
+from .request_errors import RequestError
+from .runtime import ModelRuntime
 from .sampling import with_chosen_seed
 from .scheduler import Busy, GenerationHandle, GenerationRequest, Scheduler
 
@@ -239,6 +244,7 @@ class Service:
             "requests_cancelled": st.cancelled,
             "requests_failed": st.failed,
             "tokens_generated": st.tokens,
+            "prompt_tokens": st.prompt_tokens,
             "forwards": st.forwards,
             "steps": st.steps,
             "active_requests": st.active,
@@ -255,6 +261,8 @@ class Service:
         for reason, n in st.finish_reasons.items():
             counters[f"finish_{reason}"] = n
         for name, snap in (("verify_seconds", st.verify_seconds),
+                           ("decode_seconds", st.decode_seconds),
+                           ("request_seconds", st.request_seconds),
                            ("step_host_seconds", st.step_host_seconds),
                            ("time_to_first_token_seconds", st.time_to_first_token_seconds),
                            ("inter_token_latency_seconds", st.inter_token_latency_seconds)):
@@ -262,7 +270,7 @@ class Service:
             counters[f"{name}_sum"] = snap.sum
         for key, value in sorted(self.counters.items()):
             counters[key] = counters.get(key, 0) + value
-        counters.update(self.runtime.plugins.counters())
+        counters.update(self.runtime.plugin_counters())
         proposers = {
             name: ProposerStats(
                 requests=tot.requests, drafted=tot.drafted, accepted=tot.accepted,
@@ -279,12 +287,15 @@ class Service:
     async def plugin_ingress(self, first_frame: bytes, sock: socket.socket) -> bool:
         """Whether ``first_frame`` opened a proposer plugin's connection; if so, the
         plugin host takes over a duplicate of the socket (set-up on a worker thread,
-        the link then lives in the host) and the connection ends here."""
+        the link then lives in the host) and the connection ends here. The peer's
+        SO_PEERCRED credentials go with it (a table may pin the plugin's uid/gid)."""
         plugins = self.runtime.plugins
         if not is_plugin_hello(first_frame):
             return False
+        peer = peer_credentials(sock)
         try:
-            await anyio.to_thread.run_sync(plugins.adopt, sock.dup(), first_frame)
+            await anyio.to_thread.run_sync(
+                functools.partial(plugins.adopt, sock.dup(), first_frame, peer=peer))
         except PluginRefused:
             self.counters["plugins_refused"] += 1
         return True
@@ -293,11 +304,18 @@ class Service:
 
     async def tokenize(self, request: Tokenize) -> TokenizeReply:
         """Tokenize on a worker thread: the vocabulary is read-only and needs no
-        context lock, and a multi-megabyte text must not stall the event loop."""
+        context lock, and a multi-megabyte text must not stall the event loop. No more
+        ids are stored than a reply frame could carry (each takes 2 bytes or more)."""
         tok = self.runtime.model.tokenizer
-        tokens = await anyio.to_thread.run_sync(
-            lambda: tok.tokenize(request.text, add_special=request.add_special)
-        )
+        most = self.config.max_frame_size // 2
+        try:
+            tokens = await anyio.to_thread.run_sync(lambda: tok.tokenize(
+                request.text, add_special=request.add_special, max_tokens=most))
+        except TooManyTokens as exc:
+            raise FrameTooLarge(
+                f"tokenize: the text is {exc.n_tokens} tokens; a reply of more than {most} "
+                f"would be above the frame limit of {self.config.max_frame_size} bytes",
+                request_id=request.id) from None
         return TokenizeReply(id=request.id, tokens=tuple(tokens))
 
     async def detokenize(self, request: Detokenize) -> DetokenizeReply:
@@ -309,7 +327,18 @@ class Service:
                     f"must be a token id below the vocabulary size {n_vocab} (got {token})",
                 ).with_request_id(request.id)
         tok = self.runtime.model.tokenizer
-        text = await anyio.to_thread.run_sync(tok.detokenize, request.tokens)
+        limit = self.config.max_frame_size
+
+        def detokenize() -> str:
+            # The pieces' sizes first: a reply larger than a frame is never built.
+            size = sum(len(tok.piece(t)) for t in request.tokens)
+            if size > limit:
+                raise FrameTooLarge(
+                    f"detokenize: the text is {size} bytes, above the frame limit of "
+                    f"{limit}", request_id=request.id)
+            return tok.detokenize(request.tokens)
+
+        text = await anyio.to_thread.run_sync(detokenize)
         return DetokenizeReply(id=request.id, text=text)
 
     # ------------------------------------------------------------------ generate
@@ -343,6 +372,8 @@ class Service:
         try:
             with self.scheduler.preparing():  # admissions wait a moment for it
                 prompt = await anyio.to_thread.run_sync(self._prompt_tokens, request)
+        except PromptTooLong as exc:
+            raise ModelError(str(exc), request_id=rid) from exc
         except (RequestError, ValueError) as exc:
             field = "generate.messages" if request.messages is not None else "generate.prompt"
             raise BadRequest(f"{field}: {exc}", request_id=rid) from exc
@@ -359,14 +390,15 @@ class Service:
         )
 
     def _prompt_tokens(self, request: Generate) -> list[int]:
-        """Render (chat) and tokenize, exactly as ``meshd generate`` does; blocking."""
+        """Render (chat) and tokenize, exactly as ``meshd generate`` does; blocking.
+        Raises PromptTooLong before tokenizing more than the context holds."""
         rt = self.runtime
         if request.messages is not None:
             text = rt.render_chat([{"role": m.role, "content": m.content}
                                    for m in request.messages])
-            return rt.tokenize_prompt(text, chat=True)
+            return prompt_tokens(rt, text, chat=True)
         assert request.prompt is not None
-        return rt.tokenize_prompt(request.prompt, chat=False)
+        return prompt_tokens(rt, request.prompt, chat=False)
 
     def submit(self, request: GenerationRequest, request_id: str) -> GenerationHandle:
         """Queue an engine request; raises ServerBusy when draining or the queue is full."""

@@ -22,6 +22,9 @@ from .histogram import Histogram, HistogramSnapshot
 
 #: Upper bounds in seconds for host time per decode step (well under a forward).
 HOST_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+#: Upper bounds in seconds for a whole request, queue wait included (up to many minutes).
+REQUEST_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+                     320.0, 640.0)
 
 __all__ = ["ProposerStatistics", "RuntimeFigures", "SchedulerCounters", "SchedulerStatistics"]
 
@@ -74,13 +77,19 @@ class SchedulerCounters:
     failed: int = 0
     rejected_busy: int = 0
     tokens: int = 0
+    #: Prompt tokens of admitted requests (those a prefix-cache hit reused included).
+    prompt_tokens: int = 0
     forwards: int = 0
     steps: int = 0
     proposers: dict[str, ProposerStatistics] = attrs.field(factory=dict)
     #: Requests that ended, by finish reason (``error`` for failed ones).
     finish_reasons: collections.Counter[str] = attrs.field(factory=collections.Counter)
-    #: One batched verify forward (every active session's window), in seconds.
+    #: One batched verify forward (a window with drafts or filler), in seconds.
     verify_seconds: Histogram = attrs.field(factory=Histogram)
+    #: One batched plain decode forward (every window one row), in seconds.
+    decode_seconds: Histogram = attrs.field(factory=Histogram)
+    #: From submission to the request's end (its ``done``), queue wait included.
+    request_seconds: Histogram = attrs.field(factory=lambda: Histogram(REQUEST_BUCKETS_S))
     #: One decode step's time on the compute thread outside its forwards (planning,
     #: drafting, deciding, repairing, sampling, handing tokens on), in seconds.
     step_host_seconds: Histogram = attrs.field(factory=lambda: Histogram(HOST_BUCKETS_S))
@@ -100,6 +109,7 @@ class SchedulerStatistics:
     failed: int
     rejected_busy: int
     tokens: int
+    prompt_tokens: int
     forwards: int
     steps: int
     active: int
@@ -109,6 +119,8 @@ class SchedulerStatistics:
     proposers: Mapping[str, ProposerStatistics]
     finish_reasons: Mapping[str, int]
     verify_seconds: HistogramSnapshot
+    decode_seconds: HistogramSnapshot
+    request_seconds: HistogramSnapshot
     step_host_seconds: HistogramSnapshot
     time_to_first_token_seconds: HistogramSnapshot
     inter_token_latency_seconds: HistogramSnapshot
@@ -121,9 +133,12 @@ class SchedulerStatistics:
         return cls(
             requests=c.requests, completed=c.completed, cancelled=c.cancelled,
             failed=c.failed, rejected_busy=c.rejected_busy, tokens=c.tokens,
+            prompt_tokens=c.prompt_tokens,
             forwards=c.forwards, steps=c.steps, active=active, queued=queued,
             proposers=dict(c.proposers), finish_reasons=dict(c.finish_reasons),
             verify_seconds=c.verify_seconds.snapshot(),
+            decode_seconds=c.decode_seconds.snapshot(),
+            request_seconds=c.request_seconds.snapshot(),
             step_host_seconds=c.step_host_seconds.snapshot(),
             time_to_first_token_seconds=c.time_to_first_token_seconds.snapshot(),
             inter_token_latency_seconds=c.inter_token_latency_seconds.snapshot(),

@@ -3,8 +3,15 @@
 The engine pushes the text of each committed token (already cut on UTF-8 boundaries)
 and gets back the text that is now safe to stream. A stop string may arrive split over
 many small pieces, so text is held back exactly as long as it could still be the
-beginning of a stop string, and never longer: a suffix of the pending text that is a
-proper prefix of some stop string is held, everything before it is released.
+beginning of a stop string, and never longer: the longest suffix of the pending text
+that is a proper prefix of some stop string is held, everything before it is released.
+
+Why Knuth-Morris-Pratt: a client chooses the stop strings, so the matcher's cost must
+be linear in their length. Each stop string keeps its KMP failure table (one integer
+per character) and a state, the length of the longest prefix of the stop that the text
+pushed so far ends with; each pushed character moves every state in amortized constant
+time. The held-back text is then the last ``max(state)`` characters, and a stop has
+completed where its state reaches its length.
 
 Matching rule: the first stop string to *complete* wins. Among stop strings completing
 at the same point, the one starting earliest (the longest) wins, so that none of its
@@ -20,6 +27,7 @@ stop.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from attrs import frozen
@@ -40,8 +48,48 @@ class StopResult:
     stopped: bool = False
 
 
+def _failure(stop: str) -> array[int]:
+    """KMP's table: ``table[i]`` is the length of the longest proper prefix of
+    ``stop[: i + 1]`` that is also its suffix. Linear time, one machine word per char."""
+    table = array("q", bytes(8 * len(stop)))
+    k = 0
+    for i in range(1, len(stop)):
+        ch = stop[i]
+        while k and stop[k] != ch:
+            k = table[k - 1]
+        if stop[k] == ch:
+            k += 1
+        table[i] = k
+    return table
+
+
+class _Automaton:
+    """One stop string's KMP state over the text pushed so far."""
+
+    __slots__ = ("state", "stop", "table")
+
+    def __init__(self, stop: str) -> None:
+        self.stop = stop
+        self.table = _failure(stop)
+        self.state = 0  # length of the longest prefix of ``stop`` the text ends with
+
+    def step(self, ch: str) -> bool:
+        """Advance over one character; whether the stop string completed with it."""
+        stop, k = self.stop, self.state
+        while k and stop[k] != ch:
+            k = self.table[k - 1]
+        if stop[k] == ch:
+            k += 1
+        self.state = k
+        return k == len(stop)
+
+
 class StopMatcher:
-    """Incremental stop-string matcher over the committed text of one request."""
+    """Incremental stop-string matcher over the committed text of one request.
+
+    Memory is linear in the total length of the stop strings; each pushed character
+    costs amortized constant time per stop string.
+    """
 
     def __init__(self, stops: Sequence[str]) -> None:
         if isinstance(stops, str):
@@ -51,12 +99,7 @@ class StopMatcher:
             if not stop:
                 raise ValueError("empty stop string: it would match before any text")
         self._stops: tuple[str, ...] = tuple(dict.fromkeys(stops))
-        # Proper prefixes of every stop: a pending suffix in this set may still grow
-        # into a match, so it must be held back.
-        self._prefixes: frozenset[str] = frozenset(
-            stop[:i] for stop in self._stops for i in range(1, len(stop))
-        )
-        self._max_hold = max((len(stop) - 1 for stop in self._stops), default=0)
+        self._automata = tuple(_Automaton(stop) for stop in self._stops)
         self._pending = ""
         self._stopped = False
 
@@ -80,12 +123,20 @@ class StopMatcher:
         if self._stopped:
             raise RuntimeError("push() after a stop string completed")
         buf = self._pending + piece
-        match = self._first_completed(buf)
-        if match is not None:
-            self._stopped = True
-            self._pending = ""
-            return StopResult(buf[:match], stopped=True)
-        hold = self._holdback(buf)
+        if not self._automata:
+            return StopResult(buf)
+        base = len(self._pending)
+        for i, ch in enumerate(piece):
+            completed = 0  # the longest stop completing at this character
+            for automaton in self._automata:
+                if automaton.step(ch):
+                    completed = max(completed, len(automaton.stop))
+            if completed:
+                # The held-back invariant: a stop's start lies in pending + piece.
+                self._stopped = True
+                self._pending = ""
+                return StopResult(buf[: base + i + 1 - completed], stopped=True)
+        hold = max(automaton.state for automaton in self._automata)
         self._pending = buf[len(buf) - hold :]
         return StopResult(buf[: len(buf) - hold])
 
@@ -95,29 +146,6 @@ class StopMatcher:
         After a stop, or on a second call, this returns ``""``.
         """
         text, self._pending = self._pending, ""
+        for automaton in self._automata:
+            automaton.state = 0
         return text
-
-    def _first_completed(self, buf: str) -> int | None:
-        """Start index of the first stop string to complete in ``buf``, or None.
-
-        The held-back invariant means no stop string can start in already released
-        text, so searching ``pending + piece`` finds every match the piece completes.
-        A stop's first occurrence is also its earliest-ending one, so one ``find`` per
-        stop suffices; ties on the end go to the earliest start.
-        """
-        best: tuple[int, int] | None = None  # (end, start)
-        for stop in self._stops:
-            start = buf.find(stop)
-            if start < 0:
-                continue
-            candidate = (start + len(stop), start)
-            if best is None or candidate < best:
-                best = candidate
-        return None if best is None else best[1]
-
-    def _holdback(self, buf: str) -> int:
-        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop."""
-        for length in range(min(len(buf), self._max_hold), 0, -1):
-            if buf[len(buf) - length :] in self._prefixes:
-                return length
-        return 0

@@ -28,21 +28,29 @@ from typing import Any, Final
 
 import anyio
 import anyio.abc
-import attrs
 
 from .logs import get_logger
 from .notify import Notifier, watchdog_interval
-from .runtime import ProgressFactory, StepProgress
 from .server import Server
 from .service import ServerConfig
+from .timed_steps import ProgressFactory, StepProgress
 
-__all__ = ["STATUS_INTERVAL_S", "Supervisor", "notifying_progress", "pinging_while_starting"]
+__all__ = [
+    "STATUS_INTERVAL_S",
+    "Reload",
+    "Supervisor",
+    "notifying_progress",
+    "pinging_while_starting",
+]
 
 STATUS_INTERVAL_S: Final = 5.0
 """How often the serving status line is refreshed (sent only when it changed)."""
 
-Reload = Callable[[], ServerConfig]
-"""Reads the configuration again; raises (with a message naming the key) when it is bad."""
+Reload = Callable[[], tuple[ServerConfig, list[str]]]
+"""Reads the configuration again and applies what is live outside the server (log
+levels); returns the server's new settings and the live keys that changed
+(``serve.max_tokens``, ``log.level``). Raises (with a message naming the key) when the
+configuration is bad, before anything is applied."""
 
 
 class _NotifyingStep:
@@ -156,13 +164,10 @@ class Supervisor:
             self.log.info("reload_skipped", reason="no configuration to reload")
         else:
             try:
-                new = self.reload_config()
+                new, changed = self.reload_config()
             except Exception as exc:  # a bad file must not take a serving daemon down
                 self.log.error("reload_failed", error=str(exc))
             else:
-                old = self.server.config
-                changed = [f.name for f in attrs.fields(ServerConfig)
-                           if getattr(old, f.name) != getattr(new, f.name)]
                 self.server.reconfigure(new)
                 self.reloads += 1
                 self.log.info("reloaded", changed=changed)

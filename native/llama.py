@@ -27,7 +27,9 @@ _log = logging.getLogger("meshd.llama")
 _init_lock = threading.Lock()
 _initialised = False
 # ggml_log_level (ggml.h): 0 NONE, 1 DEBUG, 2 INFO, 3 WARN, 4 ERROR, 5 CONT (continuation).
-_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING,
+# Each keeps its level: the daemon gives this logger a level of its own
+# (--llama-log-level, default warn), so a model load's info lines stay out of its log.
+_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING,
            4: logging.ERROR}
 #: llama.cpp's latest error lines, so a failed call can say why (they are logged too).
 _recent_errors: collections.deque[str] = collections.deque(maxlen=4)
@@ -47,7 +49,6 @@ def _log_callback(level: int, text: bytes, _user: Any) -> None:
     chunk = text.decode("utf-8", "replace")
     with _pending_lock:
         if level != _CONT:
-            # llama.cpp logs a lot at INFO while loading; keep that at DEBUG.
             _pending_level = _LEVELS.get(level, logging.DEBUG)
         _pending.append(chunk)
         if not chunk.endswith("\n"):

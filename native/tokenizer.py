@@ -17,6 +17,15 @@ from typing import Any
 from .llama import lc
 
 
+class TooManyTokens(ValueError):
+    """A text tokenizes to more tokens than the caller would take (none were kept)."""
+
+    def __init__(self, n_tokens: int, limit: int) -> None:
+        super().__init__(f"the text is {n_tokens} tokens, above the limit of {limit}")
+        self.n_tokens = n_tokens
+        self.limit = limit
+
+
 class Tokenizer:
     """Text <-> token ids for one model. Thread-safe (llama.cpp's vocab is read-only)."""
 
@@ -26,6 +35,7 @@ class Tokenizer:
         self.add_bos = add_bos
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._lock = threading.Lock()
+        self._max_piece_bytes: int | None = None
 
     @property
     def vocab(self) -> Any:
@@ -38,20 +48,46 @@ class Tokenizer:
         self._vocab = None
 
     def tokenize(self, text: str, *, add_special: bool = True,
-                 parse_special: bool = False) -> list[int]:
-        """Token ids of ``text`` (with BOS etc. when ``add_special``)."""
+                 parse_special: bool = False, max_tokens: int | None = None) -> list[int]:
+        """Token ids of ``text`` (with BOS etc. when ``add_special``).
+
+        ``max_tokens``: raise TooManyTokens (with the full count, which llama.cpp
+        reports without storing the tokens) rather than build a longer list, so a
+        caller's limit bounds the memory taken, not only the answer.
+        """
         vocab = self.vocab
         data = text.encode("utf-8")
-        cap = len(data) + 8
+        cap = len(data) + 8 if max_tokens is None else min(len(data) + 8, max_tokens)
         buf = (lc.llama_token * cap)()
         n = lc.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
+            if max_tokens is not None and -n > max_tokens:
+                raise TooManyTokens(-n, max_tokens)
             cap = -n
             buf = (lc.llama_token * cap)()
             n = lc.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
             if n < 0:
                 raise ValueError(f"tokenization failed ({n}) for a text of {len(data)} bytes")
         return list(buf[:n])
+
+    @property
+    def max_piece_bytes(self) -> int:
+        """The most bytes of text one token stands for (special tokens written out).
+
+        Why: a text of B bytes needs at least B / max_piece_bytes tokens, so a prompt
+        too long for the context can be refused before it is tokenized. Read from the
+        vocabulary once (a fraction of a second), on first use.
+        """
+        if self._max_piece_bytes is None:
+            vocab = self.vocab
+            size = 256
+            buf = ctypes.create_string_buffer(size)
+            longest = 1
+            for token in range(self.n_vocab):
+                n = lc.llama_token_to_piece(vocab, token, buf, size, 0, True)
+                longest = max(longest, n if n >= 0 else -n)
+            self._max_piece_bytes = longest
+        return self._max_piece_bytes
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
         """The raw bytes of one token (may be an incomplete UTF-8 sequence)."""

@@ -116,7 +116,12 @@ class ProposerEnv:
 
 
 class Proposer(Protocol):
-    """One request's proposer."""
+    """One request's proposer.
+
+    Calls are never concurrent: built-ins are called on the model's compute thread, a
+    third-party in-process plugin's (every request's instance) on one worker thread of
+    its own, under its deadline (:mod:`meshd.plugins.guard`).
+    """
 
     name: str
     capabilities: Capabilities

@@ -184,18 +184,22 @@ class CompositeProposer:
             child.close()
 
 
-def _curve_from(env: ProposerEnv) -> CostCurve:
+def _curve_from(env: ProposerEnv) -> CostCurve | None:
+    """The measured curve (resource), else the ``cost_curve`` option, else None."""
     curve = env.resources.cost_curve
     if isinstance(curve, CostCurve):
         return curve
     raw = env.options.get("cost_curve")
     if isinstance(raw, Sequence) and not isinstance(raw, str | bytes):
         return CostCurve.sanitized([float(x) for x in raw])
-    raise ProposerUnavailable(
-        "composite: no cost curve (env.resources.cost_curve, or "
-        "options['cost_curve'] = [c(0), c(1), ...]); speculating blind on a machine where "
-        "a verify batch may cost as much as decoding each row is worse than not at all"
-    )
+    return None
+
+
+def fixed_k_curve(children: Sequence[Proposer]) -> CostCurve:
+    """The curve of ``--fixed-k`` (nothing measured, every draft length taken): each
+    window costs one decode, so the composite proposes the longest draft of the child
+    with the best acceptance so far that has one."""
+    return CostCurve((1.0,) * (1 + max(c.capabilities.max_len for c in children)))
 
 
 def _per_child(options: Mapping[str, object], key: str) -> Mapping[str, object]:
@@ -216,7 +220,8 @@ def composite_factory(env: ProposerEnv) -> CompositeProposer:
     ``probe_every``, ``probe_max_every``, ``cost_curve``. Declared resources: the cost
     curve (preferred over the option), the registry (default: the entry-point one) and
     the pooled match statistics, which its children share; children get no live curve
-    (the composite chooses the lengths).
+    (the composite chooses the lengths). Without a curve (``--fixed-k``: no calibration)
+    it drafts by :func:`fixed_k_curve`, as every proposer does there.
     """
     opts = env.options
     curve = _curve_from(env)
@@ -257,7 +262,7 @@ def composite_factory(env: ProposerEnv) -> CompositeProposer:
     every = int_option(opts, "probe_every", 16, minimum=0)
     return CompositeProposer(
         children,
-        curve,
+        curve if curve is not None else fixed_k_curve(children),
         trackers=trackers,
         draft_costs=draft_costs,
         margin=float_option(opts, "margin", DEFAULT_MARGIN, minimum=1.0),

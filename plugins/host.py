@@ -18,7 +18,13 @@ link is closed (a spawned process is killed) for a backoff that doubles each tim
 spawned plugin is then restarted (on a thread the host owns), a connecting one may
 connect again. Proposals never bypass verification: the engine verifies whatever is
 proposed, so output is identical whatever a plugin does. Plugins see token ids; the
-prompt's text only where the config says ``allow_prompt_text``.
+prompt's text only where the config says ``allow_prompt_text``, and then only a spawned
+plugin or a connecting one pinned to a uid/gid (any local user can connect as an
+unpinned one).
+
+A name has one link at a time: while it is up, another process connecting under the
+same name is refused (``name_in_use``), so a plugin cannot be taken over by whoever
+connects next.
 """
 
 from __future__ import annotations
@@ -63,7 +69,9 @@ from meshd.protocol.plugin_channel import ChannelClosed, PluginChannel, SendTime
 
 from .base import Capabilities, ModelDescription, Outcome, Proposal, ProposalRequest, ProposerEnv
 from .config import PluginConfig
+from .peer import Peer, pin_mismatch
 from .resources import Need, TokenizerLike, requires
+from .spawn import spawn
 
 log = structlog.get_logger("meshd.plugins.host")
 
@@ -83,7 +91,18 @@ _ids = itertools.count(1)
 
 
 class PluginRefused(Exception):
-    """A plugin's set-up failed (bad hello, unknown name, timeout); the message says why."""
+    """A plugin's set-up failed (bad hello, unknown name, timeout); the message says why
+    and ``code`` is the ``plugin_reject`` code (``meshd.protocol.plugin.REJECT_CODES``)."""
+
+    def __init__(self, message: str, code: str = "bad_setup") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def refuse(channel: PluginChannel, exc: PluginRefused) -> None:
+    """Tell the plugin why it is refused (best effort: it may be gone already)."""
+    with contextlib.suppress(ChannelClosed, SendTimeout):
+        channel.send(PluginReject(str(exc), exc.code))
 
 
 @attrs.define
@@ -109,13 +128,20 @@ class PluginCounters:
 
 
 class Link:
-    """One live, set-up connection to a plugin process (spawned or connected)."""
+    """One live, set-up connection to a plugin process (spawned or connected).
+
+    ``sees_text``: whether the prompt's text may go to this process (when the config
+    allows it at all): a spawned one, or a connecting one whose uid/gid is pinned.
+    """
 
     def __init__(self, channel: PluginChannel, hello: PluginHello,
-                 process: subprocess.Popen[bytes] | None = None) -> None:
+                 process: subprocess.Popen[bytes] | None = None, *,
+                 pid: int | None = None, sees_text: bool = False) -> None:
         self.channel = channel
         self.hello = hello
         self.process = process
+        self.pid = process.pid if process is not None else pid
+        self.sees_text = process is not None or sees_text
         self.id = next(_ids)
         self.lock = threading.Lock()
         caps = hello.capabilities.get("max_len", 16)
@@ -137,10 +163,8 @@ def handshake(channel: PluginChannel, hello: PluginHello, *, model: ModelDescrip
     """Welcome a plugin and serve its set-up (``tokenize`` .. ``ready``); raises
     PluginRefused, ChannelClosed, SendTimeout or PluginProtocolError."""
     if hello.plugin_protocol_version != PLUGIN_PROTOCOL_VERSION:
-        why = (f"daemon speaks plugin protocol {PLUGIN_PROTOCOL_VERSION}, "
-               f"not {hello.plugin_protocol_version}")
-        channel.send(PluginReject(why))
-        raise PluginRefused(why)
+        raise PluginRefused(f"daemon speaks plugin protocol {PLUGIN_PROTOCOL_VERSION}, "
+                            f"not {hello.plugin_protocol_version}", "unsupported_version")
     channel.send(PluginWelcome(
         plugin_protocol_version=PLUGIN_PROTOCOL_VERSION,
         model={"name": model.name, "n_vocab": model.n_vocab, "eog": sorted(eog),
@@ -183,8 +207,16 @@ class PluginHost:
         self.backoff = config.restart_backoff_s
         self._lock = threading.Lock()
         self._starter: threading.Thread | None = None
+        self._adopting = False  # a connection's set-up holds the name
+        #: Why the last start of a spawned plugin failed (None once one succeeds): the
+        #: runtime lists the plugin as unavailable meanwhile.
+        self.start_error: str | None = None
         self._closed = False
         self.log = log.bind(plugin=self.name)
+        if config.connect and config.allow_prompt_text and not config.pinned:
+            self.log.warning("plugin_prompt_text_withheld",
+                             reason="an unpinned connecting plugin gets token ids only; "
+                                    "pin it with uid or gid")
 
     # ------------------------------------------------------------------ links
 
@@ -197,7 +229,8 @@ class PluginHost:
         if self.config.command is None or self._closed:
             return
         with self._lock:
-            if self.link is not None or (self._starter and self._starter.is_alive()):
+            if self.link is not None or self._adopting or (
+                    self._starter and self._starter.is_alive()):
                 return
             self._starter = threading.Thread(target=self._spawn, name=f"plugin-{self.name}",
                                              daemon=True)
@@ -212,8 +245,8 @@ class PluginHost:
         env = dict(self.spawn_env if self.spawn_env is not None else os.environ)
         env["MESHD_PLUGIN_FD"] = str(child.fileno())
         try:
-            proc = subprocess.Popen(list(self.config.command), pass_fds=(child.fileno(),),
-                                    env=env, stdin=subprocess.DEVNULL)
+            proc, stderr = spawn(self.config.command, env=env, pass_fds=(child.fileno(),),
+                                 log=self.log)
         except OSError as exc:
             child.close()
             parent.close()
@@ -228,53 +261,101 @@ class PluginHost:
             link = Link(channel, first, proc)
             self._setup(link)
         except (PluginRefused, ChannelClosed, SendTimeout, PluginProtocolError) as exc:
+            if isinstance(exc, PluginRefused):
+                refuse(channel, exc)
             Link(channel, PluginHello(self.name), proc).close()
-            self._failed_start(f"{type(exc).__name__}: {exc}")
+            last = stderr.wait(timeout=1.0)  # the process is gone: its last words
+            self._failed_start(f"{type(exc).__name__}: {exc}", stderr=last)
             return
         self._install(link)
 
-    def _failed_start(self, why: str) -> None:
+    def _failed_start(self, why: str, *, stderr: str | None = None) -> None:
+        self.start_error = why
         self.counters.faults["start_failed"] += 1
-        self.log.warning("plugin_start_failed", error=why)
+        self.log.warning("plugin_start_failed", error=why,
+                         **({"stderr": stderr} if stderr else {}))
         with self._lock:
             self._penalize()
 
     def _setup(self, link: Link) -> None:
         if link.hello.name != self.name:
-            link.channel.send(PluginReject(f"expected plugin {self.name!r}"))
-            raise PluginRefused(f"plugin says it is {link.hello.name!r}")
+            raise PluginRefused(f"expected plugin {self.name!r}, "
+                                f"the plugin says it is {link.hello.name!r}")
         handshake(link.channel, link.hello, model=self.model, eog=self.eog,
                   options=dict(self.config.options), tokenizer=self.tokenizer)
 
-    def _install(self, link: Link) -> None:
+    def _install(self, link: Link) -> bool:
+        """Make ``link`` the live link unless one is up already (the first one stays);
+        whether it was installed."""
         with self._lock:
-            old, self.link = self.link, link
-            if self._closed:
-                self.link = None
-                old = link
-            else:
+            installed = self.link is None and not self._closed
+            if installed:
+                self.link = link
+                self.start_error = None
                 self.counters.starts += 1
                 if self.counters.starts > 1:
                     self.counters.restarts += 1
-        if old is not None:
-            old.close()
+        if not installed:
+            link.close()
+            return False
         self.log.info("plugin_ready", version=link.hello.version,
-                      pid=link.process.pid if link.process else None)
+                      **({"pid": link.pid} if link.pid is not None else {}))
+        return True
 
-    def adopt(self, channel: PluginChannel, hello: PluginHello) -> None:
+    def adopt(self, channel: PluginChannel, hello: PluginHello, peer: Peer | None) -> None:
         """A plugin connected to the daemon's socket: set it up and make it the link.
 
-        Blocking (runs on a worker thread); raises PluginRefused when it may not.
+        ``peer``: the connection's SO_PEERCRED credentials (None: unknown). Blocking
+        (runs on a worker thread); raises PluginRefused (with its reject code) when it
+        may not: connecting not enabled, a pinned uid/gid it does not have, the name
+        already up (the first plugin keeps it), or quarantined.
         """
         if not self.config.connect:
-            channel.send(PluginReject(f"plugin {self.name!r} may not connect"))
-            raise PluginRefused("connecting is not enabled for this plugin")
-        if self.quarantined:
-            channel.send(PluginReject("quarantined; try again later"))
-            raise PluginRefused("quarantined")
-        link = Link(channel, hello)
-        self._setup(link)
-        self._install(link)
+            raise PluginRefused(f"plugin {self.name!r} may not connect (its table has no "
+                                "connect = true)", "not_configured")
+        mismatch = pin_mismatch(self.config, peer)
+        if mismatch is not None:
+            raise PluginRefused(f"plugin {self.name!r} is pinned: {mismatch}",
+                                "peer_not_allowed")
+        self._reap_dead_link()
+        with self._lock:
+            busy = self.link is not None or self._adopting or bool(
+                self._starter and self._starter.is_alive())
+            self._adopting = self._adopting or not busy
+        if busy:
+            raise PluginRefused(f"plugin {self.name!r} is already up; a second connection "
+                                "under its name is refused", "name_in_use")
+        try:
+            if self.quarantined:
+                raise PluginRefused("quarantined; try again later", "quarantined")
+            link = Link(channel, hello, pid=peer.pid if peer is not None else None,
+                        sees_text=self.config.pinned)
+            self._setup(link)
+            if not self._install(link):
+                raise PluginRefused(f"plugin {self.name!r} is already up", "name_in_use")
+        finally:
+            with self._lock:
+                self._adopting = False
+
+    def _reap_dead_link(self) -> None:
+        """Drop the live link if its process has gone unnoticed (no request asked it
+        since), so that a plugin that restarts can connect again at once."""
+        link = self.link
+        if link is None or not link.lock.acquire(blocking=False):
+            return  # a request is using it: that request notices a dead link
+        try:
+            dead = link.channel.peer_closed()
+        finally:
+            link.lock.release()
+        if not dead:
+            return
+        self.counters.faults["disconnected"] += 1
+        self.log.warning("plugin_fault", kind="disconnected", detail="found closed",
+                         link=link.id)
+        with self._lock:
+            if self.link is link:
+                self.link = None
+        link.close()
 
     def current(self) -> Link | None:
         """The live link; starts a spawned plugin again once its backoff has passed."""
@@ -343,6 +424,26 @@ class PluginHost:
         return make
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def invalid_proposal(tokens: Sequence[int], *, max_tokens: int,
+                     n_vocab: int) -> tuple[str, str] | None:
+    """The fault kind and its detail for a proposal the daemon must discard, or None."""
+    if not tokens:
+        return "empty", "no tokens"
+    if len(tokens) > max_tokens:
+        return "oversize", (f"{_count(len(tokens), 'token')}, "
+                            f"at most {_count(max_tokens, 'token')} asked for")
+    low, high = min(tokens), max(tokens)
+    if low < 0:
+        return "negative", f"token id {low}"
+    if high >= n_vocab:
+        return "out_of_vocab", f"token id {high}, the vocabulary has {_count(n_vocab, 'id')}"
+    return None
+
+
 class RemoteProposer:
     """One request's proposer backed by a :class:`PluginHost`'s link."""
 
@@ -377,10 +478,11 @@ class RemoteProposer:
         with link.lock:
             if self._link_id != link.id:  # first step, or the plugin was restarted
                 self._n_prompt = request.n_prompt
+                text = self.env.resources.prompt_text if link.sees_text else None
                 begin = Begin(
                     request=self.request_id, prompt=tuple(request.tokens[: request.n_prompt]),
                     n_vocab=self.env.vocab_size, eog=host.eog,
-                    prompt_text=self.env.resources.prompt_text, options=dict(self.env.options),
+                    prompt_text=text, options=dict(self.env.options),
                 )
                 if not self._send(link, begin):
                     return None
@@ -432,17 +534,9 @@ class RemoteProposer:
 
     def _validated(self, link: Link, tokens: tuple[int, ...], k: int) -> Proposal | None:
         host = self.host
-        reason = None
-        if not tokens:
-            reason = "empty"
-        elif len(tokens) > k:
-            reason = "oversize"
-        elif min(tokens) < 0:
-            reason = "negative"
-        elif max(tokens) >= self.env.vocab_size:
-            reason = "out_of_vocab"
-        if reason is not None:
-            host.fault(link, reason, f"{len(tokens)} tokens, at most {k}")
+        fault = invalid_proposal(tokens, max_tokens=k, n_vocab=self.env.vocab_size)
+        if fault is not None:
+            host.fault(link, *fault)
             return None
         host.counters.proposals += 1
         host.answered()

@@ -13,12 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import structlog
 
-from meshd.protocol.plugin import PluginHello, PluginProtocolError, PluginReject, decode_plugin
+from meshd.protocol.plugin import PluginHello, PluginProtocolError, decode_plugin
 from meshd.protocol.plugin_channel import ChannelClosed, PluginChannel, SendTimeout
 
 from .base import ModelDescription
 from .config import PluginConfig
-from .host import PluginHost, PluginRefused
+from .host import PluginHost, PluginRefused, refuse
+from .peer import Peer
 from .registry import Registry
 from .resources import TokenizerLike
 
@@ -48,28 +49,41 @@ class PluginHosts:
         for host in self.hosts.values():
             host.start(wait=wait)
 
-    def adopt(self, sock: socket.socket, first_frame: bytes, buffered: bytes = b"") -> str:
+    def adopt(self, sock: socket.socket, first_frame: bytes, buffered: bytes = b"", *,
+              peer: Peer | None = None) -> str:
         """Take over a connection whose first frame was ``plugin_hello``; blocking.
 
-        Returns the plugin's name; raises PluginRefused (after telling the plugin why),
-        and closes the socket on any failure.
+        ``peer``: the connection's SO_PEERCRED credentials (checked against a table's
+        ``uid``/``gid`` pin). Returns the plugin's name; raises PluginRefused (after
+        sending the plugin a ``plugin_reject`` with the code) and closes the socket on
+        any failure.
         """
         channel = PluginChannel(sock, buffered=buffered)
+        name = None
         try:
             hello = decode_plugin(first_frame)
             if not isinstance(hello, PluginHello):
                 raise PluginRefused("the first frame must be plugin_hello")
+            name = hello.name
             host = self.hosts.get(hello.name)
             if host is None:
-                channel.send(PluginReject(f"no plugin {hello.name!r} is configured to connect"))
-                raise PluginRefused(f"unknown plugin {hello.name!r}")
-            host.adopt(channel, hello)
-            log.info("plugin_connected", plugin=hello.name)
+                raise PluginRefused(f"no plugin {hello.name!r} is configured to connect",
+                                    "not_configured")
+            host.adopt(channel, hello, peer)
+            log.info("plugin_connected", plugin=hello.name,
+                     **({"pid": peer.pid, "uid": peer.uid} if peer is not None else {}))
             return hello.name
         except (PluginRefused, ChannelClosed, SendTimeout, PluginProtocolError) as exc:
+            refused = exc if isinstance(exc, PluginRefused) else PluginRefused(str(exc))
+            refuse(channel, refused)
             channel.close()
-            log.warning("plugin_refused", error=f"{type(exc).__name__}: {exc}")
-            raise PluginRefused(str(exc)) from exc
+            log.warning("plugin_refused", plugin=name, code=refused.code,
+                        error=f"{type(exc).__name__}: {exc}",
+                        **({"pid": peer.pid, "uid": peer.uid, "gid": peer.gid}
+                           if peer is not None else {}))
+            if refused is exc:
+                raise
+            raise refused from exc
 
     def counters(self) -> Mapping[str, int]:
         out: dict[str, int] = {}

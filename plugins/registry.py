@@ -15,6 +15,12 @@ tests or by the daemon for proposers that need objects only it can build.
 draft model (:mod:`meshd.plugins.resources`) and the runtime hands one in, as it would to
 any plugin that declares the same. :meth:`Registry.entries` describes every discovered
 proposer (``meshd plugins list``).
+
+Third-party proposers (entry points of any distribution but meshd's own) that touch no
+llama.cpp object are *isolatable*: the runtime hands the registry a
+:class:`~meshd.plugins.guard.PluginGuards` and :meth:`Registry.create` wraps what their
+factories make so that their calls run on a worker thread under a deadline
+(:mod:`meshd.plugins.guard`). Built-ins stay on the model's compute thread.
 """
 
 from __future__ import annotations
@@ -26,10 +32,15 @@ from collections.abc import Mapping
 import attrs
 
 from .base import Capabilities, Proposer, ProposerEnv, ProposerFactory, ProposerUnavailable
+from .guard import PluginGuards
 from .resources import Need, needs_of
 
 #: The entry-point group every proposer factory is published under.
 GROUP = "meshd.proposers"
+#: The distribution whose entry points are built-ins (trusted to run on the compute thread).
+OWN_DISTRIBUTION = "meshd"
+#: Resources that are llama.cpp objects: a factory declaring one stays on the compute thread.
+_NATIVE_NEEDS = frozenset({Need.DRAFT_MODEL, Need.REGISTRY})
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +84,12 @@ class Registry:
     def __init__(self) -> None:
         self._factories: dict[str, ProposerFactory] = {}
         self._origins: dict[str, str] = {}
+        #: Names whose factory came from another distribution than meshd's own.
+        self._third_party: set[str] = set()
         #: name -> "where: what went wrong" for plugins that could not be loaded.
         self.errors: dict[str, str] = {}
+        #: Set by the runtime: isolated plugins' workers (see :meth:`create`).
+        self.guards: PluginGuards | None = None
 
     @classmethod
     def load(cls, group: str = GROUP) -> Registry:
@@ -104,6 +119,8 @@ class Registry:
                 continue
             registry._factories[ep.name] = factory
             registry._origins[ep.name] = origin
+            if dist is None or dist.name != OWN_DISTRIBUTION:
+                registry._third_party.add(ep.name)
         return registry
 
     def _error(self, name: str, message: str) -> None:
@@ -127,8 +144,17 @@ class Registry:
             ))
         return out
 
-    def register(self, name: str, factory: ProposerFactory, *, replace: bool = False) -> None:
-        """Add a factory under ``name`` (``replace=True`` to override an existing one)."""
+    def isolatable(self, name: str) -> bool:
+        """Whether ``name`` is a third-party proposer that touches no llama.cpp object
+        (declares neither a draft model nor the registry), so its calls may run off the
+        compute thread (a proposer that needs the MTP head is kept there by
+        :meth:`create`)."""
+        return name in self._third_party and not self.needs(name) & _NATIVE_NEEDS
+
+    def register(self, name: str, factory: ProposerFactory, *, replace: bool = False,
+                 third_party: bool = False) -> None:
+        """Add a factory under ``name`` (``replace=True`` to override an existing one;
+        ``third_party=True`` treats it as an entry point of another distribution)."""
         if not name:
             raise ValueError("proposer name must be non-empty")
         if not callable(factory):
@@ -138,12 +164,17 @@ class Registry:
         self._factories[name] = factory
         self._origins[name] = getattr(factory, "__qualname__", repr(factory))
         self.errors.pop(name, None)
+        if third_party:
+            self._third_party.add(name)
+        else:
+            self._third_party.discard(name)
 
     def copy(self) -> Registry:
         """An independent registry with the same factories (to add a daemon's own)."""
         other = Registry()
         other._factories = dict(self._factories)
         other._origins = dict(self._origins)
+        other._third_party = set(self._third_party)
         other.errors = dict(self.errors)
         return other
 
@@ -151,6 +182,7 @@ class Registry:
         """Remove ``name`` (a plugin that went away); unknown names are ignored."""
         self._factories.pop(name, None)
         self._origins.pop(name, None)
+        self._third_party.discard(name)
 
     def names(self) -> list[str]:
         """Names that can be created, sorted."""
@@ -166,7 +198,8 @@ class Registry:
         :class:`ProposerUnavailable` when the factory declines this request (passed
         through: it is an expected answer, e.g. ``mtp`` on a model without a head), and
         :class:`ProposerFailed` when the factory breaks or returns something that is not
-        a proposer.
+        a proposer. An isolatable proposer is returned wrapped by its guard, when
+        :attr:`guards` has one for it (not if it needs the MTP head).
         """
         factory = self._factories.get(name)
         if factory is None:
@@ -185,6 +218,9 @@ class Registry:
                 f"proposer {name!r} ({self._origins[name]}) returned {type(proposer).__name__}"
                 f" without {', '.join(missing)}"
             )
+        guard = self.guards.get(name) if self.guards is not None else None
+        if guard is not None and not getattr(proposer.capabilities, "needs_mtp_head", False):
+            return guard.wrap(proposer, env.vocab_size)
         return proposer
 
 

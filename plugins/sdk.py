@@ -25,6 +25,13 @@ Example::
 Whatever it returns, the daemon verifies it: a wrong draft costs a little time, never
 changes the output. ``corpus`` (optional) returns texts, given the plugin's options,
 that the SDK tokenizes once with the model's tokenizer into ``Context.corpus``.
+
+What the in-process factory declares it needs (``meshd plugins list``) follows from what
+the plugin uses: the tokenizer only with a ``corpus``, the prompt's text only when
+``propose`` is declared to read it::
+
+    @requires(Need.PROMPT_TEXT)     # from meshd.plugins.resources
+    def propose(ctx: sdk.Context) -> list[int]: ...
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ from meshd.protocol.plugin import (
 from meshd.protocol.plugin_channel import ChannelClosed, PluginChannel, PluginProtocolError
 
 from . import base
-from .resources import Need, requires
+from .resources import Need, needs_of, requires
 
 __all__ = ["FD_ENV", "Context", "Plugin"]
 
@@ -72,8 +79,10 @@ class Context:
 
     ``tokens`` is the prompt followed by every committed token; ``max_tokens`` bounds
     the answer; ``state`` is the plugin's scratch space for this request (kept until
-    the request ends). ``prompt_text`` is None unless the daemon's config for this
-    plugin says ``allow_prompt_text = true``.
+    the request ends). ``prompt_text`` is None unless ``propose`` declares
+    ``@requires(Need.PROMPT_TEXT)`` (in-process) and the daemon's config for this plugin
+    says ``allow_prompt_text = true`` (out-of-process: and the plugin is spawned or its
+    connection is pinned to a uid/gid).
     """
 
     request_id: str
@@ -98,6 +107,18 @@ ProposeFn = Callable[[Context], Sequence[int] | None]
 CorpusFn = Callable[[Mapping[str, Any]], Sequence[str]]
 
 
+def sdk_needs(propose: ProposeFn, *, corpus: bool) -> frozenset[Need]:
+    """The resources an SDK plugin needs: the tokenizer for a corpus, the prompt's text
+    if ``propose`` declares it. ``Context`` carries nothing else, so declaring anything
+    else is a mistake, reported now rather than silently ignored."""
+    declared = needs_of(propose)
+    extra = declared - {Need.PROMPT_TEXT}
+    if extra:
+        names = ", ".join(sorted(n.value for n in extra))
+        raise ValueError(f"an SDK plugin's propose can declare only prompt_text, not {names}")
+    return declared | ({Need.TOKENIZER} if corpus else frozenset())
+
+
 class Plugin:
     """A proposer written as one function; see the module docstring."""
 
@@ -112,8 +133,10 @@ class Plugin:
         self.corpus = corpus
         self.capabilities = base.Capabilities(max_len=max_len)
         self._corpus_cache: dict[tuple[int, str], list[list[int]]] = {}
+        #: What the in-process face asks the daemon for (see the module docstring).
+        self.needs = sdk_needs(propose, corpus=corpus is not None)
 
-        @requires(Need.TOKENIZER, Need.PROMPT_TEXT)
+        @requires(*sorted(self.needs, key=lambda n: n.value))
         def factory(env: base.ProposerEnv) -> _InProcess:
             return _InProcess(self, env, self._tokenized_corpus(env))
 
@@ -175,7 +198,8 @@ class Plugin:
             ))
             welcome = channel.recv(None)
             if isinstance(welcome, PluginReject):
-                print(f"{self.name}: refused by the daemon: {welcome.message}", file=sys.stderr)
+                print(f"{self.name}: refused by the daemon ({welcome.code}): "
+                      f"{welcome.message}", file=sys.stderr)
                 return 1
             if not isinstance(welcome, PluginWelcome):
                 print(f"{self.name}: expected plugin_welcome", file=sys.stderr)

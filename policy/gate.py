@@ -62,6 +62,8 @@ class Refusal(enum.StrEnum):
     BUDGET = "budget"
     MTP_HEAD_DROPPED = "mtp_head_dropped"
     COST_MODEL = "cost_model"
+    #: Counted by the engine, not the gate: the proposer was asked and had no draft.
+    PROPOSER_EMPTY = "proposer_empty"
 
 
 @attrs.frozen

@@ -26,7 +26,10 @@ import attrs.validators as V
 from . import validators as check
 from .errors import BadRequest, ErrorCode, ProtocolError, error_from_code
 from .validators import MAX_ID_LENGTH as MAX_ID_LENGTH
+from .validators import MAX_MESSAGES as MAX_MESSAGES
 from .validators import MAX_SEED as MAX_SEED
+from .validators import MAX_STOP_LENGTH as MAX_STOP_LENGTH
+from .validators import MAX_STOP_STRINGS as MAX_STOP_STRINGS
 
 PROTOCOL_VERSION: Final = 2
 """The protocol version this package speaks; bumped on any incompatible change."""
@@ -85,7 +88,7 @@ class HealthStatus(enum.StrEnum):
 class ChatMessage:
     """One chat turn; the server renders the list with the model's chat template."""
 
-    role: str = attrs.field(validator=check.non_empty_string)
+    role: str = attrs.field(validator=check.role)
     """``system``, ``user``, ``assistant`` or whatever else the chat template knows."""
     content: str = attrs.field(validator=check.string)
 
@@ -111,15 +114,16 @@ class SamplingParams:
 class SpeculativeOverrides:
     """Per-request speculative-decoding settings; ``None`` keeps the server's default."""
 
-    proposer: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
+    proposer: str | None = attrs.field(default=None, validator=check.optional_name)
     """Name of the proposer to draft with, or ``"off"`` to disable speculation."""
     draft_max: int | None = attrs.field(
         default=None, validator=check.integer(1, 1024, optional=True)
     )
     """Upper bound on drafted tokens per verify step."""
     options: dict[str, Any] | None = attrs.field(default=None, validator=check.rule(
-        "an object",
+        f"an object of at most {check.MAX_OPTIONS} keys",
         V.deep_mapping(key_validator=check.STR, mapping_validator=check.OBJECT),
+        V.max_len(check.MAX_OPTIONS),
         optional=True,
     ))
     """The proposer's options for this request, over its ``[speculation.plugins.NAME]``
@@ -225,7 +229,7 @@ class Hello:
     OP: ClassVar[str] = "hello"
     id: str = attrs.field(validator=check.request_id)
     protocol_version: int = attrs.field(validator=check.integer(0))
-    client_name: str = attrs.field(validator=check.non_empty_string)
+    client_name: str = attrs.field(validator=check.name)
 
 
 @attrs.frozen
@@ -240,17 +244,18 @@ class Generate:
     id: str = attrs.field(validator=check.request_id)
     prompt: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
     messages: tuple[ChatMessage, ...] | None = attrs.field(default=None, validator=check.rule(
-        "a non-empty array of chat messages", V.instance_of(ChatMessage),
-        each="a ChatMessage", container="array", non_empty=True, optional=True,
+        f"a non-empty array of at most {check.MAX_MESSAGES} chat messages",
+        V.instance_of(ChatMessage), each="a ChatMessage", container="array", non_empty=True,
+        max_items=check.MAX_MESSAGES, optional=True,
     ))
     max_tokens: int | None = attrs.field(default=None, validator=check.integer(1, optional=True))
     """Most tokens to generate; ``None`` means the server's default / the context end."""
     sampling: SamplingParams = attrs.field(
         factory=SamplingParams, validator=check.instance(SamplingParams)
     )
-    stop: tuple[str, ...] = attrs.field(default=(), validator=check.rule(
-        "an array of strings", check.STR, V.min_len(1), each="a non-empty string", container="array"
-    ))
+    stop: tuple[str, ...] = attrs.field(default=(), validator=check.stop_strings)
+    """Stop strings (at most ``MAX_STOP_STRINGS``, each at most ``MAX_STOP_LENGTH``
+    characters): the text ends before the first one to appear."""
     speculative: SpeculativeOverrides = attrs.field(
         factory=SpeculativeOverrides, validator=check.instance(SpeculativeOverrides)
     )

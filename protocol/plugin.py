@@ -27,6 +27,7 @@ import attrs
 __all__ = [
     "MAX_PLUGIN_FRAME",
     "PLUGIN_PROTOCOL_VERSION",
+    "REJECT_CODES",
     "Abstain",
     "Begin",
     "End",
@@ -114,12 +115,25 @@ class PluginWelcome:
     options: dict[str, Any] = attrs.field(factory=dict)
 
 
+#: ``plugin_reject.code`` values: why the daemon refused a plugin, for programs.
+REJECT_CODES: Final = (
+    "not_configured",  # no table of that name allows connecting
+    "peer_not_allowed",  # the table pins a uid/gid the connecting process does not have
+    "name_in_use",  # a plugin of that name is already up
+    "quarantined",  # the plugin faulted too often; connect again after the backoff
+    "unsupported_version",  # another plugin protocol version
+    "bad_setup",  # wrong name, bad or late set-up frames
+    "refused",  # anything else (and a reject from a daemon that sends no code)
+)
+
+
 @attrs.frozen
 class PluginReject:
-    """The daemon refuses the plugin (then closes): why."""
+    """The daemon refuses the plugin (then closes): why, in words and as a code."""
 
     OP: ClassVar[str] = "plugin_reject"
     message: str
+    code: str = "refused"
 
 
 @attrs.frozen
@@ -228,7 +242,7 @@ PluginMessage = (
 
 _CHECKS: Final[dict[str, Callable[[object], bool]]] = {
     "name": _str, "version": _str, "plugin_protocol_version": _is_int, "capabilities": _obj,
-    "model": _obj, "options": _obj, "message": _str, "texts": _strs,
+    "model": _obj, "options": _obj, "message": _str, "code": _str, "texts": _strs,
     "tokenized": _lists_of_ints, "request": _str, "prompt": _ints, "n_vocab": _is_int,
     "eog": _ints, "prompt_text": _opt_str, "step": _is_int, "committed": _is_int,
     "max_tokens": _is_int, "deadline": _num, "tokens": _ints, "proposed": _is_int,

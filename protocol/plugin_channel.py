@@ -9,6 +9,7 @@ loop. Both ends use this class; it never raises anything but the three errors be
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import time
 
@@ -96,6 +97,21 @@ class PluginChannel:
             if not data:
                 raise ChannelClosed("end of stream")
             self._buf += data
+
+    def peer_closed(self) -> bool:
+        """Whether the peer has gone (end of stream or a broken socket), without
+        waiting and without consuming anything a reader is owed."""
+        if self.closed:
+            return True
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            if not readable:
+                return False
+            return not self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except (OSError, ValueError):
+            return True
 
     def close(self) -> None:
         if not self.closed:

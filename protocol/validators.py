@@ -7,6 +7,11 @@ naming the field and the rule it broke (``top_p: must be a number in (0, 1] (got
 which the codec then places under the frame's path (``generate.sampling.top_p``).
 Python types are checked too, because messages built locally bypass the codec's strict
 structuring: the codec checks JSON types, these check values and Python types.
+
+The size limits below are part of the same rules. The frame (or HTTP body) limit bounds
+what a request may weigh; these bound what the daemon would build from it, so a field
+whose cost grows faster than its size (stop strings, chat turns) is refused before
+anything is made of it, with an error that names the limit.
 """
 
 from __future__ import annotations
@@ -24,6 +29,19 @@ MAX_ID_LENGTH: Final = 256
 """Longest accepted request id, in characters; ids are labels, not payloads."""
 
 MAX_SEED: Final = 2**64 - 1
+
+MAX_NAME_LENGTH: Final = 4096
+"""Longest proposer or client name, in characters (a ``draft:PATH`` name holds a path)."""
+MAX_STOP_STRINGS: Final = 16
+"""Most stop strings one request may give."""
+MAX_STOP_LENGTH: Final = 1024
+"""Longest stop string, in characters."""
+MAX_MESSAGES: Final = 4096
+"""Most chat messages one request may give."""
+MAX_ROLE_LENGTH: Final = 64
+"""Longest chat role, in characters (``system``, ``user``, ``tool`` ...)."""
+MAX_OPTIONS: Final = 64
+"""Most keys in a request's proposer options."""
 
 
 _Check: TypeAlias = Callable[[Any, "attrs.Attribute[Any]", Any], Any]
@@ -48,6 +66,14 @@ OBJECT: Final = V.instance_of(dict)
 
 
 def _shown(value: object) -> str:
+    """The offending value as an error shows it: short, with the size of a long one
+    (never the repr of a whole large value, which could be megabytes)."""
+    if isinstance(value, str) and len(value) > 40:
+        return f"{value[:40]!r}... ({len(value)} chars)"
+    if isinstance(value, list | tuple) and len(value) > 8:
+        return f"an array of {len(value)} items"
+    if isinstance(value, dict) and len(value) > 8:
+        return f"an object of {len(value)} keys"
     shown = repr(value)
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
@@ -59,6 +85,7 @@ def rule(
     each: str | None = None,
     container: str | None = None,
     non_empty: bool = False,
+    max_items: int | None = None,
     all_valid: Callable[[Any], bool] | None = None,
 ) -> Any:
     """The one wrapper from attrs validators to the wire's errors.
@@ -68,10 +95,11 @@ def rule(
     value must be an array (``container="array"``) or object (``"object"``) described by
     ``requirement``, and every item must pass ``checks``; a bad item is named by its
     index or key: "``tokens[3]``: must be ``each`` (got -1)"; ``non_empty`` refuses an
-    empty one. ``all_valid``, for arrays that can be long (a tokenizer's answer runs to
-    millions of ids, and messages are built on the event loop), is a quick test of the
-    whole array: when it passes, the items are not checked one by one; it may only say
-    yes for an array that every check would pass.
+    empty one, ``max_items`` one with more items (before any item is checked).
+    ``all_valid``, for arrays that can be long (a tokenizer's answer runs to millions of
+    ids, and messages are built on the event loop), is a quick test of the whole array:
+    when it passes, the items are not checked one by one; it may only say yes for an
+    array that every check would pass.
     """
 
     def fail(field: str, what: str, value: object) -> BadRequest:
@@ -95,7 +123,7 @@ def rule(
             items = enumerate(value)
         else:
             raise fail(name, requirement, value)
-        if non_empty and not value:
+        if (non_empty and not value) or (max_items is not None and len(value) > max_items):
             raise fail(name, requirement, value)
         if all_valid is not None and all_valid(value):
             return
@@ -138,6 +166,17 @@ optional_request_id: Final = rule(
     STR, V.min_len(1), V.max_len(MAX_ID_LENGTH), optional=True,
 )
 string: Final = rule("a string", STR)
+name: Final = rule(f"a non-empty string of at most {MAX_NAME_LENGTH} chars",
+                   STR, V.min_len(1), V.max_len(MAX_NAME_LENGTH))
+optional_name: Final = rule(f"a non-empty string of at most {MAX_NAME_LENGTH} chars",
+                            STR, V.min_len(1), V.max_len(MAX_NAME_LENGTH), optional=True)
+stop_strings: Final = rule(
+    f"an array of at most {MAX_STOP_STRINGS} stop strings", STR, V.min_len(1),
+    V.max_len(MAX_STOP_LENGTH), each=f"a non-empty string of at most {MAX_STOP_LENGTH} chars",
+    container="array", max_items=MAX_STOP_STRINGS,
+)
+role: Final = rule(f"a non-empty string of at most {MAX_ROLE_LENGTH} chars",
+                   STR, V.min_len(1), V.max_len(MAX_ROLE_LENGTH))
 non_empty_string: Final = rule("a non-empty string", STR, V.min_len(1))
 optional_non_empty_string: Final = rule(
     "a non-empty string", STR, V.min_len(1), optional=True

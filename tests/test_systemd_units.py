@@ -87,6 +87,30 @@ def test_example_configuration_loads_and_documents_every_key() -> None:
             assert re.search(rf"^#? ?{name} = ", text, re.M), f"{section}.{name} undocumented"
 
 
+def test_example_configuration_is_generated_from_the_key_declarations() -> None:
+    """systemd/meshd.toml is ``meshd config example``'s output (regenerate it with
+    ``meshd config example > systemd/meshd.toml``), and every value in it is the key's
+    default except the service's own settings, which say so."""
+    from meshd.daemon import config as cfg
+    from meshd.daemon.config_text import SERVICE_SETTINGS, toml_value
+
+    done = subprocess.run([sys.executable, "-m", "meshd", "config", "example"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (UNITS / "meshd.toml").read_text(), \
+        "systemd/meshd.toml is stale: meshd config example > systemd/meshd.toml"
+    example = cfg.load(str(UNITS / "meshd.toml"), environ={}).config
+    for section, cls in cfg.SECTIONS.items():
+        for name, field in cfg.attrs.fields_dict(cls).items():
+            value = getattr(getattr(example, section), name)
+            dotted = f"{section}.{name}"
+            expected = SERVICE_SETTINGS[dotted][0] if dotted in SERVICE_SETTINGS \
+                else field.default
+            assert value == expected, (dotted, value, field.default)
+            if dotted in SERVICE_SETTINGS:
+                assert f"(the default is {toml_value(field.default)})" in done.stdout
+
+
 _MDWE_LAUNCHER = """
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)

@@ -173,5 +173,6 @@ def _log_finished(routes: RouteContext, req: CompletionRequest, final: Finished,
         "request_finished", id=req.generate.id, finish_reason=finish,
         prompt_tokens=prompt_tokens, completion_tokens=st.emitted,
         proposer=final.proposer or "off", drafted=st.drafted, accepted=st.accepted,
-        target_forwards=st.session.target_forwards, wall_ms=round(st.wall_ms, 2),
+        target_forwards=st.decode_forwards,
+        prefill_forwards=st.session.prefill_forwards, wall_ms=round(st.wall_ms, 2),
     )

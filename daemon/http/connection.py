@@ -5,7 +5,9 @@ keep-alive, pipelining); this class only moves bytes between it and the socket, 
 limits (headers, body) and deadlines (idle between requests, whole request), and hands
 each complete request to the routes. While a request is served, one watcher task keeps
 reading, so a client that disconnects cancels its generation at the next step boundary
-(bytes of a pipelined next request are kept for h11). A malformed request gets h11's
+(bytes of a pipelined next request are kept for h11); one that only shut its sending
+side after its request (a half-close) gets its answer, then the connection closes (see
+:mod:`..hangup` for how the two are told apart). A malformed request gets h11's
 4xx (400, 431 ...) and the connection closes; a client too slow to send its request
 (slowloris) is disconnected after ``request_timeout_s``. Nothing here can stop the
 daemon: whatever goes wrong ends this connection only.
@@ -27,6 +29,7 @@ from structlog.typing import FilteringBoundLogger
 
 from meshd.protocol import FrameWriter, StreamReceiver
 
+from ..hangup import wait_hangup
 from ..service import Service
 from .routes import Routes
 
@@ -116,8 +119,8 @@ class HttpConnection:
                         request.target.decode("ascii", "replace"), body, self)
                 finally:
                     tg.cancel_scope.cancel()
-            if self._lost or self._eof:
-                return
+            if self._lost:
+                return  # (after a half-close, pipelined requests still get answers)
             if self._h11.our_state is not h11.DONE or self._h11.their_state is not h11.DONE:
                 return  # Connection: close, HTTP/1.0, or a response we could not finish
             self._h11.start_next_cycle()
@@ -187,18 +190,27 @@ class HttpConnection:
         return None
 
     async def _watch_peer(self) -> None:
-        """While a request is served: notice a disconnect, keep pipelined bytes."""
+        """While a request is served: notice a disconnect, keep pipelined bytes. End of
+        stream may be a half-close: the client is gone only once it hangs up."""
         size = sum(map(len, self._pending))
-        while not self._eof and size < _MAX_PENDING_BYTES:
+        while not self._eof:
+            if size >= _MAX_PENDING_BYTES:
+                return
             try:
                 data = await self._receiver.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            except anyio.EndOfStream:
+                self._eof = True
+                break
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._eof = True
                 self.log.info("http_client_gone")
                 self._peer_gone()
                 return
             self._pending.append(data)
             size += len(data)
+        await wait_hangup(self._socket)
+        self.log.info("http_client_gone")
+        self._peer_gone()
 
     async def _linger(self) -> None:
         """After refusing a request the client is still sending: stop writing and read
@@ -229,7 +241,7 @@ class HttpConnection:
 
     def on_gone(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` if the client disconnects while this request is served."""
-        if self._eof or self._lost:
+        if self._lost:
             callback()
         else:
             self._on_gone.append(callback)

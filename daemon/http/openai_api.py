@@ -21,7 +21,14 @@ from typing import Any, Final
 
 import attrs
 
-from meshd.protocol import BadRequest, ChatMessage, Generate, ProtocolError
+from meshd.protocol import (
+    MAX_MESSAGES,
+    MAX_STOP_STRINGS,
+    BadRequest,
+    ChatMessage,
+    Generate,
+    ProtocolError,
+)
 from meshd.protocol import messages as wire
 
 from ..generation_stats import GenerationStats
@@ -42,7 +49,6 @@ __all__ = [
 ]
 
 JSON: Final = "application/json"
-MAX_STOP_STRINGS: Final = 4
 _UNSUPPORTED_TRUTHY: Final = ("logprobs", "top_logprobs", "echo", "tools", "functions",
                               "suffix", "logit_bias", "response_format")
 
@@ -103,6 +109,11 @@ def _bad(param: str, detail: str) -> ApiError:
     return ApiError(400, f"{param}: {detail}", param=param)
 
 
+def _from_protocol(exc: BadRequest) -> ApiError:
+    """A value the protocol's rules refused (``stop[0]: must be ...``), as a 400."""
+    return ApiError(400, exc.message, param=exc.field)
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -140,8 +151,13 @@ def _content(value: object, param: str) -> str:
 
 
 def _messages(value: object) -> tuple[ChatMessage, ...]:
+    """The chat turns; their number is checked before any is built (the protocol's
+    limit, as on the native socket)."""
     if not isinstance(value, list) or not value:
         raise _bad("messages", "must be a non-empty array of messages")
+    if len(value) > MAX_MESSAGES:
+        raise _bad("messages", f"must be an array of at most {MAX_MESSAGES} messages "
+                               f"(got {len(value)})")
     out: list[ChatMessage] = []
     for i, msg in enumerate(value):
         if not isinstance(msg, Mapping):
@@ -149,8 +165,11 @@ def _messages(value: object) -> tuple[ChatMessage, ...]:
         role = msg.get("role")
         if not isinstance(role, str) or not role:
             raise _bad(f"messages[{i}].role", "must be a non-empty string")
-        out.append(ChatMessage(role=role, content=_content(msg.get("content"),
-                                                           f"messages[{i}].content")))
+        try:
+            out.append(ChatMessage(role=role, content=_content(msg.get("content"),
+                                                               f"messages[{i}].content")))
+        except BadRequest as exc:
+            raise _from_protocol(exc.under(f"messages[{i}]")) from None
     return tuple(out)
 
 
@@ -163,13 +182,15 @@ def _prompt(value: object) -> str:
 
 
 def _stop(value: object) -> tuple[str, ...]:
+    """One stop string or an array of them; their number is checked here, their
+    length by ``Generate`` (the protocol's limits, as on the native socket)."""
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or len(items) > MAX_STOP_STRINGS \
-            or not all(isinstance(s, str) and s for s in items):
+    if not isinstance(items, list) or len(items) > MAX_STOP_STRINGS:
+        got = f" (got {len(items)})" if isinstance(items, list) else ""
         raise _bad("stop", f"must be a non-empty string or an array of at most "
-                           f"{MAX_STOP_STRINGS} of them")
+                           f"{MAX_STOP_STRINGS} of them{got}")
     return tuple(items)
 
 
@@ -259,7 +280,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
             speculative=_speculative(body.get("speculative")),
         )
     except BadRequest as exc:
-        raise ApiError(400, exc.message, param=exc.field) from None
+        raise _from_protocol(exc) from None
     return CompletionRequest(generate=generate, chat=chat, stream=stream,
                              include_usage=include_usage, model=model,
                              created=int(time.time()))

@@ -19,24 +19,53 @@ from meshd.protocol.transport import receive_some, send_all
 
 from ..listener import BindSpec, Listener, ListenerError, _inherited_socket, system_backlog
 
-__all__ = ["TcpListener", "open_http_listener", "parse_tcp"]
+__all__ = ["HttpAddressError", "TcpListener", "check_http_address", "open_http_listener",
+           "parse_tcp"]
+
+
+class HttpAddressError(ListenerError):
+    """The ``--http`` value itself is wrong (malformed, or not a loopback address): a
+    usage error, unlike a port that is taken (a plain ListenerError)."""
 
 
 def parse_tcp(text: str) -> tuple[str, int]:
     """``tcp:HOST:PORT`` (HOST a loopback address; ``[::1]`` for IPv6) -> (host, port)."""
-    rest = text.removeprefix("tcp:")
-    host, sep, port_text = rest.rpartition(":")
+    host, sep, port_text = text.removeprefix("tcp:").rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
-        raise ListenerError(f"bad HTTP address {text!r}: expected tcp:127.0.0.1:PORT")
+        raise HttpAddressError(f"bad HTTP address {text!r}: expected tcp:127.0.0.1:PORT")
     try:
         address = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
     except ValueError:
-        raise ListenerError(f"bad HTTP address {text!r}: HOST must be an IP address") from None
-    if not address.is_loopback:
-        raise ListenerError(f"refusing to serve HTTP on {host}: only loopback addresses "
-                            "(the daemon has no authentication)")
+        raise HttpAddressError(
+            f"bad HTTP address {text!r}: HOST must be an IP address or localhost") from None
+    _require_loopback(address, host)
     return str(address), int(port_text)
+
+
+def _require_loopback(address: ipaddress.IPv4Address | ipaddress.IPv6Address,
+                      shown: str) -> None:
+    if not address.is_loopback:
+        raise HttpAddressError(f"refusing to serve HTTP on {shown}: only loopback addresses "
+                               "(127.0.0.0/8, ::1, localhost; the daemon has no "
+                               "authentication)")
+
+
+def _check_inherited(fd: int) -> None:
+    """An inherited TCP socket must be bound to loopback too (a socket unit's
+    ``ListenStream=8080`` listens on every address). A descriptor that is no socket
+    is left to :func:`open_http_listener` to report."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            host = str(sock.getsockname()[0])
+            _require_loopback(ipaddress.ip_address(host.partition("%")[0]),
+                              f"fd://{fd} ({host})")
+    finally:
+        sock.detach()
 
 
 class SocketByteStream(anyio.abc.SocketStream):
@@ -116,11 +145,14 @@ async def open_http_listener(text: str, *, backlog: int | None = None) -> Listen
 
 
 def check_http_address(text: str) -> None:
-    """Fail early on a malformed ``--http`` value (before loading a model)."""
+    """Fail early (before loading a model) on a ``--http`` value that is malformed or
+    not a loopback address, with HttpAddressError."""
     if text.startswith("fd://"):
         try:
-            BindSpec.parse(text)
+            spec = BindSpec.parse(text)
         except ValueError as exc:
-            raise ListenerError(str(exc)) from None
+            raise HttpAddressError(str(exc)) from None
+        assert spec.fd is not None
+        _check_inherited(spec.fd)
     else:
         parse_tcp(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 
 import anyio.to_thread
 import pytest
@@ -38,11 +39,16 @@ def test_generate_reads_the_prompt_from_stdin(capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.anyio
 async def test_meshctl_generate_says_it_skips_the_chat_template(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """To a person (stderr a terminal) only: a script calling ``generate`` in a loop on
+    purpose would get the note on every call."""
     with capture_logs(), ModelRuntime(RuntimeConfig(n_ctx_seq=256, calibrate=False,
                                                     threads=1)) as rt:
         async with running_daemon(rt) as (_, path):
-            for command, noted in (("generate", True), ("chat", False)):
+            for command, terminal, noted in (("generate", True, True),
+                                             ("generate", False, False),
+                                             ("chat", True, False)):
+                monkeypatch.setattr(sys.stderr, "isatty", lambda t=terminal: t)
                 status = await anyio.to_thread.run_sync(ctl.main, [
                     "--socket", path, command, "hi", "--max-tokens", "2"])
                 assert status == 0

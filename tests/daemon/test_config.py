@@ -15,6 +15,7 @@ import pytest
 from meshd.daemon import cli
 from meshd.daemon import config as cfg
 from meshd.daemon.service import ServerConfig
+from meshd.native import testmodels
 
 
 def _write(tmp_path: Path, text: str) -> str:
@@ -62,7 +63,6 @@ def test_environment_values_are_parsed_by_type() -> None:
         "MESHD_SERVE_SHUTDOWN_GRACE": "2.5",
         "MESHD_SERVE_ALLOW_GROUPS": "meshd, 1000",
         "MESHD_MODEL_THREADS": "",  # empty: unset (the default)
-        "MESHD_SOCKET": "/elsewhere",  # not a config key: meshctl's variable, ignored here
         "MESHD_GPU": "cpu",
     }
     c = cfg.load(None, environ=env, default_path=None).config
@@ -153,6 +153,72 @@ def test_config_check_prints_the_effective_config(tmp_path: Path) -> None:
                          env={"MESHD_SERVE_SLOTS": "none", "PATH": "/usr/bin:/bin"})
     assert bad.returncode == 2
     assert "$MESHD_SERVE_SLOTS: serve.slots: expected an integer, got 'none'" in bad.stderr
+
+
+def test_every_name_of_a_key_has_one_precedence(tmp_path: Path) -> None:
+    """``$MESHD_SOCKET`` is another name for ``serve.socket``: environment, so it wins
+    over the file; the key's own variable wins over it, and a flag over both."""
+    path = _write(tmp_path, '[serve]\nsocket = "/from/file.sock"\n')
+    env = {"MESHD_SOCKET": "/from/alias.sock"}
+    loaded = cfg.load(path, environ=env)
+    assert loaded.config.serve.socket == "/from/alias.sock"
+    assert loaded.sources["serve.socket"] == "$MESHD_SOCKET"
+    env["MESHD_SERVE_SOCKET"] = "/from/env.sock"
+    loaded = cfg.load(path, environ=env)
+    assert (loaded.config.serve.socket, loaded.sources["serve.socket"]) == \
+        ("/from/env.sock", "$MESHD_SERVE_SOCKET")
+    flagged = cfg.load(path, environ=env, flags={"socket": "/from/flag.sock"})
+    assert flagged.config.serve.socket == "/from/flag.sock"
+    assert cfg.load(path, environ={}).config.serve.socket == "/from/file.sock"
+
+
+def _check(path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+           **env: str) -> tuple[int, str, str]:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = cli.main(["config", "check", "--config", path])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_config_check_passes_what_serve_would_start_with(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    model = str(testmodels.test_model_path("llama"))
+    path = _write(tmp_path, f'[model]\npath = "{model}"\n[serve]\n'
+                            f'socket = "{tmp_path}/run/meshd.sock"\n')
+    code, out, err = _check(path, monkeypatch, capsys)
+    assert code == 0, err
+    assert f'path = "{model}"' in out
+
+
+@pytest.mark.parametrize(("file", "env", "key", "source", "expected"), [
+    ("", {"MESHD_MODEL_PATH": "/nonexistent.gguf"}, "model.path", "$MESHD_MODEL_PATH",
+     "model file not found: /nonexistent.gguf"),
+    ('[model]\npath = "{tmp}/notes.txt"\n', {}, "model.path", "{file}",
+     "is not a GGUF file"),
+    ('[model]\npath = "{tmp}"\n', {}, "model.path", "{file}", "is a directory"),
+    ('[model]\ndraft_models = ["/gone.gguf"]\n', {}, "model.draft_models", "{file}",
+     "draft model file not found: /gone.gguf"),
+    ('[serve]\nsocket = "{tmp}/notes.txt/meshd.sock"\n', {}, "serve.socket", "{file}",
+     "notes.txt is not a directory"),
+    ("", {"MESHD_SERVE_ALLOW_GROUPS": "no-such-group-here"}, "serve.allow_groups",
+     "$MESHD_SERVE_ALLOW_GROUPS", "no such group"),
+    ('[speculation]\nproposer = "nonesuch"\n', {}, "speculation.proposer", "{file}",
+     "unknown proposer 'nonesuch'"),
+])
+def test_config_check_fails_where_serve_would(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        file: str, env: dict[str, str], key: str, source: str, expected: str) -> None:
+    """Exit 2 before anything loads, naming the key, where its value came from, and
+    what is wrong with it."""
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    path = _write(tmp_path, file.format(tmp=tmp_path))
+    code, out, err = _check(path, monkeypatch, capsys, **env)
+    assert code == 2, (out, err)
+    assert err.startswith(f"meshd config check: {key} (from {source.format(file=path)}): "), err
+    assert expected in err, err
+    assert out == ""
 
 
 def test_every_serve_option_is_a_configuration_key() -> None:

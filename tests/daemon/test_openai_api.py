@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from meshd.daemon.http.openai_api import ApiError, parse_request
+from meshd.protocol import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
 
 def _parse(body: dict[str, Any], chat: bool = False) -> Any:
@@ -40,7 +41,9 @@ def test_fields_map_onto_generate() -> None:
     ({"prompt": "x", "temperature": "hot"}, "temperature"),
     ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "seed": -1}, "seed"),
-    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"prompt": "x", "stop": ["s"] * (MAX_STOP_STRINGS + 1)}, "stop"),
+    ({"prompt": "x", "stop": ["ok", "a" * (MAX_STOP_LENGTH + 1)]}, "stop[1]"),
+    ({"prompt": "x", "stop": [""]}, "stop[0]"),
     ({"prompt": "x", "n": 2}, "n"),
     ({"prompt": "x", "logprobs": 2}, "logprobs"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
@@ -65,3 +68,24 @@ def test_bad_messages_and_bodies() -> None:
     for raw in (b"[1, 2]", b"\xff", b"{"):
         with pytest.raises(ApiError):
             parse_request(raw, chat=False)
+
+
+def test_limits_are_the_protocols_and_name_their_value() -> None:
+    """The native socket's limits, with the limit and the value sent in the message."""
+    assert _parse({"prompt": "x", "stop": ["s"] * MAX_STOP_STRINGS}).generate.stop \
+        == ("s",) * MAX_STOP_STRINGS
+    cases = [
+        ({"prompt": "x", "stop": ["a" * 1_000_000]}, False,
+         (f"at most {MAX_STOP_LENGTH} chars", "1000000 chars")),
+        ({"prompt": "x", "stop": ["s"] * 20}, False, (f"at most {MAX_STOP_STRINGS}", "20")),
+        ({"messages": [{"role": "user", "content": "hi"}] * (MAX_MESSAGES + 1)}, True,
+         (f"at most {MAX_MESSAGES} messages", str(MAX_MESSAGES + 1))),
+        ({"messages": [{"role": "r" * 100, "content": "hi"}]}, True,
+         ("messages[0].role", "at most 64 chars", "100 chars")),
+    ]
+    for body, chat, wanted in cases:
+        with pytest.raises(ApiError) as caught:
+            _parse(body, chat=chat)
+        assert caught.value.status == 400
+        for part in wanted:
+            assert part in caught.value.message, (part, caught.value.message)

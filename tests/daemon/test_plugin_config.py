@@ -3,7 +3,10 @@ way for built-ins and third parties; ``meshd plugins list`` shows what is instal
 
 from __future__ import annotations
 
+import grp
 import json
+import os
+import pwd
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,8 @@ import pytest
 
 from meshd.daemon.cli import main as meshd_main
 from meshd.daemon.config import load as load_config
-from meshd.daemon.runtime import ModelRuntime, RequestError, RuntimeConfig
+from meshd.daemon.request_errors import RequestError
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.default_model import default_model_path
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
 from meshd.plugins.config import PluginConfigError, parse_table
@@ -125,6 +129,26 @@ def test_disabled_and_unknown(runtime: ModelRuntime) -> None:
 def test_bad_tables_name_the_key(table: dict[str, Any]) -> None:
     with pytest.raises(PluginConfigError, match=r"speculation\.plugins\.p"):
         parse_table("p", table)
+
+
+def test_a_connecting_plugin_is_pinned_by_uid_or_gid_names_or_ids() -> None:
+    me = pwd.getpwuid(os.getuid())
+    group = grp.getgrgid(os.getgid())
+    by_name = parse_table("p", {"connect": True, "uid": me.pw_name, "gid": group.gr_name})
+    by_id = parse_table("p", {"connect": True, "uid": os.getuid(), "gid": str(os.getgid())})
+    for config in (by_name, by_id):
+        assert (config.uid, config.gid, config.pinned) == (os.getuid(), os.getgid(), True)
+        assert "uid" not in config.options and "gid" not in config.options
+    assert not parse_table("p", {"connect": True}).pinned
+    for table, why in [
+        ({"connect": True, "uid": "no-such-user-meshd"}, "no such user"),
+        ({"connect": True, "gid": "no-such-group-meshd"}, "no such group"),
+        ({"connect": True, "uid": -1}, "uid"),
+        ({"connect": True, "gid": True}, "gid"),
+        ({"command": ["x"], "uid": os.getuid()}, "connect = true"),
+    ]:
+        with pytest.raises(PluginConfigError, match=why):
+            parse_table("p", table)
 
 
 def test_plugins_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -73,7 +73,10 @@ def test_the_record_reads_the_sessions_own_counters(smol: ModelRuntime) -> None:
     ``meshd generate --json``'s record says the same under the wire's names."""
     st = generate(smol, "Say hi", proposer="off")
     record = st.as_dict()
-    assert record["target_forwards"] == st.session.target_forwards > 0
+    # Prefill excluded, as in ``done`` and the stats lines (one count everywhere).
+    assert record["target_forwards"] == st.decode_forwards > 0
+    assert record["target_forwards"] == (st.session.target_forwards
+                                         - st.session.prefill_forwards)
     assert record["prefill_ms"] == st.session.prefill_ms > 0
     assert record["decode_ms"] == st.session.decode_ms + st.session.verify_ms
     assert record["emitted"] == 8 and isinstance(record["refusals"], dict)

@@ -26,7 +26,6 @@ from meshd.protocol import (
     ProtocolError,
     Response,
     SamplingParams,
-    ServerBusy,
     Token,
     Welcome,
 )
@@ -183,14 +182,33 @@ async def test_duplicate_in_flight_id_and_cancel_of_unknown_id(runtime: ModelRun
         assert_no_leaks(server)
 
 
-async def test_busy_when_the_queue_is_full(runtime: ModelRuntime) -> None:
+async def test_max_queue_zero_admits_while_a_slot_is_free(runtime: ModelRuntime) -> None:
+    """``--max-queue 0`` means no queue, not no service: a request runs while a slot is
+    free, and one that would wait for a slot is answered ``busy``."""
     config = ServerConfig(max_queue=0)
     async with running_daemon(runtime, config) as (server, path):
         async with Client.connect(path) as client:
-            with pytest.raises(ServerBusy):
-                await client.generate("hello", max_tokens=5).collect()
-            assert (await client.health()).status.value == "ok"
-        assert server.service.counters["errors_busy"] == 1
+            alone = await client.generate("hello", max_tokens=5).collect()
+            assert alone.done.usage.completion_tokens == 5
+        async with RawConnection.open(path) as raw:
+            ids = [f"g{i}" for i in range(12)]  # 12 at once on 2 slots
+            for rid in ids:
+                await raw.send(Generate(id=rid, prompt="hello", max_tokens=40,
+                                        sampling=SamplingParams(temperature=0.0)))
+            finals: dict[str, Response] = {}
+            with anyio.fail_after(60):
+                while len(finals) < len(ids):
+                    frame = await raw.recv(60)
+                    if isinstance(frame, Done | ErrorMessage):
+                        finals[frame.id or ""] = frame
+        done = [f for f in finals.values() if isinstance(f, Done)]
+        busy = [f for f in finals.values() if isinstance(f, ErrorMessage)]
+        assert len(done) >= 2 and busy, finals
+        assert all(f.code is ErrorCode.BUSY and "all 2 slots are busy" in f.message
+                   for f in busy)
+        assert server.service.counters["errors_busy"] == len(busy)
+        await wait_idle(server)
+        assert_no_leaks(server)
 
 
 async def test_detokenize_and_tokenize_roundtrip(runtime: ModelRuntime) -> None:

@@ -180,7 +180,8 @@ def test_sigterm_during_a_long_generation(workdir: str) -> None:
     (llama.cpp's own lines included, at debug level)."""
     sock_path = os.path.join(workdir, "s")
     args = _serve_args(sock_path, "--shutdown-grace", "0.5", "--log-level", "debug",
-                       "--stream-interval-ms", "20", "--fixed-k")
+                       "--llama-log-level", "debug", "--stream-interval-ms", "20",
+                       "--fixed-k")
     args[args.index("--ctx") + 1] = "2048"
     with reaped(start(args, daemon_env())) as proc:  # SmolLM2, ~40 tok/s on one thread
         wait_for_socket(sock_path, proc)
@@ -294,7 +295,7 @@ def test_sighup_reloads_live_settings(workdir: str) -> None:
         assert code == 0, err
         events = log_events(err)
         reloaded = next(e for e in events if e["event"] == "reloaded")
-        assert reloaded["changed"] == ["max_tokens_default"]
+        assert reloaded["changed"] == ["serve.max_tokens"]
         restart = next(e for e in events if e["event"] == "restart_needed")
         assert restart["keys"] == ["model.ctx"]
         failed = next(e for e in events if e["event"] == "reload_failed")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
+import time
+import tracemalloc
 from collections.abc import Sequence
 
 import pytest
@@ -192,3 +195,67 @@ def test_backs_stop_after_in_decide() -> None:
     assert d.committed == (2, 3, 4, 5)
     assert d.finish is FinishReason.STOP
     assert "".join(shown) == " end"
+
+
+def _long_stop(n: int) -> str:
+    """A stop whose prefixes overlap themselves: held back in full, never completed by
+    a run of ``a`` (KMP's worst case: every character falls back along the table)."""
+    return "a" * (n - 1) + "b"
+
+
+def _peak_bytes(n: int) -> int:
+    """Peak memory allocated while building a matcher for an ``n``-character stop and
+    pushing ``n`` characters that keep all of it held back."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        matcher = StopMatcher([_long_stop(n)])
+        for _ in range(n):
+            matcher.push("a")
+        assert len(matcher.held) == n - 1
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_is_linear_in_the_stop_length() -> None:
+    """Every prefix of a stop in a set is n**2/2 characters (a 30,000-character stop
+    took 453 MB); the matcher must take memory proportional to the stop."""
+    n = 3_000
+    small, large = _peak_bytes(n), _peak_bytes(4 * n)
+    assert large < 6 * small, (small, large)  # linear: ~4x; quadratic: ~16x
+    assert large < 64 * 4 * n, large  # a few machine words per character
+
+
+def _push_seconds(n: int) -> float:
+    """CPU time to push ``2n`` one-character pieces through an ``n``-character stop
+    (the best of three, against noise from other processes)."""
+    best = float("inf")
+    for _ in range(3):
+        matcher = StopMatcher([_long_stop(n)])
+        gc.disable()
+        try:
+            start = time.process_time()
+            for _ in range(2 * n):
+                matcher.push("a")
+            best = min(best, time.process_time() - start)
+        finally:
+            gc.enable()
+    return best
+
+
+def test_time_is_linear_in_the_stop_length() -> None:
+    """Each push costs amortized constant time per stop, however long the stop and the
+    held-back text: 4x the stop and the text take about 4x the time, not 16x."""
+    n = 5_000
+    small, large = _push_seconds(n), _push_seconds(4 * n)
+    assert large < 8 * small, (small, large)
+
+
+def test_a_long_overlapping_stop_straddles_pieces() -> None:
+    """KMP's fall-backs: text that nearly matches, again and again, before it does."""
+    stop = "ab" * 300 + "c"
+    text = "ab" * 700 + "c" + "tail"
+    pieces = [text[i:i + 7] for i in range(0, len(text), 7)]
+    emitted, index = run(pieces, [stop, "abc" * 50])
+    assert emitted == "ab" * 400 and index is not None

@@ -123,11 +123,12 @@ def _is_open(fd: int) -> bool:
 
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
+    root, llama = logging.getLogger(), logging.getLogger("meshd.llama")
+    handlers, level, llama_level = list(root.handlers), root.level, llama.level
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    llama.setLevel(llama_level)
     logging.captureWarnings(False)
     structlog.reset_defaults()
 

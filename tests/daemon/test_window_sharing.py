@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 
 from meshd.daemon import window_sharing
-from meshd.daemon.engine import Generation, step_many
+from meshd.daemon.engine import ForwardTiming, Generation, step_many
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import GREEDY, SamplingParams
 from meshd.native import testmodels
@@ -81,7 +81,7 @@ def _run_together(gens: list[Generation]) -> list[int]:
     forwards_per_step: list[int] = []
     live = list(gens)
     while live:
-        seen: list[float] = []
+        seen: list[ForwardTiming] = []
         step_many(live, on_forward=seen.append)
         if len(live) == len(gens):
             forwards_per_step.append(len(seen))

@@ -223,8 +223,10 @@ def test_factory_builds_children_from_the_registry() -> None:
 
 def test_factory_errors() -> None:
     reg = Resources(registry=make_registry())
-    with pytest.raises(ProposerUnavailable, match="cost curve"):
-        composite_factory(ProposerEnv(100, frozenset(), resources=reg))
+    # No curve (--fixed-k): every window costs one decode, the longest draft is taken.
+    blind = composite_factory(ProposerEnv(100, frozenset(), resources=reg,
+                                          options={"proposers": ["ngram"]}))
+    assert set(blind.curve.costs) == {1.0} and blind.curve.max_k == blind.capabilities.max_len
     res = attrs.evolve(reg, cost_curve=Q8_0)
     with pytest.raises(ProposerUnavailable, match="no child"):
         composite_factory(

@@ -34,6 +34,7 @@ MESSAGES = [
     PluginHello("snippets", "1.0", 1, {"max_len": 8}),
     PluginWelcome(1, {"name": "m.gguf", "n_vocab": 100}, {"files": ["a.py"]}),
     PluginReject("no"),
+    PluginReject("taken", "name_in_use"),
     Tokenize(("def f():", "x")),
     Tokenized(((1, 2), ())),
     Ready(),

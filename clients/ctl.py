@@ -4,22 +4,14 @@
 
     meshctl [--socket PATH] generate "Once upon a time" --max-tokens 64 --proposer ngram
     meshctl chat "Rewrite with type hints: def add(a, b): return a + b"
-    meshctl health | stats | models [--json]
-    meshctl tokenize "some text" [--no-special]      meshctl detokenize 1 2 3
-    meshctl cancel REQUEST_ID
+    meshctl health | stats | models [--json]      meshctl cancel REQUEST_ID
+    meshctl tokenize "some text" [--no-special]    meshctl detokenize 1 2 3
 
-``generate``/``chat`` stream the text to stdout and print a stats line to stderr
-(``--json`` prints one object with the text, the token ids and the ``done`` frame
-instead). Sampling defaults to greedy, as ``meshd generate`` does, so both print the same
-text. The socket is ``--socket``, else ``$MESHD_SOCKET``, else the first that exists of
-the user's default (``$XDG_RUNTIME_DIR/meshd/meshd.sock``) and the systemd service's
-(``/run/meshd/meshd.sock``): :func:`meshd.clients.socket_path.find_socket`.
-
-Exit codes (scripts branch on them): 0 success; 1 other failure (including an unhealthy
-``health`` and a generation cancelled from elsewhere); 2 bad usage or a request the
-daemon rejected as invalid; 3 the model failed; 4 the daemon is busy or shutting down,
-retry later; 5 no daemon reachable at the socket; 130 interrupted (the running request
-is cancelled on the way out).
+``generate``/``chat`` stream text to stdout and a stats line to stderr (``--json``: one
+object instead), greedy by default like ``meshd generate``. The socket is found by
+:func:`meshd.clients.socket_path.find_socket`. Exit codes, for scripts: 0 success; 1
+other failure; 2 bad usage or an invalid request; 3 the model failed; 4 busy or shutting
+down, retry later; 5 no daemon at the socket; 130 interrupted (the request is cancelled).
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """The daemon's configuration: one typed object from a TOML file, the environment and flags.
 
-Why one object: ``meshd serve`` under systemd is configured in ``/etc/meshd/meshd.toml``,
-tweaked per host with environment variables (``Environment=`` in a drop-in) and per run
-with flags, and every setting must mean the same in all three. Each key is declared once,
-below, as a field of its section with its default, its help and whether it can change
-while serving; from that one declaration come the file key (``[serve] max_queue``), the
-environment variable (``MESHD_SERVE_MAX_QUEUE``), the flag (``--max-queue``; keys without
-a flag of their own in :mod:`.options` or ``serve`` get ``--SECTION-KEY``), the type
-check, ``meshd config check``'s listing and SIGHUP's live/restart split.
-
-Precedence: flag > environment > file > default, for every name of a key (``MESHD_SOCKET``
-is environment too, below ``MESHD_SERVE_SOCKET``). A bad value or an unknown key is an
-error that names the key and where it came from (the file, the variable); nothing is
-silently ignored. Values are strictly typed (``"64"`` is not an integer in TOML, ``1.5``
-is not an integer anywhere); environment values are parsed by the key's type (lists are
-comma-separated, booleans ``1/0/true/false/yes/no``).
-
-Proposer plugins are configured in ``[speculation.plugins.NAME]`` tables of the same file
-(:attr:`Loaded.plugins`); their keys belong to each plugin, so they have no environment
-variables or flags and are checked by :mod:`meshd.plugins.config`.
-
-Adding a key: add an :func:`key` field to its section class (and use it where the daemon
-is built, in :mod:`.serve`), then regenerate the example file
-(``meshd config example > systemd/meshd.toml``; a test compares them). Nothing else.
+Why one object: ``meshd serve`` is configured in ``/etc/meshd/meshd.toml``, per host with
+environment variables and per run with flags, and every setting must mean the same in
+all three. Each key is declared once, below, as a field of its section with its default,
+its help and whether it can change while serving; from that come the file key, the
+environment variable (``MESHD_SERVE_MAX_QUEUE``), the flag, the type check, ``meshd
+config check``'s listing and SIGHUP's live/restart split. Precedence: flag > environment
+> file > default. Values are strictly typed, and a bad value or unknown key is an error
+naming the key and its source. Proposer plugins' ``[speculation.plugins.NAME]`` tables
+are checked by :mod:`meshd.plugins.config`. Adding a key: add a :func:`key` field to its
+section, use it in :mod:`.serve`, and regenerate ``systemd/meshd.toml`` with ``meshd
+config example`` (a test compares them).
 """
 
 from __future__ import annotations

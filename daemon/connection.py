@@ -1,31 +1,17 @@
 """One client connection: handshake, then many concurrent requests multiplexed by id.
 
-Why this shape: exactly one task reads the socket and dispatches each frame; every
-``generate`` (and every tokenizer request, which runs on a worker thread) gets its own
-task in the connection's task group, so one long generation never delays a ``health``
-or a ``cancel`` on the same connection. The protocol's rules (``hello`` first, ids in
-flight, one final frame per request) are kept by a sans-I/O ``ServerConnection``; this
-class moves its bytes, runs the requests and applies the daemon's limits. Outgoing
-frames go through one ``FrameWriter``, because frames of different requests may
-interleave but never mix bytes.
+Why this shape: one task reads the socket and dispatches each frame; every ``generate``
+(and tokenizer request) gets its own task, so one long generation never delays a
+``health`` or ``cancel`` on the same connection. The protocol's rules are kept by a
+sans-I/O ``ServerConnection``; this class moves its bytes, runs the requests and applies
+the daemon's limits, writing through one ``FrameWriter`` so frames never mix bytes.
 
-Failure policy: a malformed frame is answered with an ``error`` frame and the
-connection carries on (only a bad *first* frame closes it, as the protocol says); a
-peer that goes away (a hang-up, reset, a write that does not complete within the send
-timeout) cancels all of the connection's requests, which stop at their next step
-boundary and hand their session slots back. End of stream alone is not going away: a
-client that shut only its sending side after its requests (a half-close) gets their
-answers, then the connection closes (see :mod:`.hangup` for how a full close is told
-apart). A bug while serving one request is reported to that request as ``internal``
-and logged; it never takes the daemon down.
-
-Bounded resources: a connection holds a file descriptor, so after the handshake it is
-closed when it is idle (no request in flight and no frame received) for
-``idle_timeout_s``, and a frame that has begun must end within ``frame_timeout_s`` (a
-client trickling one byte a second is not idle, but it is not sending a request either);
-that one is answered with a ``bad_request`` error before the close. A reply that would be
-larger than the frame limit the server announces is replaced by a ``too_large`` error,
-because the peer could not read it.
+Failures: a malformed frame is answered with ``error`` and the connection carries on
+(only a bad first frame closes it); a peer that goes away cancels all its requests, but
+a half-close still gets its answers (:mod:`.hangup` tells the two apart); a bug in one
+request is reported to it as ``internal`` and never takes the daemon down. Resources are
+bounded: an idle connection closes after ``idle_timeout_s``, a begun frame must end
+within ``frame_timeout_s``, and a reply over the frame limit becomes ``too_large``.
 """
 
 from __future__ import annotations
@@ -68,13 +54,12 @@ from meshd.protocol import (
     encode,
     error_message,
 )
-from meshd.protocol import FinishReason as WireFinishReason
 
 from .engine import TokenEvent
 from .generation_stats import GenerationStats
 from .hangup import POLL_INTERVAL_S, hung_up
 from .mapping import done_message, token_message
-from .scheduler import Failed, Finished, GenerationHandle, GenerationRequest
+from .scheduler import Finished, GenerationFailed, GenerationHandle, GenerationRequest
 from .service import InFlightGeneration, Service
 
 __all__ = ["Connection"]
@@ -379,15 +364,15 @@ class Connection:
                 try:
                     batch = [await handle.events.receive()]
                 except anyio.EndOfStream:
-                    batch = [Failed("model", "the generation ended without a result")]
-                while (not isinstance(batch[-1], Finished | Failed)
+                    batch = [GenerationFailed("model", "the generation ended without a result")]
+                while (not isinstance(batch[-1], Finished | GenerationFailed)
                        and len(batch) < _MAX_EVENTS_PER_WRITE):
                     try:
                         batch.append(handle.events.receive_nowait())
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
                 frames: list[bytes] = []
-                final: Finished | Failed | None = None
+                final: Finished | GenerationFailed | None = None
                 for event in batch:
                     if isinstance(event, TokenEvent):
                         frames.append(self._conn.send(token_message(request_id, event)))
@@ -404,7 +389,7 @@ class Connection:
                     return
 
     def _final_message(self, request_id: str, gen: GenerationRequest, handle: GenerationHandle,
-                       final: Finished | Failed, streamed: bool,
+                       final: Finished | GenerationFailed, streamed: bool,
                        entry: InFlightGeneration) -> Response:
         """``done`` for a finished generation; for a failed one, ``error`` if nothing was
         streamed yet, else ``done`` with ``finish_reason: error`` (PROTOCOL.md)."""
@@ -426,7 +411,7 @@ class Connection:
         stats = final.stats or GenerationStats()
         ran = stats.proposer_that_ran(handle.proposer)
         self._log_finished(request_id, "error", stats, ran, gen)
-        return done_message(request_id, WireFinishReason.ERROR, stats, ran,
+        return done_message(request_id, FinishReason.ERROR, stats, ran,
                             prompt_tokens=len(gen.prompt),
                             error_message=final.message or "generation failed",
                             sampling=gen.sampling)
@@ -506,8 +491,8 @@ class Connection:
         return False
 
 
-def _finish_reason(finish: FinishReason, entry: InFlightGeneration) -> WireFinishReason:
+def _finish_reason(finish: FinishReason, entry: InFlightGeneration) -> FinishReason:
     """The wire's finish reason: a cancellation by the daemon's shutdown says so."""
     if finish is FinishReason.CANCELLED and entry.shutdown:
-        return WireFinishReason.SHUTDOWN
-    return WireFinishReason(finish.value)
+        return FinishReason.SHUTDOWN
+    return finish

@@ -2,18 +2,16 @@
 
 One token's walk: gate -> proposer.propose -> (checkpoint) -> session.verify ->
 decision.decide -> repair -> proposer.observe -> commit (events out). The gate and the
-decision live in :mod:`meshd.policy` (``StepGate.decide``, ``decision.decide``); this is
-the one place that applies them;
-every proposer goes through the same path, and ``--proposer off`` is the same path with
-empty drafts (zero-length windows), so "identical to plain decoding" is structural.
+decision live in :mod:`meshd.policy` (``StepGate.verdict``, ``decision.decide``, called
+by :meth:`Generation.judge_window`); this is the one place that applies them. Every
+proposer goes through the same path, and ``--proposer off`` is that path with empty
+drafts, so "identical to plain decoding" is structural.
 
 One decode step has one path: :func:`step_many` plans every generation's window,
-verifies them in shared forwards (continuous batching: one forward for an attention-only
-model; on a hybrid model one per group of windows llama.cpp computes together), decides
-each, then repairs and commits them (restore-and-replay last) before the next forward;
-:meth:`Generation.step` is that path with one generation. The engine is synchronous and
-does no I/O of its own: the daemon's scheduler runs it on the model's worker thread;
-``meshd generate`` runs it directly.
+verifies them in shared forwards (one for an attention-only model; on a hybrid model one
+per group of windows llama.cpp computes together), judges each, then repairs and commits
+them (restore-and-replay last) before the next forward; :meth:`Generation.step` is that
+path with one generation. The engine is synchronous and does no I/O of its own.
 """
 
 from __future__ import annotations
@@ -116,7 +114,9 @@ class Generation:
         #: Speculation's policy for this request: one call per step (see _gate).
         self.gate = StepGate(costs, draft_max=settings.draft_max,
                              adaptive=proposer is not None and settings.adaptive,
-                             prior=settings.prior_acceptance)
+                             prior=settings.prior_acceptance,
+                             streaks=proposer is None
+                             or not proposer.capabilities.needs_mtp_head)
         #: This request's acceptance by window position, and how often its proposer has
         #: drafts (what a shared window's length is chosen from: window_sharing).
         self.acceptance = RunningAcceptance(
@@ -186,7 +186,7 @@ class Generation:
         c = self.session.counters
         self._decode_base = (c.decode_ms + c.verify_ms, c.mtp_ms, c.target_forwards)
         window = Window(self.prompt[-1], len(self.prompt) - 1, ())
-        decision = self.decide_window(window, logits[None, :])
+        decision = self.judge_window(window, logits[None, :])
         return self.apply(window, decision)
 
     def step(self) -> list[TokenEvent]:
@@ -237,7 +237,7 @@ class Generation:
         # that drafts at most 8 makes a 9-row window, which may cost far more than the
         # 8-row one the gate would have chosen within its reach.
         reach = self.proposer.capabilities.max_len
-        verdict = self.gate.decide(StepFacts(
+        verdict = self.gate.verdict(StepFacts(
             exact_verifiable=self.sampler.params.exact_verifiable,
             k_max=min(self.settings.draft_max, remaining - 1, room, reach),
             head=self._head_load() if self.mtp_head is not None else None,
@@ -354,10 +354,11 @@ class Generation:
             tokens = tokens[:k]
         return tuple(tokens)
 
-    # ------------------------------------------------------------------ decide/apply
+    # ------------------------------------------------------------------- judge/apply
 
-    def decide_window(self, window: Window, logits: FloatArray) -> Decision:
-        """Decide a verified window with :func:`~meshd.policy.decision.decide`.
+    def judge_window(self, window: Window, logits: FloatArray) -> Decision:
+        """Judge a verified window: how much commits and how to repair, by
+        :func:`~meshd.policy.decision.decide`.
 
         Not pure: matching the rows draws from the sampler's RNG (one draw per row
         reached), and every committed token goes through the UTF-8 assembler and the
@@ -579,7 +580,7 @@ def _verify_and_apply(planned: Sequence[tuple[int, Generation, Window]],
     decided: list[tuple[int, Generation, Window, Decision]] = []
     for (i, gen, window), rows in zip(planned, logits, strict=True):
         try:
-            decided.append((i, gen, window, gen.decide_window(window, rows)))
+            decided.append((i, gen, window, gen.judge_window(window, rows)))
         except Exception as exc:
             out[i] = exc
     # Repairs that decode (restore-and-replay) go after the others: an in-place rollback

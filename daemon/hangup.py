@@ -5,8 +5,8 @@ Why: a client may send its requests and then shut its sending side
 the answers, so end of stream alone does not mean the client is gone. A peer that
 closed the connection entirely shows as a hang-up (``POLLHUP``): on a Unix socket at
 once, on TCP once a write of ours has been answered with a reset (TCP cannot tell the
-two apart before that). A socket that cannot be polled counts as hung up, which is
-the old rule: end of stream means gone.
+two apart before that). A socket that cannot be polled counts as hung up: there,
+end of stream means gone.
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
 """structlog setup for the daemon: one stream of events, whoever emitted them.
 
-Why JSON lines: the daemon runs under systemd/journald or a supervisor whose logs are
-read by tools, so each event is one parseable object (``event``, ``level``, ``timestamp``
-plus its fields). A person running ``meshd serve`` in a terminal gets the console
-renderer instead. Events carry ids, codes and counts, never prompt or output text: that
-is what a log line is allowed to contain at ``info``; request contents go nowhere.
-
-Every line goes through structlog: records of stdlib loggers (llama.cpp's own messages
-arrive on ``meshd.llama``, the plugin registry warns on ``meshd.plugins.registry``) and
-Python warnings are turned into structlog events with their logger's name, so nothing
-is printed raw into the JSON stream and nothing twice.
-
-Under journald (``$JOURNAL_STREAM`` names our stderr) each line starts with its syslog
-priority (``<3>`` error ... ``<7>`` debug), which journald strips and records as the
-entry's priority (``journalctl -p warning`` works); journald stamps the time itself, so
-the default format there is ``event key=value`` without a timestamp.
-
-llama.cpp's own lines have a level of their own (``--llama-log-level``, default
-``warn``): loading a model prints thousands of info lines that would otherwise drown the
-daemon's events at ``debug``. Both levels are read at every event, so SIGHUP can change
-them (:func:`set_levels`) for loggers already handed out.
-
-Only ``meshd serve`` (and whoever else calls :func:`configure_logging`) changes the
-global structlog and logging configuration; library code just asks :func:`get_logger`
-(or a stdlib logger).
+Why JSON lines: under systemd/journald or a supervisor logs are read by tools, so each
+event is one parseable object (a terminal gets the console renderer instead). Events
+carry ids, codes and counts, never prompt or output text. Stdlib loggers (llama.cpp's
+lines on ``meshd.llama``) and Python warnings are routed through structlog, so nothing
+is printed raw or twice. Under journald each line starts with its syslog priority
+(``<3>`` ... ``<7>``) and carries no timestamp (journald stamps it). llama.cpp has its
+own level (``--llama-log-level``, default ``warn``) because loading a model prints
+thousands of info lines; both levels are read at every event, so SIGHUP can change them
+(:func:`set_levels`). Only :func:`configure_logging` changes the global configuration;
+library code just asks :func:`get_logger`.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.Spec
 
 def done_message(
     request_id: str,
-    finish: FinishReason | wire.FinishReason,
+    finish: FinishReason,
     stats: GenerationStats,
     proposer: str | None,
     *,
@@ -99,7 +99,7 @@ def done_message(
     with (none for greedy decoding, where no seed plays a part)."""
     return wire.Done(
         id=request_id,
-        finish_reason=wire.FinishReason(finish.value),
+        finish_reason=finish,
         usage=wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=stats.emitted),
         speculation=speculation_stats(stats, proposer),
         error_message=error_message or None,

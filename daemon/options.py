@@ -1,8 +1,8 @@
 """Command-line options shared by ``meshd serve``, ``generate``, ``demo`` and ``bench``.
 
-Why one module: the same option (``--ctx``, ``--proposer``, ``--temperature``...) used to
-be declared once per subcommand, and their types, checks and defaults drifted apart. Each
-option is declared here once, in a group a subcommand takes as an argparse *parent*, and
+Why one module: the same option (``--ctx``, ``--proposer``, ``--temperature``...) declared
+once per subcommand lets types, checks and defaults drift apart. Each option is declared
+here once, in a group a subcommand takes as an argparse *parent*, and
 each default is a constant defined here (or, for sampling, the engine's own default), so
 the help text, the parser and the code that runs agree.
 

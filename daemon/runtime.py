@@ -161,6 +161,9 @@ class ModelRuntime:
             except BaseException:
                 self.close()
                 raise
+        if self.rollback is not None and config.default_proposer == "off":
+            self.rollback.not_expected()
+            self._apply_rollback_depth()
         self.plugins.start()
 
     def _note(self, event: str, message: str) -> None:

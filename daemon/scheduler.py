@@ -1,20 +1,17 @@
 """The scheduler: admits requests into session slots, delivers their events, counts.
 
 Why one loop for all sessions: every active request advances once per iteration, in ONE
-engine step over all of them (:func:`meshd.daemon.engine.step_many`: shared llama.cpp
-forwards for their windows, continuous batching), which is cheaper than one forward
-each, and nobody starves; waiting requests are admitted first-come first-served as
-slots free up, and the queue is bounded (``Busy`` beyond it).
+engine step over all of them (:func:`meshd.daemon.engine.step_many`: shared forwards,
+continuous batching), cheaper than a forward each, and nobody starves; waiting requests
+are admitted first-come first-served as slots free up, up to a bounded queue (``Busy``).
 
-The scheduler is purely async: it decides when to admit and when to step, hands the work
-to the model's compute thread (:mod:`.compute`, which makes every llama.cpp call for the
-model) and delivers what comes back; how a step is taken is the engine's, and it never
-touches a sequence session. Concurrency: the loop is one task owned by the server's task
-group (structured concurrency); the event loop never blocks, so health checks answer
-while tokens are generated. While the set of running requests stays the same, the
-compute thread steps on without coming back: every stream interval it posts the tokens
-so far to the event loop and goes on, so delivery never holds a step. Results reach
-each request through its own memory stream, so a slow client never holds up the others.
+The scheduler is purely async: it decides when to admit and when to step and hands the
+work to the model's compute thread (:mod:`.compute`); how a step is taken is the
+engine's, and it never touches a sequence session. The loop is one task of the server's
+task group and never blocks the event loop, so health checks answer while tokens are
+generated. While the set of running requests stays the same, the compute thread steps
+on and posts tokens every stream interval, so delivery never holds a step; each request
+gets its own memory stream, so a slow client never holds up the others.
 """
 
 from __future__ import annotations
@@ -100,7 +97,7 @@ class Finished:
 
 
 @attrs.frozen
-class Failed:
+class GenerationFailed:
     """The request failed; ``kind`` is "request" (bad input) or "model" (runtime)."""
 
     kind: str
@@ -109,7 +106,7 @@ class Failed:
     """What the generation did before it failed (None: it never started)."""
 
 
-Event = TokenEvent | Finished | Failed
+Event = TokenEvent | Finished | GenerationFailed
 
 
 class GenerationHandle:
@@ -282,7 +279,7 @@ class Scheduler:
                     gen = handle.generation
                     if gen is not None:
                         await self.run_sync(gen.close)  # idempotent
-                    self._finish(handle, Failed("model", "the server is shutting down",
+                    self._finish(handle, GenerationFailed("model", "the server is shutting down",
                                                 gen.stats if gen is not None else None))
                 self._active.clear()
                 self._waiting.clear()
@@ -327,7 +324,7 @@ class Scheduler:
                 continue
             self._admitting = len(batch)
             try:
-                results = await self.run_sync(_admit, self.runtime,
+                results = await self.run_sync(_open_and_start, self.runtime,
                                               [h.request for h in batch])
             except BaseException:
                 self._waiting.extendleft(reversed(batch))  # still owed their last event
@@ -338,7 +335,7 @@ class Scheduler:
             # cancelled loop closes what it owns (see ``run``).
             admitted: list[GenerationHandle] = []
             for handle, result in zip(batch, results, strict=True):
-                if isinstance(result, Failed):
+                if isinstance(result, GenerationFailed):
                     self._finish(handle, result)
                     continue
                 gen, handle.proposer, events = result
@@ -382,7 +379,7 @@ class Scheduler:
                 assert gen is not None
                 await self.run_sync(gen.close)
                 self._active.remove(handle)
-                self._finish(handle, Failed("model", str(result), gen.stats))
+                self._finish(handle, GenerationFailed("model", str(result), gen.stats))
                 continue
             self._deliver(handle, result)
             if await self._maybe_done(handle):
@@ -445,9 +442,9 @@ class Scheduler:
         totals = self._counters.proposers
         totals[proposer] = totals.get(proposer, ProposerStatistics()).plus(st)
 
-    def _finish(self, handle: GenerationHandle, event: Finished | Failed) -> None:
+    def _finish(self, handle: GenerationHandle, event: Finished | GenerationFailed) -> None:
         self._counters.request_seconds.observe(time.monotonic() - handle.submitted)
-        if isinstance(event, Failed):
+        if isinstance(event, GenerationFailed):
             self._counters.failed += 1
             self._counters.finish_reasons["error"] += 1
         elif event.finish is FinishReason.CANCELLED:
@@ -464,13 +461,13 @@ class Scheduler:
 Admitted = tuple[Generation, str | None, list[TokenEvent]]
 
 
-def _admit(runtime: ModelRuntime, requests: Sequence[GenerationRequest],
-           ) -> list[Admitted | Failed]:
+def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest]
+                    ) -> list[Admitted | GenerationFailed]:
     """Open a generation for each request and start them (their prompts prefilled
     together, first tokens): each one's generation, the proposer it was given and its
     first events, or why it failed. Runs on the compute thread: the runtime may load a
     draft model, trim or evict cached sessions, and the prefill is a forward."""
-    results: list[Admitted | Failed] = []
+    results: list[Admitted | GenerationFailed] = []
     opened: list[Generation] = []
     try:
         for request in requests:
@@ -481,7 +478,7 @@ def _admit(runtime: ModelRuntime, requests: Sequence[GenerationRequest],
                     draft_max=request.draft_max, proposer_options=request.proposer_options,
                 )
             except (RequestError, CapacityError, ValueError) as exc:
-                results.append(Failed("request", str(exc)))
+                results.append(GenerationFailed("request", str(exc)))
                 continue
             opened.append(gen)
             results.append((gen, gen.proposer_name, []))
@@ -491,13 +488,13 @@ def _admit(runtime: ModelRuntime, requests: Sequence[GenerationRequest],
             gen.close()
         raise
     for i, result in enumerate(results):
-        if isinstance(result, Failed):
+        if isinstance(result, GenerationFailed):
             continue
         gen = result[0]
         outcome = next(started)
         if isinstance(outcome, NativeError):
             gen.close()
-            results[i] = Failed("model", str(outcome), gen.stats)
+            results[i] = GenerationFailed("model", str(outcome), gen.stats)
         elif isinstance(outcome, Exception):  # a bug: every generation is closed
             for g in opened:
                 g.close()

@@ -2,9 +2,9 @@
 
 Why one function: ``config check`` must fail where ``serve`` would (a model file that does
 not exist, a socket directory that cannot be used, a user in an allow-list who does not
-exist, a proposer nobody installed), and it used to pass such configurations because it
-only parsed them. Each problem names the configuration key it comes from, so the
-operator knows what to edit; ``serve`` logs it as the event and exit code it always had.
+exist, a proposer nobody installed), which parsing alone does not see. Each problem names
+the configuration key it comes from, so the operator knows what to edit; ``serve`` logs it
+as its event and exit code.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """Stop strings that straddle tokens: an incremental matcher with no I/O.
 
-The engine pushes the text of each committed token (already cut on UTF-8 boundaries)
-and gets back the text that is now safe to stream. A stop string may arrive split over
-many small pieces, so text is held back exactly as long as it could still be the
-beginning of a stop string, and never longer: the longest suffix of the pending text
-that is a proper prefix of some stop string is held, everything before it is released.
-
-Why Knuth-Morris-Pratt: a client chooses the stop strings, so the matcher's cost must
-be linear in their length. Each stop string keeps its KMP failure table (one integer
-per character) and a state, the length of the longest prefix of the stop that the text
-pushed so far ends with; each pushed character moves every state in amortized constant
-time. The held-back text is then the last ``max(state)`` characters, and a stop has
-completed where its state reaches its length.
-
-Matching rule: the first stop string to *complete* wins. Among stop strings completing
-at the same point, the one starting earliest (the longest) wins, so that none of its
-text leaks. This is the streaming rule servers use: a stop is reported on the very
-piece that completes it, which lets the engine map it to a token index (the
-``stop_after`` predicate of :mod:`meshd.policy.decision`) without committing a token
-it should not have. Its one consequence worth knowing: with stops ``["ab", "abc"]``,
-``"abc"`` can never fire (``"ab"`` completes first), and with ``["bc", "abcd"]`` on text
-``"abcd"`` the output is ``"a"``, not ``""``, because ``"bc"`` completed first. Waiting to
-find the globally earliest occurrence would mean committing tokens past a completed
-stop.
+The engine pushes the text of each committed token and gets back the text now safe to
+stream: text is held back exactly as long as it could still begin a stop string. Why
+Knuth-Morris-Pratt: clients choose the stop strings, so the cost must be linear in their
+length. Rule: the first stop string to *complete* wins (the longest, among those
+completing together), so a stop is reported on the very piece that completes it and the
+engine never commits a token past it (see :class:`StopMatcher`).
 """
 
 from __future__ import annotations
@@ -88,7 +71,16 @@ class StopMatcher:
     """Incremental stop-string matcher over the committed text of one request.
 
     Memory is linear in the total length of the stop strings; each pushed character
-    costs amortized constant time per stop string.
+    costs amortized constant time per stop string. Each stop keeps its KMP failure table
+    and a state, the length of the longest prefix of the stop that the text so far ends
+    with; the held-back text is the last ``max(state)`` characters, and a stop completes
+    where its state reaches its length.
+
+    The first stop to complete wins, the streaming rule servers use; among stops
+    completing at the same point the one starting earliest, so none of its text leaks.
+    So with stops ``["ab", "abc"]``, ``"abc"`` never fires, and with ``["bc", "abcd"]``
+    on ``"abcd"`` the output is ``"a"``: waiting for the globally earliest occurrence
+    would mean committing tokens past a completed stop.
     """
 
     def __init__(self, stops: Sequence[str]) -> None:

@@ -3,7 +3,7 @@ the terminal.
 
 Why: loading a model, building its context and calibrating take seconds to minutes. The
 progress line on stderr is drawn only on a terminal, so under systemd, a pipe or
-``meshd demo`` a slow start used to be silent. Each step now also reports
+``meshd demo`` a slow start would be silent. So each step also reports
 ``<kind>_started`` and ``<kind>_done`` (with ``seconds``) to an events hook, which
 ``meshd serve`` logs; ``meshd generate`` passes none and keeps its progress line only.
 """

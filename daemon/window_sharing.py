@@ -1,26 +1,17 @@
 """Concurrent requests: one window length for the group, so ONE forward.
 
-llama.cpp computes the windows of a forward together, as one micro-batch, only when
-they have equal rows and consecutive sequence ids: its per-sequence memory (the
-recurrent state of hybrid models, and the KV cache of attention-only ones, which meshd
-keeps per sequence) splits a batch with ``split_equal``, and every further micro-batch
-is another pass over the weights (SmolLM2 Q4_1, 4 requests: 29 ms for 4 x 1 rows,
-47 ms for the same with one request verifying 2 rows). On a hybrid model the split also
-decides exactness (:mod:`meshd.native.batching`). And each request alone prices its
-window as if the forward were its own, while one that carries other requests' rows is
-past the cheap part of the curve (SmolLM2 Q4_1, 4 clients through the socket: 129
-tok/s with speculation off, 104 with each request drafting alone).
-
-So the engine's step (:func:`meshd.daemon.engine.step_many`) gets one length chosen
-for the group (:func:`meshd.policy.shared_window.plan_shared`: the forward's cost by
-its total rows, each request's measured acceptance and drafting cost), caps every
-request's drafts at it, and pads the shorter windows with filler. What padding may do
-is narrow, and checked here: every request's sampling must be exactly verifiable
-(greedy or seeded: a filler token is then committed only where the target itself
-produced it, so output does not change), a recurrent session's padded window must be
-undone in place (within its rollback window, no checkpoint), and the context must
-have room for the rows. A request stepping alone is padded the same way, to the width
-its cost curve priced it at where a wider forward costs less (:func:`pad_alone`).
+llama.cpp computes the windows of a forward as one micro-batch only when they have equal
+rows and consecutive sequence ids; every further micro-batch is another pass over the
+weights, and on a hybrid model the split also decides exactness
+(:mod:`meshd.native.batching`). And a request alone prices its window as if the forward
+were its own, while a forward carrying other requests' rows is past the cheap part of
+the curve. So the engine's step (:func:`meshd.daemon.engine.step_many`) gets one length
+chosen for the group (:func:`meshd.policy.shared_window.plan_shared`), caps every
+request's drafts at it, and pads shorter windows with filler. Padding is allowed only
+where it cannot change output, and that is checked here: every request's sampling is
+exactly verifiable (greedy or seeded), a recurrent session's padded window can be undone
+in place, and the context has room. A request stepping alone is padded the same way
+where a wider forward costs less (:func:`pad_alone`).
 """
 
 from __future__ import annotations

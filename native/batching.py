@@ -1,32 +1,11 @@
 """Which verify windows may share one llama.cpp forward, and in what row order.
 
 Attention-only state: any windows may (trimming a KV suffix is exact at any time).
-
-Recurrent (hybrid) state with in-place rollback is different, because of how llama.cpp
-lays it out. ``llama_decode`` cuts a batch into micro-batches ("ubatches") with
-``split_equal(sequential=True, n_keep_tail=n_rs_seq+1)``: one ubatch holds sequences of
-consecutive ascending ids with the same number of rows each; other windows go to ubatches
-of their own, computed one after another inside the same ``llama_decode``. Every ubatch
-first gathers its sequences' state cells into one contiguous run (``find_slot``: "gather
-and re-order" swaps cell metadata), which moves the cells of sequences NOT in that ubatch
-that lie in the way; a moved sequence gets its current state copied along (the graph's
-"extra" state copy, slot 0) but not its per-token rollback snapshots, which stay in the
-rows ``slot * size + old_cell``. A sequence whose window ran in an EARLIER ubatch of the
-same forward and is moved by a later one therefore loses its snapshots, and the in-place
-rollback right after the forward (``seq_rm`` -> ``rs_idx``) then resumes from the new
-cell's rows: another sequence's or an older state, and tokens change.
-
-Minimal pattern: sequences 0, 1, 2 with state cells 1, 0, 2 (1 was prefilled first);
-one forward of ``[0: 3 rows][1: 1 row][2: 1 row]`` runs as ubatches ``[0]`` then
-``[1, 2]``; the second gathers 1 and 2 into cells 0-1 and moves sequence 0 from cell 1
-to cell 2; rolling sequence 0 back by 2 then reads cell 2's snapshots.
-
-What stays exact: a forward that llama.cpp runs as ONE ubatch moves only sequences that
-are not in it, and those have no rollback to come in this forward (each group is
-repaired before the next group's forward); a rollback still pending then is either
-materialised by the extra copy (``s_copy`` consumes ``rs_idx`` with the old cell's rows)
-or left alone. Splitting a step's windows into such forwards costs little: llama.cpp
-computes each ubatch as a graph of its own anyway.
+Recurrent (hybrid) state with in-place rollback may share a forward only where llama.cpp
+runs it as ONE micro-batch (ubatch): equal rows, consecutive ascending sequence ids.
+Otherwise a later ubatch can move an earlier one's state cells without their per-token
+rollback snapshots, and the rollback after the forward reads another sequence's state,
+so tokens change. :func:`forward_groups` says why in detail.
 """
 
 from __future__ import annotations
@@ -44,6 +23,21 @@ def forward_groups(windows: Sequence[tuple[int, int]], *, recurrent: bool,
     ``seq_id``; windows of several rows go first, so that sessions with a repair to make
     are grouped as tightly as the rule allows. Attention-only windows share one forward
     per ``n_batch`` rows.
+
+    Why, for a recurrent state: ``llama_decode`` cuts a batch into ubatches with
+    ``split_equal(sequential=True, n_keep_tail=n_rs_seq+1)``, each holding sequences of
+    consecutive ascending ids with the same number of rows. Every ubatch first gathers
+    its sequences' state cells into one contiguous run (``find_slot``), which moves the
+    cells of sequences NOT in it that lie in the way; a moved sequence keeps its current
+    state (the graph's "extra" copy) but not its rollback snapshots, which stay in the
+    rows ``slot * size + old_cell``. A sequence whose window ran in an earlier ubatch of
+    the same forward and is moved by a later one then rolls back (``seq_rm`` ->
+    ``rs_idx``) from the new cell's rows. Example: sequences 0, 1, 2 in cells 1, 0, 2; a
+    forward ``[0: 3 rows][1: 1 row][2: 1 row]`` runs as ubatches ``[0]`` then ``[1, 2]``,
+    which moves sequence 0 to cell 2, so rolling it back by 2 reads cell 2's snapshots.
+    A forward run as ONE ubatch moves only sequences not in it, which have no rollback
+    to come in this forward (each group is repaired before the next group's forward).
+    Splitting costs little: llama.cpp computes each ubatch as a graph of its own anyway.
     """
     if any(rows < 1 for _, rows in windows):
         raise ValueError("a window has at least one row")

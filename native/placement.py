@@ -1,27 +1,15 @@
 """Where a model's layers go when some of them run on remote workers.
 
-Why not llama.cpp's own split as it comes: llama.cpp offloads the LAST layers of a model
-and splits them over its devices in list order, so with every device remote the last
-device holds the model's last blocks - the MTP (nextn) block, which comes after the
-trunk - and the output head. Every MTP draft step and every catch-up forward would then
-cross the network, and the logits of every forward would come back over it. The session's
-host is where speculation runs, so the placement keeps that tail here:
-
-* the devices are listed in llama.cpp's own ``--rpc`` order - each worker's devices, then
-  the local accelerators - and when there is no local accelerator this machine's CPU is
-  listed last, as one more device of the split;
-* the split is given to llama.cpp as whole layer counts per device (``tensor_split``
-  weights that are integers summing to the offloaded layers, so llama.cpp's boundaries fall
-  exactly on them): the MTP blocks and the output head on the last (local) device, the
-  trunk's offloaded layers over the devices by their weights.
-
-The MTP context then has its weights, its KV cache (llama.cpp puts a layer's cache on the
-layer's device) and its compute on this machine: drafting costs no round trip at all, and
-a target forward brings back one hidden row per token instead of a row of logits.
-
-A model loaded without a placement (a draft model) never goes to a worker: a worker's
-devices come from ``ggml_backend_rpc_add_server``, which does not register them in
-ggml's device registry, so llama.cpp's default device selection does not see them.
+Why not llama.cpp's own split: it offloads the LAST layers over its devices in list
+order, so with every device remote the MTP (nextn) block and the output head would sit
+on a worker, and every draft step and every forward's logits would cross the network.
+So the devices are listed in llama.cpp's ``--rpc`` order with this machine last (its CPU
+as one more device when it has no accelerator), and the split is given as whole layer
+counts per device: the MTP blocks and the output head on the local device, the trunk
+over the others by weight. Drafting then costs no round trip, and a target forward
+brings back one hidden row per token instead of a row of logits. A model loaded without
+a placement (a draft model) never goes to a worker: RPC devices are not in ggml's
+device registry, so llama.cpp's default selection does not see them.
 """
 
 from __future__ import annotations

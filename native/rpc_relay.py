@@ -1,20 +1,13 @@
 """A fault-isolating relay between llama.cpp's RPC client and one remote worker.
 
-Why it exists: llama.cpp's RPC client calls ``GGML_ABORT`` (the process dies) when a
-worker's connection drops mid-way - ``RPC_STATUS_ASSERT`` in ggml-rpc.cpp, on the
-client's dispatcher thread, with no way to return an error. A daemon whose worker dies
-must fail that request and keep serving, so llama.cpp never talks to the worker
-directly: it talks to this relay on loopback, which forwards each ggml-rpc message to the
-worker unchanged. When the worker's side fails (reset, closed, keep-alive timeout) the
-relay marks the link lost and from then on answers every request itself with a reply of
-the size llama.cpp expects (zeros), so the forward in progress returns instead of
-aborting. Its output is garbage and is never used: :class:`TargetContext` checks the
-links after every forward and raises :class:`WorkerLost`.
-
-Each relay is one incarnation of a worker: after a loss the model is loaded again
-through a NEW relay (a new loopback port), because llama.cpp caches per endpoint string
-facts such as allocation sizes, and a faked answer must not outlive the lost connection.
-
+Why: llama.cpp's RPC client aborts the process (``GGML_ABORT``) when a worker's
+connection drops mid-way, and a daemon whose worker dies must fail that request and keep
+serving. So llama.cpp talks to this relay on loopback, which forwards each ggml-rpc
+message unchanged; once the worker's side fails, the relay answers every request itself
+with zeros of the expected size, so the forward in progress returns instead of aborting.
+That output is never used: :class:`TargetContext` checks the links after every forward
+and raises :class:`WorkerLost`. A relay is one incarnation of a worker: after a loss the
+model is loaded through a NEW relay, because llama.cpp caches per-endpoint facts.
 Wire format (ggml-rpc protocol 7): request ``cmd u8 | size u64 | payload``; the commands
 in ``_RESPONSE`` get ``size u64 | payload`` back, the others nothing.
 """

@@ -2,78 +2,18 @@
 
 ``meshd make-test-model KIND OUT.gguf [--seed N] [--acceptance A] [--size 0.5b|1b]
 [--type f16|q8_0|q4_k_m]`` writes one; :func:`test_model_path` builds one once and caches
-it. Three kinds:
+it. Kinds: ``llama`` (dense attention, no MTP head), ``qwen35`` (hybrid: gated delta-net
+and full attention, one MTP block), ``mimo2`` (attention only, one MTP block). Without
+``size`` the weights are tiny F32; with ``size`` the same rule runs in a model with the
+compute of a real one (quantized by llama.cpp's own quantizer), because only a model of
+real cost shows whether speculation, and its MTP head, pays.
 
-* ``llama``  - dense attention (2 layers), no MTP head.
-* ``qwen35`` - hybrid: gated-delta-net layers 0-2, full attention at layer 3, plus one
-  MTP (nextn) block.
-* ``mimo2``  - attention only (layer 0 sliding-window, layer 1 full) plus one MTP block.
-
-Without ``size`` all weights are F32 and tiny (embedding 128, vocabulary 283, context
-2048): a model loads and generates 200 tokens in a few milliseconds on one CPU core.
-
-With ``size`` (``0.5b``, ``1b``) the same rule runs in a model with the compute of a real
-one: real hidden and FFN widths, 16-24 trunk layers in the architecture's layer pattern
-(qwen35: three delta-net layers to one full-attention layer), a 32768-token vocabulary
-and one nextn block sharing the output head. The design fills the first slots of every
-tensor and the rest is zero (:mod:`meshd.native.testweights` says why the logits do not
-change); the file is written in F16 and quantized by llama.cpp's own quantizer
-(``llama_model_quantize``) to the requested type. Why: the MTP head of a tiny model costs
-as much as the whole model, of a real one a few percent; only a model of real cost shows
-whether speculation pays.
-
-The modules: :mod:`~meshd.native.testrule` (the token rule and vocabulary),
-:mod:`~meshd.native.testweights` (the rule as tensors, at any size), this one (files,
-quantization, cache, command line) and :mod:`~meshd.native.testcheck` (running a model
-with llama.cpp to check the rule and measure its margins and the MTP head's cost).
-
-Why the models look the way they do
------------------------------------
-Tests of a speculative-decoding runtime need three things that random weights do not give:
-
-1. **No near-ties.** Batched and serial forwards differ in the last float bits; if the
-   top two logits are close, greedy output flips and "speculative == plain" tests fail
-   for reasons that have nothing to do with the code under test. Here the winning logit
-   beats every other by 10 by design (``_M``/``_D`` below); measured over many prompts and
-   seeds the smallest gap is about 6.5 for ``qwen35`` and 8 for the others.
-2. **History that matters.** A pure bigram model (next = f(current token)) cannot tell
-   a correct recurrent-state rollback or KV-cache trim from a wrong one. Here the next
-   token depends on the current token *and on the previous one*, and the logits also carry
-   a smaller, continuous dependence on the longer history. The previous token reaches the
-   current position through the part of the model whose rollback is most at risk:
-   the delta-net's short causal convolution (its conv state) in ``qwen35``, a
-   "previous-token" attention head (its KV cache) in ``llama`` and ``mimo2``.
-   A stale state therefore changes *tokens*, not just logits in the fourth decimal.
-3. **An MTP head with a chosen acceptance rate.** The MTP block of ``qwen35``/``mimo2``
-   reproduces the target's rule exactly, except that for a seed-chosen fraction
-   ``1 - acceptance`` of the tokens its private input embedding (``nextn.embed_tokens``)
-   names another token, so its draft after such a token is always wrong. The target
-   model itself does not depend on ``acceptance``.
-
-The designed rule (a small finite-state machine, :func:`reference_continuation`):
-every token ``x`` has an *own bit* ``bit[x]``; every one of the 120 "active" tokens
-(printable ASCII, newline and 24 two-letter merges) has two successors; the next token is
-``succ[x_t, bit[x_{t-1}]]`` (at position 0 the token itself stands in for its
-predecessor). Other tokens (control bytes, bytes >= 0x80, specials) share the code of an
-active token, so they behave like it as input and are never generated. The successor
-table comes from an Euler circuit, so from any start the output runs along one cycle of
-240 (token, previous-bit) states: 200 generated tokens never repeat a state, each token
-occurs at most twice per 240, and EOS is never generated. After 240 tokens the output
-repeats exactly (n-gram drafting becomes perfect there).
-
-How the weights implement it (hidden size 128): dimension 0 is a constant, 1 the own
-bit, 2 the "previous bit" ``z`` that the trunk writes, 3-7 small history features, 8-127
-a one-hot code per active token. The LM head gives +10 to both successors of the current
-code and +/-5 by the successor's *colour* times ``z`` (successor ``b`` has colour ``b``),
-so the right successor gets 15, the other one 5, every other token at most 5, plus up to
-about +/-1.5 from the history features. In ``llama``/``mimo2`` layer 0 has a rotary
-"previous-token" head whose score at distance 1 beats every other distance up to 4096 by
-at least 20. In ``qwen35`` layer 0 has a delta-net head that forgets its state every step
-and whose value taps the conv input at lag 1. The history features come from
-content-based attention heads, slowly decaying delta-net heads and the FFNs.
-The MTP block gets the current token's embedding and the target's last hidden state
-(which carries the previous token's own bit); ``nextn.eh_proj`` copies the first and moves
-the bit into ``z``, so the head predicts exactly what the target will.
+Why synthetic: tests of speculative decoding need no near-ties (greedy output must not
+flip on the last float bits of batched forwards), history that matters (a wrong rollback
+must change *tokens*), and an MTP head with a chosen acceptance. The comment after the
+imports says how the rule and the weights give that. Related modules:
+:mod:`~meshd.native.testrule`, :mod:`~meshd.native.testweights` and
+:mod:`~meshd.native.testcheck`.
 """
 from __future__ import annotations
 
@@ -109,6 +49,53 @@ from .testweights import (
     write_llama_like,
     write_qwen35,
 )
+
+# Why the models look the way they do
+# -----------------------------------
+# Tests of a speculative-decoding runtime need three things that random weights do not give:
+#
+# 1. **No near-ties.** Batched and serial forwards differ in the last float bits; if the
+#    top two logits are close, greedy output flips and "speculative == plain" tests fail
+#    for reasons that have nothing to do with the code under test. Here the winning logit
+#    beats every other by 10 by design (``_M``/``_D`` below).
+# 2. **History that matters.** A pure bigram model (next = f(current token)) cannot tell
+#    a correct recurrent-state rollback or KV-cache trim from a wrong one. Here the next
+#    token depends on the current token *and on the previous one*, and the logits also carry
+#    a smaller, continuous dependence on the longer history. The previous token reaches the
+#    current position through the part of the model whose rollback is most at risk:
+#    the delta-net's short causal convolution (its conv state) in ``qwen35``, a
+#    "previous-token" attention head (its KV cache) in ``llama`` and ``mimo2``.
+#    A stale state therefore changes *tokens*, not just logits in the fourth decimal.
+# 3. **An MTP head with a chosen acceptance rate.** The MTP block of ``qwen35``/``mimo2``
+#    reproduces the target's rule exactly, except that for a seed-chosen fraction
+#    ``1 - acceptance`` of the tokens its private input embedding (``nextn.embed_tokens``)
+#    names another token, so its draft after such a token is always wrong. The target
+#    model itself does not depend on ``acceptance``.
+#
+# The designed rule (a small finite-state machine, :func:`reference_continuation`):
+# every token ``x`` has an *own bit* ``bit[x]``; every one of the 120 "active" tokens
+# (printable ASCII, newline and 24 two-letter merges) has two successors; the next token is
+# ``succ[x_t, bit[x_{t-1}]]`` (at position 0 the token itself stands in for its
+# predecessor). Other tokens (control bytes, bytes >= 0x80, specials) share the code of an
+# active token, so they behave like it as input and are never generated. The successor
+# table comes from an Euler circuit, so from any start the output runs along one cycle of
+# 240 (token, previous-bit) states: 200 generated tokens never repeat a state, each token
+# occurs at most twice per 240, and EOS is never generated. After 240 tokens the output
+# repeats exactly (n-gram drafting becomes perfect there).
+#
+# How the weights implement it (hidden size 128): dimension 0 is a constant, 1 the own
+# bit, 2 the "previous bit" ``z`` that the trunk writes, 3-7 small history features, 8-127
+# a one-hot code per active token. The LM head gives +10 to both successors of the current
+# code and +/-5 by the successor's *colour* times ``z`` (successor ``b`` has colour ``b``),
+# so the right successor gets 15, the other one 5, every other token at most 5, plus up to
+# about +/-1.5 from the history features. In ``llama``/``mimo2`` layer 0 has a rotary
+# "previous-token" head whose score at distance 1 beats every other distance up to 4096 by
+# at least 20. In ``qwen35`` layer 0 has a delta-net head that forgets its state every step
+# and whose value taps the conv input at lag 1. The history features come from
+# content-based attention heads, slowly decaying delta-net heads and the FFNs.
+# The MTP block gets the current token's embedding and the target's last hidden state
+# (which carries the previous token's own bit); ``nextn.eh_proj`` copies the first and moves
+# the bit into ``z``, so the head predicts exactly what the target will.
 
 __all__ = [
     "BOS_ID",

@@ -1,29 +1,16 @@
 """Composite proposer: several sources, one verify; the draft that pays best wins.
 
 Why not "first non-empty": proposers differ in how often they are right and the verify
-cost grows with the draft length, so a long n-gram match from a proposer that is usually
-wrong can be worth less than a short MTP draft, or than no draft at all. Each step, for
-every child that has something, and every prefix length ``k`` of its draft, this computes
-the expected speedup ``r(child, k)`` of :mod:`meshd.policy.costs` (the objective is
-stated there once), with that child's running per-position acceptance estimates (its own
-:class:`AcceptanceTracker`, fed only by verifications of its own drafts), its drafting
-cost and the machine's measured :class:`CostCurve`. It proposes the ``(child, k)`` with the largest
-``r`` (within a child ties go to the smaller ``k``; across children to the child with
-the higher best-possible ratio, then the earlier one), truncated to ``k`` tokens, and
-nothing at all when the best ``r`` is not above ``margin`` (plain decode is ``r = 1``).
-So this class is also the adaptive draft-length policy; a single proposer wrapped in a
-composite gets the same per-step decision.
-
-Since ``r`` depends on a child's draft only through its length, a child whose best
-possible ratio (at its longest allowed draft) cannot beat the current best, or the
-margin, is not even asked, which saves e.g. an MTP head forward when its acceptance is
-low. When nothing is proposed for ``probe_every`` steps, one child (round robin) is asked
-and its first token verified as a probe (:class:`meshd.policy.acceptance.Explorer`), so
-estimates can recover.
-
-``observe`` updates the tracker of the child whose draft was used and forwards the
-outcome to it; every other child is told ``Outcome(0, 0, committed)`` ("your draft was
-not verified; this is what was committed") so indexes that follow the text stay current.
+cost grows with the draft length, so a long draft from a usually-wrong proposer can be
+worth less than a short good one, or than none. Each step, for every child's draft and
+every prefix length ``k``, this computes the expected speedup ``r(child, k)`` of
+:mod:`meshd.policy.costs` from that child's own acceptance tracker, drafting cost and the
+machine's cost curve, and proposes the best ``(child, k)``, or nothing when no ``r``
+beats ``margin``. So it is also the adaptive draft-length policy. A child that cannot
+beat the current best even at its longest draft is not asked (saving e.g. an MTP head
+forward); after ``probe_every`` idle steps one child is probed
+(:class:`meshd.policy.acceptance.Explorer`). ``observe`` feeds the used child's tracker,
+and tells every other child what was committed, so text-following indexes stay current.
 """
 
 from __future__ import annotations

@@ -1,33 +1,16 @@
 """Third-party in-process proposers, held to a deadline like out-of-process ones.
 
-Why: the engine calls ``propose`` on the model's compute thread, between forwards, for
-every request at once. A third-party proposer that sleeps, loops or waits on the network
-there stalls every request on the model, not only its own. So each such plugin gets a
-worker thread of its own (:class:`PluginWorker`): ``propose`` is handed to it and waited
-for until the plugin's deadline (``deadline_ms`` of its ``[speculation.plugins.NAME]``
-table, default 50 ms); ``observe`` and ``close`` are handed over without waiting, in
-order, so the next ``propose`` runs after them.
-
-- A call that misses its deadline is dropped (the step goes on without a draft) and
-  counted as the fault ``late``; its answer, if it ever comes, is discarded and counted
-  as ``stale``.
-- While that call is still running the plugin is skipped (``stuck``, one count per step
-  it missed): its worker stays one thread, nothing piles up behind it.
-- An exception from the plugin's code is ``plugin_error``; an answer that is not a
-  :class:`Proposal` of integer ids is ``garbage`` and dropped; ids outside the
-  vocabulary (``negative``, ``out_of_vocab``) and drafts longer than asked
-  (``oversize``) are counted here and discarded or cut by the engine, as for any
-  proposer.
-
-Counts go to :class:`~meshd.plugins.host.PluginCounters`, the counters out-of-process
-plugins use (``plugin.NAME.*`` in ``stats``, ``meshd_plugin_faults`` in ``/metrics``).
-Each kind of fault is logged once per episode: from the first fault after a clean
-answer to the next answer in time (``plugin_recovered``).
-
-Which proposers: those the registry marks isolatable (third-party, and touching no
-llama.cpp object: no draft model, no registry, no MTP head; those stay on the compute
-thread, see :meth:`meshd.plugins.registry.Registry.isolatable`). Factories still run
-on the compute thread, when a request starts.
+Why: the engine calls ``propose`` on the model's compute thread for every request at
+once, so a third-party proposer that sleeps, loops or waits on the network would stall
+every request on the model. So each such plugin gets a worker thread
+(:class:`PluginWorker`) and ``propose`` is waited for until the plugin's ``deadline_ms``;
+``observe`` and ``close`` are handed over without waiting, in order. A late call is
+dropped (``late``; its answer, if it comes, ``stale``) and the plugin skipped while it
+runs (``stuck``); exceptions are ``plugin_error``, malformed answers ``garbage``. Counts
+go to :class:`~meshd.plugins.host.PluginCounters`, like out-of-process plugins', and each
+kind of fault is logged once per episode. Only proposers the registry marks isolatable
+run here (:meth:`meshd.plugins.registry.Registry.isolatable`: third-party, touching no
+llama.cpp object); factories still run on the compute thread.
 """
 
 from __future__ import annotations

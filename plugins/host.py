@@ -2,29 +2,16 @@
 
 Why this shape: a plugin process is untrusted and may be slow, wrong, crashed or
 malicious, yet it must never change the output or stall the daemon. So a plugin is only
-ever *asked* (``propose`` with an absolute deadline, from the engine's worker thread),
-every answer is validated, and whatever goes wrong is a counted, logged fault:
-
-- ``late``: no answer by the deadline; decoding goes on without a draft (a late answer
-  that turns up later is discarded as ``stale``);
-- ``empty``, ``oversize``, ``negative``, ``out_of_vocab``: the proposal is discarded;
-- ``plugin_error``: the plugin's own code raised (the SDK reports it);
-- ``garbage`` (not a plugin message, or an over-long frame), ``flood`` (more than
-  ``MAX_STALE_PER_STEP`` answers to other steps while one is awaited), ``disconnected``
-  (exited, crashed, closed), ``hung`` (stopped reading): the link is closed.
-
-Each fault is a strike; after ``max_faults`` strikes the plugin is quarantined: its
-link is closed (a spawned process is killed) for a backoff that doubles each time. A
-spawned plugin is then restarted (on a thread the host owns), a connecting one may
-connect again. Proposals never bypass verification: the engine verifies whatever is
-proposed, so output is identical whatever a plugin does. Plugins see token ids; the
-prompt's text only where the config says ``allow_prompt_text``, and then only a spawned
-plugin or a connecting one pinned to a uid/gid (any local user can connect as an
-unpinned one).
-
-A name has one link at a time: while it is up, another process connecting under the
-same name is refused (``name_in_use``), so a plugin cannot be taken over by whoever
-connects next.
+ever *asked* (``propose`` with an absolute deadline), every answer is validated, and
+whatever goes wrong is a counted, logged fault (:class:`PluginCounters`: ``late``,
+``stale``, ``empty``, ``oversize``, ``negative``, ``out_of_vocab``, ``plugin_error``;
+``garbage``, ``flood``, ``disconnected`` and ``hung`` also close the link). After
+``max_faults`` strikes the plugin is quarantined for a backoff that doubles each time,
+then a spawned one is restarted and a connecting one may connect again. Output is
+identical whatever a plugin does, since every draft is verified. Plugins see token ids;
+the prompt's text only with ``allow_prompt_text``, and then only if spawned or pinned to
+a uid/gid. A name has one link at a time (``name_in_use``), so a plugin cannot be taken
+over by whoever connects next.
 """
 
 from __future__ import annotations

@@ -1,42 +1,17 @@
 """Acceptance of prompt-lookup drafts measured by match length.
 
-Why by match length: how far a draft copied from an earlier occurrence will be accepted
-depends above all on how long the context is that agrees with that occurrence. A
-two-token coincidence ("of the") is followed by anything; forty tokens of a copied
-line are followed by the rest of the line. And position ``i`` of a draft taken at match
-length ``L`` is accepted, given positions ``0..i-1`` were, exactly when the next token
-continues a match of length ``L + i``. So one table, ``P(next token continues | match
-length L)``, gives the per-position acceptance of any draft: ``acc[i] = p(L + i)``.
-
-Evidence: the outcomes of real drafts (:meth:`MatchStats.update`) and positions judged
-without a draft (:meth:`MatchStats.record`: the proposer's shadow drafts, scored against
-the tokens committed after a step that drafted nothing).
-
-Estimates: counts per length class (lengths grouped on a roughly logarithmic scale,
-:data:`CLASS_STARTS`), with exponential decay, shrunk toward a prior curve whose odds
-grow with the square of the match length::
-
-    odds0(L) = f (L / 4) ** 2          p0(L) = odds0 / (odds0 + 1)
-
-Why that shape: short matches occur in all text and mostly by chance (on a CPU where each
-verified row costs nearly a decode, drafting on them would lose), so they start at even
-odds or worse; a long match is far rarer by chance than a short one, and where it occurs
-the text is usually being copied, so trusting it costs little elsewhere and pays at once
-where copying begins. ``f`` is the text's *copy factor*, measured across all classes at
-once (the ``f`` under which what every class observed is most likely, shrunk toward
-``f = 1``: :func:`copy_factor`): once long matches are seen to hold, shorter ones are
-trusted too, and where long matches fail (text that repeats phrases, not passages) every
-length is trusted less. Each class's own counts then refine its estimate. Nothing about
-any particular text is built in; what a workload does is measured.
-
-Sharing: a :class:`SharedMatchStats` (one per daemon and model) pools what requests
-measured; each request's :class:`MatchStats` starts from a few observations' worth of
-the pool and hands its own counts back when it ends. The copy factor is fitted on the
-request's own counts alone: how often a match of each length holds on this daemon's
-traffic carries over, whether *this* text is being copied does not (a copied document
-must not make the next request, a story, draft long on three-token matches). Sharing
-can change how long drafts are, never which tokens are committed (every draft is
-verified), so it is safe across requests.
+Why by match length: how far a copied draft is accepted depends above all on how long
+the context is that agrees with the earlier occurrence, and position ``i`` of a draft
+taken at match length ``L`` is accepted exactly when the next token continues a match of
+``L + i``. So one table, ``P(next token continues | match length L)``, gives every
+draft's per-position acceptance: ``acc[i] = p(L + i)``. It learns from real drafts
+(:meth:`MatchStats.update`) and shadow drafts (:meth:`MatchStats.record`), in decayed
+counts per length class shrunk toward a prior whose odds grow with the square of ``L``
+(short matches are mostly chance; a long one usually means copying), scaled by the
+text's copy factor (:func:`copy_factor`). Nothing about any text is built in.
+A :class:`SharedMatchStats` per daemon and model pools what requests measured; the copy
+factor stays per request (a copied document must not make the next request draft long).
+Sharing changes only draft lengths, never output: every draft is verified.
 """
 
 from __future__ import annotations
@@ -289,15 +264,12 @@ class Calibration:
     factor, fitted on the lengths seen. Text whose short matches hold for a few tokens
     and then end (a table's cells, code's repeated fragments) raises the copy factor
     and so every longer estimate, and where windows of many rows cost little more than
-    a few (SmolLM2 Q8_0: 8 and 16 rows both about 2 decodes) it drafts long windows that
-    are rejected at once: 0.88x plain on a table converted to CSV, the first positions
-    accepted 0.70, 0.26, 0.18 where the estimates said about 0.5, 0.7, 0.75. The outcome
+    a few it drafts long windows that are rejected at once. The outcome
     of each draft that ran to its end (real drafts, and shadow drafts scored for free)
     against what the raw estimates expected of it corrects them: :meth:`factor` scales
     the first position's acceptance, so a draft's expected accepted tokens by exactly
     that factor. By band, because the estimates may be too bold at one length and too
-    cautious at another (in that table: matches of 2 tokens went on more often than
-    expected, of 5 far less), and a copy that starts later, at long matches, must not
+    cautious at another, and a copy that starts later, at long matches, must not
     pay for failed short ones. Only downwards: estimates that are too cautious are
     raised by the counts themselves.
     """

@@ -1,60 +1,20 @@
 """Prompt lookup (n-gram) proposer: draft what followed the longest earlier match.
 
-Why: rewriting, editing, quoting and refactoring copy long runs of the prompt (and of
-earlier output) into the output; where the end of the sequence occurred before, the
-tokens that followed it there are a free, often correct, draft. It costs no model work,
-so it is the one proposer that can pay even where a verify batch of ``k + 1`` rows costs
-nearly ``k + 1`` decodes, provided it drafts long only where the text is being copied.
+Why: rewriting, editing and quoting copy long runs of the prompt (and of earlier output);
+where the end of the sequence occurred before, what followed it there is a free, often
+correct draft. It costs no model work, so it can pay even where a verify row costs nearly
+a decode, provided it drafts long only where the text is being copied.
 
-Rule: a :class:`~meshd.plugins.suffix_index.SuffixIndex` over prompt + committed tokens
-gives the longest suffix that occurred earlier (any length) and where. Matches shorter
-than ``min_n`` are ignored. The draft is what followed that occurrence; where that runs
-into the current end (a match at distance ``p``), it repeats periodically,
-``draft[i] = seq[e + i % p]``, so a repetition loop is drafted as far as the draft
-length allows rather than ``p`` tokens at a time (``cycle = false`` stops at the current
-end instead). It stops after an end-of-generation token.
-
-Draft length (``decides_length``): from the match length ``L`` and the acceptance
-measured at that length (:class:`~meshd.plugins.match_stats.MatchStats`: position
-``i`` of the draft is accepted about as often as the next token continues a match of
-``L + i``), against the machine's verify-cost curve: the ``k`` that maximises expected
-committed tokens per unit of cost (:func:`meshd.policy.costs.choose_k`), 0 when no
-``k`` beats plain decoding. So a short coincidental match drafts nothing on a CPU where
-a second row costs most of a decode, and a long copied stretch drafts the longest window
-the curve allows. When the longest match offers little (its occurrence ends just before
-the current end), the shorter matches on its suffix-link chain are weighed too and the
-best expected speedup wins. Without a cost curve the draft is at most ``per_match``
-tokens per matched token (a fixed rule; the engine's adaptive layer then decides).
-
-Calibration: what each draft got accepted against what the raw estimates expected of
-it (real drafts, and shadow drafts once judged), by the band of match length it started
-at (:class:`~meshd.plugins.match_stats.Calibration`), scales the first position's
-acceptance down where drafts keep falling short. The estimates of a draft's later
-positions come from longer matches the text may never reach (the prior curve times a
-copy factor fitted on the lengths seen), and where extra rows are cheap an optimistic
-estimate drafts long windows that are rejected at once (SmolLM2 Q8_0, a table converted
-to CSV: 0.88x plain before, 1.01x with it; code editing 0.97x before, 1.01x).
-
-Shadow drafts: a step that drafts nothing keeps the draft it would have made and scores
-it against the tokens committed next (the target's tokens do not depend on drafting),
-so the acceptance by match length is measured for free where drafting does not yet pay:
-where a copy begins after a short match, or where short matches hold in this text (a
-table's repeated cells), drafting starts on evidence instead of waiting for long
-matches. A real draft replaces the pending shadow (its outcome is measured instead).
-
-No probes while shadow drafts run: a one-token probe verifies what a shadow draft
-scores for free, so it would only spend verify rows (on a CPU where a second row costs
-most of a decode, a few percent of every step on text that never copies). Only with
-shadows off does a probe now and then keep the estimates alive
-(:class:`~meshd.policy.acceptance.Explorer`, its interval floored so probes cost at most
-about 3% of a decode per step).
-
-Cost: one automaton extension per new token (amortised O(1)); the engine passes the
-whole sequence each step, and only the tokens added since the previous call are read.
-A match is costed only when it could pay at all: a draft of ``k`` tokens commits at
-most ``1 + k p0`` tokens (``p0``: the acceptance of its first position), so below the
-curve's break-even ``min_k (margin c(k) - 1) / k`` no length can beat plain decoding and
-the step costs one estimate instead of a draft's worth (:func:`break_even`).
+A :class:`~meshd.plugins.suffix_index.SuffixIndex` over prompt + committed tokens gives
+the longest earlier match (repeating periodically into a loop unless ``cycle = false``).
+The draft length weighs the acceptance measured at that match length
+(:class:`~meshd.plugins.match_stats.MatchStats`, corrected by its ``Calibration`` because
+estimates of later positions run optimistic) against the verify-cost curve
+(:func:`meshd.policy.costs.choose_k`); without a curve it is at most ``per_match`` per
+matched token. A step that drafts nothing keeps a shadow draft and scores it against the
+next committed tokens, so acceptance is learnt for free (no probes while shadows run).
+Each new token is one amortised O(1) automaton extension, and a match that cannot beat
+plain decoding costs one estimate, not a draft (:func:`break_even`).
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """Proposer discovery: one registry for built-in and third-party proposers.
 
-Why entry points for built-ins too: if ``mtp``/``ngram``/``composite`` were wired in by
-import, the third-party path would be a second, less-tested code path. Instead every
-proposer, ours included, is a factory named in the ``meshd.proposers`` entry-point group
-(see ``[project.entry-points."meshd.proposers"]`` in pyproject.toml), so the path a
-plugin takes is the path the built-ins exercise on every start.
-
-A plugin that fails to import must not take the daemon down with it: :meth:`Registry.load`
-records the failure in :attr:`Registry.errors` (and logs it) and carries on.
-Factories may also be registered programmatically (:meth:`Registry.register`), e.g. by
-tests or by the daemon for proposers that need objects only it can build.
-
-``draft`` (a separate draft model) is one more entry point; it declares that it needs a
-draft model (:mod:`meshd.plugins.resources`) and the runtime hands one in, as it would to
-any plugin that declares the same. :meth:`Registry.entries` describes every discovered
-proposer (``meshd plugins list``).
-
-Third-party proposers (entry points of any distribution but meshd's own) that touch no
-llama.cpp object are *isolatable*: the runtime hands the registry a
-:class:`~meshd.plugins.guard.PluginGuards` and :meth:`Registry.create` wraps what their
-factories make so that their calls run on a worker thread under a deadline
-(:mod:`meshd.plugins.guard`). Built-ins stay on the model's compute thread.
+Why entry points for built-ins too: wired in by import, they would leave the third-party
+path a second, less-tested one. So every proposer, ours included (``draft`` too), is a
+factory in the ``meshd.proposers`` entry-point group, and the path a plugin takes is the
+one the built-ins exercise on every start. A plugin that fails to import is recorded in
+:attr:`Registry.errors` and logged, never fatal. Factories may also be registered
+programmatically (:meth:`Registry.register`). Third-party proposers that touch no
+llama.cpp object are *isolatable*: :meth:`Registry.create` wraps them to run on a worker
+thread under a deadline (:mod:`meshd.plugins.guard`); built-ins stay on the compute
+thread. :meth:`Registry.entries` describes them all (``meshd plugins list``).
 """
 
 from __future__ import annotations

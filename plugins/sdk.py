@@ -1,37 +1,19 @@
 """The plugin SDK: write one ``propose(context) -> tokens`` function, run it anywhere.
 
 Why: a proposer author should think about drafting, not about the proposer protocol,
-the wire messages, deadlines or token bookkeeping. :class:`Plugin` wraps the function
-and gives it two faces that behave the same:
-
-- in-process: :attr:`Plugin.factory` is a ``meshd.proposers`` entry point;
-- out-of-process: :meth:`Plugin.main` speaks the plugin messages (PROTOCOL.md) on a
-  socketpair the daemon spawned it with (``MESHD_PLUGIN_FD``) or on a connection to the
-  daemon's socket (``--socket PATH``).
-
-Example::
-
-    from meshd.plugins import sdk
+wire messages, deadlines or token bookkeeping. :class:`Plugin` wraps the function with
+two faces that behave the same: in-process (:attr:`Plugin.factory`, a
+``meshd.proposers`` entry point) and out-of-process (:meth:`Plugin.main`, the plugin
+messages of PROTOCOL.md on a spawned socketpair or ``--socket PATH``)::
 
     def propose(ctx: sdk.Context) -> list[int]:
         return ctx.tokens[-3:]          # a silly guess; verification makes it harmless
 
     plugin = sdk.Plugin("echo", propose, version="1.0")
-    factory = plugin.factory            # [project.entry-points."meshd.proposers"]
-    if __name__ == "__main__":
-        raise SystemExit(plugin.main())
 
-``propose`` may return any sequence of token ids (empty or None: nothing to offer).
-Whatever it returns, the daemon verifies it: a wrong draft costs a little time, never
-changes the output. ``corpus`` (optional) returns texts, given the plugin's options,
-that the SDK tokenizes once with the model's tokenizer into ``Context.corpus``.
-
-What the in-process factory declares it needs (``meshd plugins list``) follows from what
-the plugin uses: the tokenizer only with a ``corpus``, the prompt's text only when
-``propose`` is declared to read it::
-
-    @requires(Need.PROMPT_TEXT)     # from meshd.plugins.resources
-    def propose(ctx: sdk.Context) -> list[int]: ...
+Whatever ``propose`` returns is verified, so a wrong draft costs time, never output.
+What a plugin declares it needs follows from what it uses (a ``corpus``, or
+``@requires(Need.PROMPT_TEXT)`` from :mod:`meshd.plugins.resources`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Suffix automaton over a growing token sequence: the longest earlier match of its end.
 
 Why a suffix automaton: prompt lookup should draft from the place the output is copying,
-and the best evidence for that place is the *longest* stretch of context that agrees
-with it. A table of fixed n-grams only knows matches up to its largest ``n`` and then
-picks among equal n-grams blindly (in a Python file every ``    return self.`` looks
-alike); the automaton finds the longest suffix of the sequence that occurred before,
-at any length, in amortised O(1) per appended token, and so tells a copied line from a
-common phrase.
-
-Structure: the classic online construction (states are classes of substrings with the
-same set of end positions; ``link`` points to the class of the longest suffix with more
-end positions; ``length`` is the longest string of a class). Each state also keeps
-``recent``, one end position (exclusive) of an occurrence of its strings, refreshed to
-the newest one whenever the state is the longest repeated suffix of the sequence.
-
-After each append the index knows ``match_length``: how long the longest suffix of the
-sequence is that also ends earlier, and ``match_end``: where such an earlier occurrence
-ends (exclusive), so ``tokens[match_end]`` is what followed it. Shorter matches (the
-suffix-link chain) are available through :meth:`matches`, for falling back when the
-longest one offers nothing.
+and the best evidence for it is the *longest* stretch of context that agrees. Fixed
+n-grams know matches only up to their largest ``n`` and then choose blindly among equal
+ones; the automaton finds the longest earlier suffix at any length, in amortised O(1) per
+appended token, and so tells a copied line from a common phrase. It is the classic
+online construction; each state also keeps ``recent``, the end of its newest occurrence.
+After each append, ``match_length`` and ``match_end`` give the longest match and where
+it ended (``tokens[match_end]`` followed it); :meth:`matches` walks the shorter ones.
 """
 
 from __future__ import annotations

@@ -3,17 +3,13 @@
 :class:`AcceptanceTracker` estimates ``P(draft position i accepted | positions 0..i-1
 accepted)`` from verified proposals (the ``acc[i]`` of :mod:`meshd.policy.costs`).
 
-Exploration: when plain decoding wins, no proposals are verified, so the acceptance
-estimates would never change and a proposer that turned good again would stay off
-forever. :class:`Explorer` therefore allows one probe of ``k = 1`` after a fixed number
-of idle (plain-decode) steps, a deterministic counter (no randomness, so runs are
-repeatable). A probe that commits nothing doubles the interval (up to a cap), one that
-commits something resets it; any regular speculation resets it as well. A probe costs
-``c(1) - 1`` plus its drafting (a draft model catching up on every token since its last
-draft can make that several decodes) and saves a decode when it hits, so the interval
-never drops below ``expected probe cost / PROBE_BUDGET`` (:func:`probe_interval_floor`):
-probes cost at most about 3% of a decode per step on average, falling to ~0.3% while
-they keep failing.
+Why probe: when plain decoding wins, no proposals are verified, so the estimates never
+change and a proposer that turned good again would stay off forever. :class:`Explorer`
+allows one ``k = 1`` probe after a number of idle steps, a deterministic counter (runs
+are repeatable); a probe that commits nothing doubles the interval (up to a cap), one
+that commits something, or any regular speculation, resets it. The interval never
+drops below ``expected probe cost / PROBE_BUDGET`` (:func:`probe_interval_floor`), so
+probes cost at most :data:`PROBE_BUDGET` of a decode per step on average.
 """
 
 from __future__ import annotations

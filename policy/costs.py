@@ -1,41 +1,19 @@
 """What speculation costs and what it buys: the cost curve and the objective.
 
-Why this exists: on a CPU a verify batch of ``k + 1`` rows costs nearly ``k + 1`` single
-decodes at small ``k`` (the README's benchmark section gives measured costs).
-Speculation only pays when the tokens it is expected to commit outweigh that cost, and
-both sides move: acceptance depends on the text and the proposer, cost on the model's
-quantization and the machine. So the decision is made per step from two measured
-quantities, never from a fixed ``k``:
-
-* a :class:`CostCurve` ``c(k)``: cost of verifying ``k`` draft tokens (a batch of
-  ``k + 1`` rows) relative to one plain decode, so ``c(0) == 1``; :class:`CostModel`
-  keeps it current from the forwards actually run;
-* per-position acceptance estimates ``acc[i]``
-  (:class:`~meshd.policy.acceptance.AcceptanceTracker`):
-  ``P(draft position i accepted | positions 0..i-1 accepted)`` (0-based positions).
-
-The objective, stated here once and used by every caller (the engine's gate, prompt
-lookup, the composite proposer, the benchmarks)::
+Why: on a CPU a verify batch of ``k + 1`` rows costs nearly ``k + 1`` decodes at small
+``k``, so speculation pays only where the tokens it is expected to commit outweigh that
+cost, and both sides move (acceptance with the text and proposer, cost with the model
+and machine). So each step decides from a :class:`CostCurve` ``c(k)`` (verifying ``k``
+drafts relative to one decode) and per-position acceptance ``acc[i]``
+(:class:`~meshd.policy.acceptance.AcceptanceTracker`), by one objective::
 
     E(k) = 1 + sum_{j=1..k} prod_{i=0..j-1} acc[i]      expected committed tokens
-    r(k) = E(k) / (c(k) + k * draft_cost + R(k))        tokens per unit of cost
+    r(k) = E(k) / (c(k) + k * draft_cost + R(k))        expected speedup over k = 0
 
-``E(k)`` counts the target's own token (the correction or bonus token the verify batch
-always yields) as the leading ``1``; draft token ``j`` (1-based) is committed only when
-positions ``0..j-1`` were all accepted, hence the product. ``draft_cost`` is what
-drafting one token costs (an MTP head's or draft model's forward), ``R(k)`` the expected
-repair of a window longer than a recurrent model's in-place rollback (:class:`RepairCost`;
-0 otherwise). Plain decoding is ``k = 0``:
-``E = 1``, ``c = 1``, ``r = 1``. ``r(k)`` is therefore directly the expected speedup of
-speculating with ``k`` drafts over plain decoding, and a step speculates only when some
-``k > 0`` beats 1 by a margin (default 2%) so measurement noise does not switch it on.
-
-The online model: a start-up calibration is one moment on a shared, noisy machine. If
-the machine was busy then (or becomes busy later), a stale curve makes speculation look
-cheaper or dearer than it is, and on CPUs where k rows cost nearly k decodes a wrong
-curve turns a speedup into a slowdown. So every forward's wall time is recorded by its
-number of rows, and the curve is rebuilt from the recent medians per size; sizes not
-seen lately fall back to the calibration (scaled by the same base).
+with ``R(k)`` the expected repair cost (:class:`RepairCost`). A step speculates only when
+some ``k > 0`` beats 1 by a margin, so timing noise does not switch it on. A start-up
+calibration is one moment on a noisy machine, so :class:`CostModel` rebuilds the curve
+from the recent forwards' medians per size, falling back to the calibration.
 """
 
 from __future__ import annotations
@@ -138,8 +116,7 @@ class CostCurve:
         produced them, so padding is exact); then non-decreasing.
 
         Why padding: the matrix kernels work on blocks of rows, so a forward whose rows
-        fill whole blocks can cost less than a narrower one (measured on 1B models,
-        Q8_0, 2 threads: 8 rows 2.7 decodes, 5-7 rows 2.9-3.4; 12 rows below 9-11).
+        fill whole blocks can cost less than a narrower one.
         Why non-decreasing: timing noise can make a 2-row batch look cheaper than a
         decode, or 5 rows cheaper than 4 by a hair; a dip of that kind would make the
         optimiser pick that ``k`` for the wrong reason, so each value is raised to the
@@ -291,9 +268,8 @@ def speedup_limit(
 ) -> tuple[int, float]:
     """The best ``(k, expected speedup)`` for this curve and acceptance, with no margin.
 
-    With ``acc = 1`` this is the physical limit of speculation on the measured machine
-    (e.g. SmolLM2 Q4_1 here: about 1.48x at k = 7), which benchmarks print next to what
-    they achieved. Ties go to the smaller ``k``.
+    With ``acc = 1`` this is the physical limit of speculation on the measured machine,
+    which benchmarks print next to what they achieved. Ties go to the smaller ``k``.
     """
     rs = ratios(curve, acc, curve.max_k if k_max is None else k_max, draft_cost=draft_cost,
                 repair=repair)
@@ -338,16 +314,15 @@ def is_plausible(costs: Sequence[float], *, tolerance: float = 0.85) -> bool:
     """A measured curve looks sane: c(1) > 1, no forward costs much less than one of
     half its rows or fewer, and no size costs far more than that many single decodes.
 
-    Measurements under heavy contention come out non-monotone (seen here: a 2-row
-    forward "cheaper" than 1 row); such a curve must not be cached. A forward may
-    cost less than a slightly narrower one (whole blocks of rows for the matrix
-    kernels: 8 rows 0.78x the cost of 7 on 1B Q8_0 models), never than one of half
-    its rows.
+    Measurements under heavy contention come out non-monotone (a 2-row forward
+    "cheaper" than 1 row); such a curve must not be cached. A forward may cost less
+    than a slightly narrower one (whole blocks of rows for the matrix kernels), never
+    than one of half its rows.
     """
     if len(costs) < 2 or costs[1] <= 1.0:
         return False
-    # A batch of k+1 rows never costs much more than k+1 single decodes (seen under
-    # contention: c(8) = 18.3).
+    # A batch of k+1 rows never costs much more than k+1 single decodes (a curve that
+    # claims so was measured under contention).
     if any(c > 1.5 * (k + 1) for k, c in enumerate(costs)):
         return False
     # Each size against the dearest forward of at most half its rows.
@@ -360,8 +335,8 @@ def within_rows(costs: Sequence[float]) -> list[float]:
 
     What the runtime keeps of a calibration measured twice under contention: a batch of
     ``k + 1`` rows never costs more than ``k + 1`` decodes of a quiet machine, and a
-    curve claiming so (seen: a 2-row forward at 2.94 decodes while other work ran) turns
-    off speculation that pays. The online model corrects the rest from real forwards."""
+    curve claiming so (a forward measured while other work ran) turns off speculation
+    that pays. The online model corrects the rest from real forwards."""
     return [min(float(c), k + 1.0) for k, c in enumerate(costs)]
 
 
@@ -396,9 +371,7 @@ class CostModel:
 
         Only one sequence's forwards make the curve (what a request alone pays for its
         window). Several sequences' windows in one forward cost more than one
-        sequence's of as many rows: llama.cpp's per-sequence work (measured on a 1B
-        hybrid model, Q8_0: 4 sequences of 1 row 2.56 decodes against 2.40 for one of
-        4 rows, 4 of 3 rows 3.52 against 3.35), so they are kept apart and price
+        sequence's of as many rows (llama.cpp's per-sequence work), so they are kept apart and price
         only the forwards they measured (:meth:`row_cost`); counted in the curve, a
         request left alone after concurrent traffic would find its windows too dear."""
         if rows < 1 or seconds <= 0 or sequences < 1:
@@ -422,10 +395,8 @@ class CostModel:
 
         Why that extrapolation: a forward's extra rows get dearer per row once the batch
         is past the part the weights' reading dominates, but never dearer than their
-        average over the measured widths (measured on a 1B hybrid model, Q8_0: the
-        curve's 9 rows 2.85x, i.e. 0.23 per extra row; 16 rows 4.1x and 32 rows 6.7x,
-        0.16-0.2 per extra row), so a guess errs on the dear side until the width
-        is measured."""
+        average over the measured widths, so a guess errs on the dear side until the
+        width is measured."""
         if rows < 1 or sequences < 1:
             raise ValueError(f"rows and sequences must be >= 1, got {rows}, {sequences}")
         curve = self.curve()
@@ -499,12 +470,10 @@ class CostModel:
 
         Why: the calibration is one short measurement at a small context; real windows
         run at the request's context and the machine's load of the moment, which moves
-        every size's cost alike (measured on SmolLM2 Q4_1: windows 1.23-1.29x their
-        calibrated cost at every size). A size needs :data:`MIN_SAMPLES` forwards of its
-        own before its median replaces the calibration, which most sizes never get in
-        a request, so without this they would keep the stale cost: a curve 27% too
-        cheap drafts where it loses (simulated on the shipped workloads' outputs: the
-        worst of them 0.89x plain instead of 0.97x). Only upward: a curve too dear
+        every size's cost alike. A size needs :data:`MIN_SAMPLES` forwards of its own
+        before its median replaces the calibration, which most sizes never get in a
+        request, so without this they would keep the stale cost, and a curve too cheap
+        drafts where it loses. Only upward: a curve too dear
         forgoes some gain until the sizes in use are measured, one too cheap loses
         time against plain decoding, so a cheaper cost needs each size's own evidence.
         """

@@ -1,23 +1,15 @@
 """The speculation decision: verify, commit, repair. Sans-I/O, in the style of h11.
 
-Every decode step the engine holds a committed sequence whose last committed token,
-``last``, is *not* yet in the model's state (KV cache and/or recurrent state); it
-would sit at position ``base``. A proposer drafts ``d_0 .. d_{k-1}``; one batched
-target forward over ``[last, d_0 .. d_{k-1}]`` (``k + 1`` rows at positions
-``base .. base + k``) yields the target's own next token after each row,
-``p_0 .. p_k``. This module turns those facts into one :class:`Decision`: which tokens
-are committed, why the request finished (if it did), and how to repair the model
-state so that it holds exactly the committed history and nothing else.
+Each step the engine's last committed token, ``last``, is not yet in the model's state
+(it would sit at position ``base``). One target forward over ``[last, d_0 .. d_{k-1}]``
+yields the target's own next token after each row, ``p_0 .. p_k``; :func:`decide` turns
+those facts into a :class:`Decision`: the tokens committed, why the request finished (if
+it did), and how to repair the state. Pure, so every rule is tested exhaustively.
 
-Nothing here touches llama.cpp, threads, clocks or sockets, so every rule can be
-tested exhaustively; the engine only applies what :func:`decide` returns.
-
-The core correctness invariant is the repair rule: the window wrote ``k + 1``
-entries, and after ``n`` commits the state must keep exactly the first ``n`` of them
-(``last, d_0 .. d_{n-2}``; the final committed token becomes the new ``last`` and is
-fed by the next window). Retiring the window while any row was not committed would
-leave rejected drafts in the state, and the model would then condition every later
-token on text the user never saw. Hence: retire iff every verified row was committed.
+The invariant is the repair rule: after ``n`` commits the state keeps exactly the first
+``n`` of the window's ``k + 1`` entries. Keeping any rejected row would make the model
+condition every later token on text the user never saw; hence retire the window iff
+every verified row was committed.
 """
 
 from __future__ import annotations
@@ -41,21 +33,25 @@ __all__ = [
 
 
 class FinishReason(enum.StrEnum):
-    """Why a request stopped producing tokens.
-
-    Values equal meshd.protocol's ``FinishReason`` values (which adds ``error``), so the
-    engine maps one to the other with ``protocol.FinishReason(reason.value)``.
-    """
+    """Why a generation ended: the decision's verdict, and the wire's ``finish_reason``
+    (:mod:`meshd.protocol` takes this enum from here). The decision gives only the first
+    four; the daemon adds ``shutdown`` and ``error``."""
 
     STOP = "stop"
-    """A stop string completed on the committed token (that token is committed)."""
+    """A stop string completed on the committed token (that token is committed; the
+    matched string is not emitted)."""
     LENGTH = "length"
-    """The request's token budget ran out before the next candidate."""
+    """The request's token budget (``max_tokens`` or the context) ran out before the next
+    candidate."""
     EOG = "eog"
     """The target produced an end-of-generation token (committed; the engine decides
     whether its text is shown)."""
     CANCELLED = "cancelled"
-    """The client went away or asked to stop."""
+    """The client went away or asked to stop (a ``cancel`` for this request)."""
+    SHUTDOWN = "shutdown"
+    """The daemon is shutting down and its grace period for running requests ran out."""
+    ERROR = "error"
+    """The generation failed part-way; ``done.error_message`` says why."""
 
 
 class RepairKind(enum.Enum):

@@ -1,25 +1,16 @@
 """The step gate: may this decode step speculate, and with how many drafts?
 
-One call per step (:meth:`StepGate.decide`) answers from facts the engine hands over
-(:class:`StepFacts`: the request's sampling, budget and context room, what following
-the MTP head has cost so far) and from what the gate has learned (acceptance, the cost
-of drafting). The answer is a :class:`Verdict`: a draft length, why speculation was
-refused (if it was) and whether to stop following the MTP head. The engine applies it;
-nothing here touches the model.
-
-The checks, in order (the first refusal wins, and is what the request's statistics
-count): exact verification needs greedy or seeded sampling; the budget (tokens left,
-context room, the request's ``draft_max``) must allow a draft; an MTP head that cannot
-pay for its catch-up is dropped; finally the cost model
-(:class:`~meshd.policy.draft_length.AdaptiveK`) chooses the length, 0 when no length
-beats plain decoding.
-
-A followed MTP head is paid for on every forward (its catch-up), so the gate learns
-its worth fast and lets it go as soon as it does not pay: until it has drafted
-:data:`HEAD_EVIDENCE_WINDOWS` windows it drafts a short one where the cost model would
-decode plainly; then the measured acceptance must beat the catch-up, and so must what
-following it has bought in fact (:class:`HeadValue`, judged after
-:data:`HEAD_VALUE_STEPS` steps): else it is dropped."""
+One call per step (:meth:`StepGate.verdict`) answers from facts the engine hands over
+(:class:`StepFacts`) and from what the gate has learned (acceptance, drafting cost), with
+a :class:`Verdict`: a draft length, why speculation was refused (if it was) and whether
+to stop following the MTP head. The engine applies it; nothing here touches the model.
+The checks, first refusal wins: exact verification needs greedy or seeded sampling; the
+budget must allow a draft; an MTP head that cannot pay for its catch-up is dropped; then
+the cost model (:class:`~meshd.policy.draft_length.AdaptiveK`) chooses the length, 0 when
+none beats plain decoding. A followed head is paid for on every forward, so the gate
+judges it fast: a short window until :data:`HEAD_EVIDENCE_WINDOWS` windows are seen, then
+its acceptance, and what following it bought (:class:`HeadValue`), must beat its cost.
+"""
 
 from __future__ import annotations
 
@@ -161,15 +152,18 @@ class StepGate:
     """
 
     def __init__(self, costs: CostModel | None, *, draft_max: int, adaptive: bool,
-                 prior: float | None = None) -> None:
+                 prior: float | None = None, streaks: bool = True) -> None:
         self.costs = costs
         self.adaptive: AdaptiveK | None = None
         if adaptive and costs is not None:
             # ``prior``: the acceptance other requests measured for this proposer, where
             # known; it replaces the generic prior, so drafting starts at once where it
             # paid for them (and the request's own evidence takes over within a few steps).
+            # ``streaks``: see AdaptiveK; off for a model's own head, whose drafts do not
+            # come in copy runs (a fully accepted window says little about the next).
             tracker = AcceptanceTracker(prior=prior) if prior is not None else None
-            self.adaptive = AdaptiveK(costs.curve(), tracker, k_max=draft_max)
+            self.adaptive = AdaptiveK(costs.curve(), tracker, k_max=draft_max,
+                                      streaks=streaks)
         #: Running wall time of drafting one token, in seconds (None before a draft).
         self.draft_s_per_token: float | None = None
         self._next_head_check = 0
@@ -179,7 +173,7 @@ class StepGate:
         self._head_overhead = 0.0
         self._following = False
 
-    def decide(self, facts: StepFacts) -> Verdict:
+    def verdict(self, facts: StepFacts) -> Verdict:
         """This step's draft length, refusal and head verdict (see the module docstring).
 
         Not a pure function: choosing a length advances the controller's probing

@@ -3,14 +3,15 @@
 llama.cpp's in-place rollback of a recurrent (or hybrid) state keeps per-token
 snapshots of every recurrent layer (``n_rs_seq``). They make a rejected draft cheap to
 undo (no checkpoint, no replay), but they are written on every forward, plain decodes
-included, and a context's depth is fixed when it is created. Measured on a 1B hybrid
-model (Q8_0, 2 threads): 8 snapshots cost 7.7% of every decode, 3 cost 4.2%, none
-match llama-cpp-python's plain decoding. Without them, speculation must checkpoint and
-replay, which at acceptance 0.9 took meshd from 1.31x plain to 1.0x.
+included, and a context's depth is fixed when it is created: a deeper rollback slows
+every decode, and without it speculation must checkpoint and replay, which can cost it
+all its gain.
 
 So a model keeps its snapshots while requests use speculation, and drops them (the
 runtime rebuilds its context, between requests) once :data:`QUIET_REQUESTS` requests in
-a row did not: no proposer, a dropped MTP head, or too few accepted drafts to matter.
+a row did not (no proposer, or too few accepted drafts to matter), at once after a
+request dropped the MTP head on its own evidence, and from the start where the daemon's
+default is no speculation.
 Without snapshots a request that shows speculation would pay with them (accepted drafts
 a good share of its tokens, or the MTP head's measured acceptance beating its catch-up
 plus what the snapshots cost) brings them back. Sans-I/O: the runtime reports each
@@ -69,6 +70,8 @@ class RollbackDepth:
         #: A one-row forward's wall time at each depth, as last measured (seconds).
         self.decode_s: dict[int, float] = {}
         self._bring_back = False
+        #: Why the snapshots are (to be) dropped, for the log.
+        self.reason = ""
         #: A rebuild did not get the depth it asked for (llama.cpp refused the memory):
         #: the depth stays as it is from then on, as every further try would fail alike
         #: and each drops the cached sessions.
@@ -86,9 +89,25 @@ class RollbackDepth:
     def ended(self, outcome: RequestOutcome) -> None:
         """A request on the current context finished."""
         if self.depth == self.full:
-            self.quiet = 0 if outcome.speculated else self.quiet + 1
+            if outcome.speculated:
+                self.quiet = 0
+            elif outcome.dropped_head:
+                # Its own drafts, verified with the snapshots, said the head does not
+                # pay: ``auto`` stops following it, so the snapshots serve nothing.
+                self.quiet = self.quiet_requests
+                self.reason = "a request dropped the MTP head: its drafts did not pay"
+            else:
+                self.quiet += 1
+                self.reason = f"{self.quiet} requests in a row did not speculate"
         elif outcome.speculated:
             self._bring_back = True
+
+    def not_expected(self) -> None:
+        """Speculation is not expected (the daemon's default proposer is ``off``): drop
+        the snapshots at the next switch; a request that speculates brings them back."""
+        if self.depth == self.full:
+            self.quiet = self.quiet_requests
+            self.reason = "the default proposer is off"
 
     def switched(self, depth: int, *, decode_s: float | None) -> None:
         """The context was rebuilt at ``depth``; ``decode_s``: the one-row forward time
@@ -108,8 +127,7 @@ class RollbackDepth:
         if self.depth:
             return (f"keeping {self.depth} recurrent-state snapshots for in-place rollback: "
                     "speculation uses them")
-        return ("dropped the recurrent-state snapshots (they slow every forward): "
-                f"{self.quiet_requests} requests in a row did not speculate")
+        return f"dropped the recurrent-state snapshots (they slow every forward): {self.reason}"
 
     def snapshot_overhead(self, decode_s_now: float | None) -> float:
         """What the full depth's snapshots add to a forward, as a fraction of a forward

@@ -1,25 +1,16 @@
 """One window length for the requests that share a forward.
 
 Why: llama.cpp computes the windows of one forward together (one micro-batch) only when
-they have the same number of rows and consecutive sequence ids, for a hybrid model's
-recurrent state (see :mod:`meshd.native.batching`) and for per-sequence KV alike, so
-concurrent requests that each choose their own draft length split a step into several
-passes. Measured on a 1B hybrid model (Q8_0, 2 threads): 4 requests at acceptance 0.9
-choosing freely reached 52 tok/s, the same requests held to one length 58-64 tok/s; on
-SmolLM2 Q4_1, 4 x 1 rows took 29 ms and the same with one 2-row window 47 ms.
-
-And the length that pays changes with company: each request's own cost curve prices a
-window as if it ran alone, but a forward that already carries other requests' rows is
-past the cheap part of the curve (there, every row costs its compute: 16 rows 4.1x a
-decode, 32 rows 6.7x). So the shared length is chosen for the group: the one that
-maximises the tokens the group expects to commit per unit of the forward's cost
-(:func:`plan_shared`), counting how often each request's proposer has drafts at all.
-Members that do not draft (no proposer, no budget, drafts that do not pay) ride along
-with filler rows, which costs far less than a pass of their own.
-
-Filler rows are exact: verification commits a draft token only where the target itself
-would have produced it, whatever the token; the engine counts only real drafts in the
-acceptance statistics.
+they have the same number of rows and consecutive sequence ids (see
+:mod:`meshd.native.batching`), so concurrent requests that each choose their own draft
+length split a step into several passes over the weights. And the length that pays
+changes with company: a request's own cost curve prices a window as if it ran alone, but
+a forward that already carries other requests' rows is past the cheap part of the curve.
+So the shared length is the one that maximises the tokens the group expects to commit
+per unit of the forward's cost (:func:`plan_shared`), counting how often each proposer
+has drafts at all. Members that do not draft ride along with filler rows, cheaper than a
+pass of their own; filler is exact, since verification commits a token only where the
+target itself would have produced it, and only real drafts count as acceptance.
 """
 
 from __future__ import annotations
@@ -39,8 +30,7 @@ PRIOR_WEIGHT = 2.0
 DEFAULT_PRIOR = 0.5
 #: How close to the best return a shorter shared window may stay and be chosen. A
 #: longer one's extra rows are paid for sure, its extra tokens only expected, from the
-#: positions measured least (measured on a 1B hybrid model with 4 requests at
-#: acceptance 0.9: 5 drafts predicted the same return as 3, and came 5-7% slower).
+#: positions measured least, so a tie goes to the shorter window.
 LONGER_MARGIN = 1.02
 #: Lengths in a row that do not beat the best before the search stops (a step's plan
 #: is computed on every step: a fraction of a millisecond is a percent of a small
@@ -54,11 +44,9 @@ class RunningAcceptance:
 
     Position ``i``'s rate is conditional: of the windows whose drafts were right up to
     ``i``, the share whose draft ``i`` was right too. Per position, because a draft made
-    from drafts gets worse with depth (measured on a 1B hybrid model at designed
-    acceptance 0.9: one rate over all positions, 0.94, predicted 20.6 tokens per
-    4-request step of 5 drafts; 17.9 came); a position seldom reached leans on the one
-    before it. Decayed, so a request whose text changes character is followed within
-    about ten windows.
+    from drafts gets worse with depth (one rate over all positions overestimates the
+    deep ones); a position seldom reached leans on the one before it. Decayed, so a
+    request whose text changes character is followed within about ten windows.
     """
 
     prior: float = DEFAULT_PRIOR

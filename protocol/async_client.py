@@ -1,27 +1,18 @@
 """The async client for the meshd socket (anyio; the blocking one is in sync_client.py).
 
 Why this shape: one connection carries many concurrent requests, so exactly one task
-reads the socket and hands each frame to the request with that ``id`` (through an
-in-memory stream per request). In keeping with structured concurrency that reader runs
-in a task group owned by whoever owns the connection: :meth:`Client.connect` (an async
-context manager) or, for code that manages its own task group, ``await tg.start(client.run)``.
-Nothing is left running when the owner exits.
-
-Usage::
+reads the socket and hands each frame to the request with that ``id``. That reader runs
+in a task group owned by whoever owns the connection (:meth:`Client.connect`, or
+``await tg.start(client.run)``), so nothing is left running when the owner exits::
 
     async with Client.connect("/run/meshd.sock") as client:
         async with client.generate("Once upon a time", max_tokens=32) as stream:
             async for token in stream:
                 print(token.text, end="")
-        print(stream.done.finish_reason)
 
-Leaving the ``async with`` of a stream before ``done`` sends ``cancel``. Errors the
-server reports arrive as the matching :class:`~meshd.protocol.errors.ProtocolError`
-subclass; a lost connection as :class:`~meshd.protocol.errors.ConnectionClosed`.
-
-The protocol's state (the handshake, the ids in flight, which frame ends a request) is
-a sans-I/O :class:`~meshd.protocol.connection.ClientConnection`; this module moves its
-bytes and hands each request's frames to whoever waits for them.
+Leaving a stream before ``done`` sends ``cancel``. Server errors arrive as
+:class:`~meshd.protocol.errors.ProtocolError` subclasses. The protocol's state is a
+sans-I/O :class:`~meshd.protocol.connection.ClientConnection`; this module moves bytes.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Sans-I/O codec: NDJSON frames <-> message objects.
 
-Why sans-I/O: the framing and validation rules are the part of the protocol most worth
-testing exhaustively (property tests feed it arbitrary bytes split at arbitrary points),
-and keeping them free of sockets lets the daemon, the async client and any test use the
-very same code. The I/O layers only move bytes in and out.
-
-Layers:
-
-* :class:`FrameDecoder` splits a byte stream into lines, enforcing the maximum frame size
-  and resynchronising after an oversize line by skipping to the next newline.
-* :func:`decode_request` / :func:`decode_response` turn one frame into a message,
-  raising :class:`~meshd.protocol.errors.BadRequest` with a message naming the offending
-  field, and attributing the error to the frame's ``id`` whenever it can be recovered.
-* :class:`RequestDecoder` / :class:`ResponseDecoder` combine the two.
-* :func:`encode` produces one compact JSON line.
-
-Everything here raises only :class:`~meshd.protocol.errors.ProtocolError` subclasses on
-bad input, whatever the bytes, so a server can answer every failure with an ``error``
-frame instead of dropping the connection.
+Why sans-I/O: framing and validation are the part of the protocol most worth testing
+exhaustively (property tests feed arbitrary bytes split at arbitrary points), and free
+of sockets the daemon, the clients and tests share the very same code.
+:class:`FrameDecoder` splits a byte stream into lines within the frame size limit
+(resynchronising after an oversize line); :func:`decode_request` /
+:func:`decode_response` turn one frame into a message; :class:`RequestDecoder` /
+:class:`ResponseDecoder` combine the two; :func:`encode` writes one compact line. Bad
+input of any kind raises only :class:`~meshd.protocol.errors.ProtocolError` subclasses
+(naming the field, with the frame's ``id`` where it can be recovered), so a server can
+answer every failure with an ``error`` frame.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ from typing import Any, ClassVar, Final, TypeAlias
 import attrs
 import attrs.validators as V
 
+from meshd.policy.decision import FinishReason as FinishReason
+
 from . import validators as check
 from .errors import BadRequest, ErrorCode, ProtocolError, error_from_code
 from .validators import MAX_ID_LENGTH as MAX_ID_LENGTH
@@ -51,23 +53,6 @@ DEFAULT_TOP_K: Final = 40
 """Keep the 40 most likely tokens when sampling."""
 DEFAULT_TOP_P: Final = 0.95
 """Nucleus mass kept when sampling."""
-
-
-class FinishReason(enum.StrEnum):
-    """Why a generation ended (the ``finish_reason`` of ``done``)."""
-
-    STOP = "stop"
-    """A ``stop`` string matched; the matched string is not emitted."""
-    LENGTH = "length"
-    """``max_tokens`` (or the context window) was reached."""
-    EOG = "eog"
-    """The model produced an end-of-generation token."""
-    CANCELLED = "cancelled"
-    """A ``cancel`` for this request arrived (or the client went away)."""
-    SHUTDOWN = "shutdown"
-    """The daemon is shutting down and its grace period for running requests ran out."""
-    ERROR = "error"
-    """The generation failed part-way; ``done.error_message`` says why."""
 
 
 class HealthStatus(enum.StrEnum):

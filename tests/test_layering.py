@@ -1,6 +1,7 @@
 """The rooms keep their doors: protocol <- plugins <- daemon -> native, policy (pure
-computation) below plugins and daemon, and the clients (protocol <- clients <- daemon)
-talk to the daemon through its socket only."""
+computation) below plugins and daemon (and below protocol, which takes its
+``FinishReason`` from there), and the clients (protocol <- clients <- daemon) talk to the
+daemon through its socket only."""
 
 from __future__ import annotations
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 from typing import Final
 
 import anyio
+import attrs
 
 from meshd.policy.decision import FinishReason
-from meshd.protocol import ProtocolError
+from meshd.protocol import ModelError, ProtocolError
 
 from ..engine import TokenEvent
 from ..generation_stats import GenerationStats
-from ..scheduler import Failed, Finished, GenerationHandle
-from ..service import InFlightGeneration
+from ..scheduler import Finished, GenerationFailed, GenerationHandle, GenerationRequest
+from ..service import InFlightGeneration, Service
 from . import sse
+from .identity import system_fingerprint
 from .openai_api import (
     JSON,
     ApiError,
@@ -51,11 +53,15 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
     try:
         try:
             gen = await service.prepare(req.generate)
+            if req.prompt_ids is not None:
+                gen = _with_prompt_ids(service, gen, req.prompt_ids)
             if entry.cancelled:
                 return
             handle = service.submit(gen, rid)
+        except ModelError as exc:  # (prepare raises it for a prompt over the context only)
+            raise _too_long(req, exc.message) from None
         except ProtocolError as exc:
-            raise ApiError.from_protocol(exc) from None
+            raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param) from None
         entry.attach(handle)
         prompt_tokens = len(gen.prompt)
         seed = None if gen.sampling.greedy else gen.sampling.seed
@@ -67,7 +73,27 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
         service.unregister(entry)
 
 
-def _failure(final: Failed) -> ApiError:
+def _too_long(req: CompletionRequest, message: str) -> ApiError:
+    """OpenAI's answer to a prompt over the context, with meshd's counts."""
+    return ApiError(400, message, param="messages" if req.chat else "prompt",
+                    code="context_length_exceeded")
+
+
+def _with_prompt_ids(service: Service, gen: GenerationRequest, ids: tuple[int, ...]
+                     ) -> GenerationRequest:
+    """``gen`` (checked by ``prepare`` on a placeholder prompt) with the request's token
+    ids as its prompt, once they are known to be in the vocabulary and fit the context."""
+    n_vocab = service.model.n_vocab
+    for i, token in enumerate(ids):
+        if token >= n_vocab:
+            raise ApiError(400, f"prompt[{i}]: must be a token id below the vocabulary "
+                                f"size {n_vocab} (got {token})", param="prompt")
+    if len(ids) + 1 > service.runtime.context.config.n_ctx_seq:
+        raise ModelError(service.runtime.prompt_too_long(len(ids)))
+    return attrs.evolve(gen, prompt=ids)
+
+
+def _failure(final: GenerationFailed) -> ApiError:
     """A generation that failed: the request's fault (400) or the model's (500)."""
     if final.kind == "request":
         return ApiError(400, final.message)
@@ -83,14 +109,14 @@ async def _collect(routes: RouteContext, req: CompletionRequest, handle: Generat
         async for event in handle.events:
             if isinstance(event, TokenEvent):
                 parts.append(event.text)
-            elif isinstance(event, Failed):
+            elif isinstance(event, GenerationFailed):
                 raise _failure(event)
             else:
                 finish = _finish_reason(event, entry)
                 _log_finished(routes, req, event, finish, prompt_tokens)
                 body = completion_response(
-                    req, routes.service.model.name, "".join(parts), finish,
-                    event.stats, event.proposer, prompt_tokens, seed)
+                    req, routes.service.model.name, system_fingerprint(routes.service),
+                    "".join(parts), finish, event.stats, event.proposer, prompt_tokens, seed)
                 await out.send(200, json_bytes(body), JSON)
                 return
     raise ApiError(500, "the generation ended without a result", code="internal",
@@ -103,6 +129,7 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
     """SSE: a chunk per batch of committed text, the finish chunk (with ``timings`` and
     ``meshd``), the usage chunk if asked, then ``data: [DONE]``."""
     model = routes.service.model.name
+    fp = system_fingerprint(routes.service)
     started = False
     live = True  # the client still reads
     async with handle.events:
@@ -110,15 +137,15 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
             try:
                 batch = [await handle.events.receive()]
             except anyio.EndOfStream:
-                batch = [Failed("model", "the generation ended without a result")]
-            while not isinstance(batch[-1], Finished | Failed) \
+                batch = [GenerationFailed("model", "the generation ended without a result")]
+            while not isinstance(batch[-1], Finished | GenerationFailed) \
                     and len(batch) < _MAX_EVENTS_PER_WRITE:
                 try:
                     batch.append(handle.events.receive_nowait())
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
-            final = batch[-1] if isinstance(batch[-1], Finished | Failed) else None
-            if isinstance(final, Failed) and not started:
+            final = batch[-1] if isinstance(batch[-1], Finished | GenerationFailed) else None
+            if isinstance(final, GenerationFailed) and not started:
                 raise _failure(final)
             text = "".join(e.text for e in batch if isinstance(e, TokenEvent))
             data = b""
@@ -126,15 +153,15 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
                 started = True
                 live = await out.start(200, _SSE, [("Cache-Control", "no-cache")])
                 if req.chat:
-                    data += sse.event(chunk(req, model, role=True, text=""))
+                    data += sse.event(chunk(req, model, fp, role=True, text=""))
             if text:
-                data += sse.event(chunk(req, model, text=text))
+                data += sse.event(chunk(req, model, fp, text=text))
             if isinstance(final, Finished):
                 finish = _finish_reason(final, entry)
                 _log_finished(routes, req, final, finish, prompt_tokens)
-                data += _closing(req, model, finish, final.stats, final.proposer,
+                data += _closing(req, model, fp, finish, final.stats, final.proposer,
                                  prompt_tokens, seed)
-            elif isinstance(final, Failed):
+            elif isinstance(final, GenerationFailed):
                 data += sse.event(error_body(_failure(final)))
                 data += sse.DONE
             if live and data:
@@ -145,16 +172,18 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
                 return
 
 
-def _closing(req: CompletionRequest, model: str, finish: str, stats: GenerationStats,
-             proposer: str | None, prompt_tokens: int, seed: int | None) -> bytes:
-    last = chunk(req, model, finish=finish)
+def _closing(req: CompletionRequest, model: str, fp: str, finish: str,
+             stats: GenerationStats, proposer: str | None, prompt_tokens: int,
+             seed: int | None) -> bytes:
+    last = chunk(req, model, fp, finish=finish)
     last["timings"] = timings(stats)
     last["meshd"] = meshd_block(stats, proposer, seed)
     data = sse.event(last)
     if req.include_usage:
         data += sse.event({"id": req.generate.id, "object": last["object"],
-                           "created": req.created, "model": model, "choices": [],
-                           "usage": usage(prompt_tokens, stats.emitted)})
+                           "created": req.created, "model": model,
+                           "system_fingerprint": fp, "choices": [],
+                           "usage": usage(prompt_tokens, stats)})
     return data + sse.DONE
 
 

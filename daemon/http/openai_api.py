@@ -7,7 +7,9 @@ chunk and error objects, all testable without a socket (a response's id and ``cr
 time come from ``uuid4`` and the clock, the only inputs not passed in). Fields OpenAI
 clients commonly send and meshd ignores (``user``, ``presence_penalty`` of 0 ...) are
 accepted; fields that would change the answer in a way meshd cannot honour (``n`` > 1,
-``logprobs``) are refused with a 400 naming the field, never silently dropped.
+``logprobs``) are refused with a 400 naming the field, never silently dropped (the table
+is :mod:`.request_fields`). Errors name fields as the request did (``max_tokens``, never
+the native ``generate.max_tokens``).
 """
 
 from __future__ import annotations
@@ -33,24 +35,33 @@ from meshd.protocol import messages as wire
 
 from ..generation_stats import GenerationStats
 from ..mapping import speculation_stats
+from .request_fields import check_fields
 
 __all__ = [
+    "CHAT_ROLES",
     "JSON",
+    "TOKEN_PROMPT_PLACEHOLDER",
     "ApiError",
     "CompletionRequest",
+    "api_field",
     "chunk",
     "completion_response",
     "error_body",
     "json_bytes",
     "meshd_block",
+    "parse_messages",
     "parse_request",
     "timings",
     "usage",
 ]
 
 JSON: Final = "application/json"
-_UNSUPPORTED_TRUTHY: Final = ("logprobs", "top_logprobs", "echo", "tools", "functions",
-                              "suffix", "logit_bias", "response_format")
+CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
+"""OpenAI's roles; ``developer`` is rendered as ``system`` (as llama.cpp does), since
+chat templates predate it."""
+TOKEN_PROMPT_PLACEHOLDER: Final = " "
+"""The ``generate.prompt`` of a request whose prompt is token ids: ``prepare`` checks
+the rest of the request on it, then the ids replace its tokens."""
 
 
 def json_bytes(payload: Any) -> bytes:
@@ -71,10 +82,11 @@ class ApiError(Exception):
         self.kind = kind
 
     @classmethod
-    def from_protocol(cls, error: ProtocolError, *, before_generation: bool = True
-                      ) -> ApiError:
+    def from_protocol(cls, error: ProtocolError, *, before_generation: bool = True,
+                      max_tokens_param: str = "max_tokens") -> ApiError:
         """The HTTP form of a protocol error (before any token: a context overflow is the
-        request's fault, so ``model_error`` is a 400 there)."""
+        request's fault, so ``model_error`` is a 400 there), its field named as in the
+        OpenAI request."""
         code = error.code.value
         status = {"bad_request": 400, "unsupported_version": 400, "too_large": 413,
                   "busy": 503, "cancelled": 499, "internal": 500}.get(code, 500)
@@ -83,8 +95,29 @@ class ApiError(Exception):
             status = 400 if before_generation else 500
         if status >= 500:
             kind = "server_error"
-        param = error.field if isinstance(error, BadRequest) else None
-        return cls(status, error.message, param=param, code=code, kind=kind)
+        message, param = error.message, None
+        if isinstance(error, BadRequest):
+            message, param = api_field(message, error.field, max_tokens_param)
+        return cls(status, message, param=param, code=code, kind=kind)
+
+
+def api_field(message: str, field: str | None, max_tokens_param: str = "max_tokens"
+              ) -> tuple[str, str | None]:
+    """A native error's message and field with the field named as the OpenAI request
+    names it: ``generate.max_tokens: ...`` becomes ``max_tokens: ...`` (or
+    ``max_completion_tokens`` when the request used that), ``generate.sampling.top_p``
+    becomes ``top_p``. A message that starts with a field path but carries no field
+    (``generate.prompt: tokenizes to no tokens``) gets one from that path."""
+    if field is None:
+        head, sep, _ = message.partition(": ")
+        if sep and head.startswith("generate.") and " " not in head:
+            field = head
+    if field is None:
+        return message, None
+    name = field.removeprefix("generate.").removeprefix("sampling.")
+    if name == "max_tokens":
+        name = max_tokens_param
+    return name + message.removeprefix(field), name
 
 
 def error_body(error: ApiError) -> dict[str, Any]:
@@ -99,6 +132,10 @@ class CompletionRequest:
 
     generate: Generate
     chat: bool
+    prompt_ids: tuple[int, ...] | None
+    """A prompt sent as token ids (then ``generate.prompt`` is a placeholder)."""
+    max_tokens_param: str
+    """The field that set ``max_tokens`` (``max_tokens`` or ``max_completion_tokens``)."""
     stream: bool
     include_usage: bool
     model: str | None
@@ -111,7 +148,8 @@ def _bad(param: str, detail: str) -> ApiError:
 
 def _from_protocol(exc: BadRequest) -> ApiError:
     """A value the protocol's rules refused (``stop[0]: must be ...``), as a 400."""
-    return ApiError(400, exc.message, param=exc.field)
+    message, param = api_field(exc.message, exc.field)
+    return ApiError(400, message, param=param)
 
 
 def _is_int(value: object) -> bool:
@@ -150,9 +188,11 @@ def _content(value: object, param: str) -> str:
     raise _bad(param, "must be a string or a list of text parts")
 
 
-def _messages(value: object) -> tuple[ChatMessage, ...]:
+def parse_messages(value: object) -> tuple[ChatMessage, ...]:
     """The chat turns; their number is checked before any is built (the protocol's
-    limit, as on the native socket)."""
+    limit, as on the native socket). A role OpenAI does not define is refused (a
+    template would render it as text the model was never trained on), and so is a
+    turn with no content (an assistant's may be null)."""
     if not isinstance(value, list) or not value:
         raise _bad("messages", "must be a non-empty array of messages")
     if len(value) > MAX_MESSAGES:
@@ -165,20 +205,58 @@ def _messages(value: object) -> tuple[ChatMessage, ...]:
         role = msg.get("role")
         if not isinstance(role, str) or not role:
             raise _bad(f"messages[{i}].role", "must be a non-empty string")
+        if role not in CHAT_ROLES:
+            raise _bad(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)} "
+                                              f"(got {role[:64]!r})")
+        if "content" not in msg and role != "assistant":
+            raise _bad(f"messages[{i}].content", f"a {role} message needs content")
         try:
-            out.append(ChatMessage(role=role, content=_content(msg.get("content"),
-                                                               f"messages[{i}].content")))
+            out.append(ChatMessage(role="system" if role == "developer" else role,
+                                   content=_content(msg.get("content"),
+                                                    f"messages[{i}].content")))
         except BadRequest as exc:
             raise _from_protocol(exc.under(f"messages[{i}]")) from None
     return tuple(out)
 
 
-def _prompt(value: object) -> str:
-    if isinstance(value, list) and len(value) == 1:
+def _token_ids(value: list[Any]) -> tuple[int, ...] | None:
+    """``value`` as token ids, or None when it is not an array of integers."""
+    if not value or not all(_is_int(t) and t >= 0 for t in value):
+        return None
+    return tuple(value)
+
+
+def _prompt(value: object) -> tuple[str, tuple[int, ...] | None]:
+    """The prompt as text or token ids: a string, an array of token ids, or an array of
+    exactly one of either (several prompts would be several choices, which needs
+    ``n`` > 1)."""
+    if isinstance(value, list) and value and not all(_is_int(t) for t in value):
+        if len(value) > 1:
+            raise _bad("prompt", f"meshd serves one prompt per request (got {len(value)}); "
+                                 "send one request per prompt")
         value = value[0]
+    if isinstance(value, list):
+        ids = _token_ids(value)
+        if ids is None:
+            raise _bad("prompt", "must be a non-empty array of token ids (non-negative "
+                                 "integers)")
+        return TOKEN_PROMPT_PLACEHOLDER, ids
     if not isinstance(value, str) or not value:
-        raise _bad("prompt", "must be a non-empty string (or an array of exactly one)")
-    return value
+        raise _bad("prompt", "must be a non-empty string, an array of token ids, or an "
+                             "array of exactly one of either")
+    return value, None
+
+
+def _response_format(value: object) -> None:
+    """Only ``text`` (the default); JSON output needs the constraint engine."""
+    if value is None:
+        return
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if kind == "text":
+        return
+    if kind in ("json_object", "json_schema"):
+        raise _bad("response_format", f"type {kind!r} is not supported yet (only 'text')")
+    raise _bad("response_format", "must be an object like {'type': 'text'}")
 
 
 def _stop(value: object) -> tuple[str, ...]:
@@ -194,15 +272,16 @@ def _stop(value: object) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _max_tokens(body: Mapping[str, Any]) -> int | None:
+def _max_tokens(body: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The limit and the field that set it (named in errors about it)."""
     for key in ("max_completion_tokens", "max_tokens"):
         value = body.get(key)
         if value is None:
             continue
         if not _is_int(value) or value < 1:
             raise _bad(key, f"must be a positive integer (got {value!r})")
-        return int(value)
-    return None
+        return int(value), key
+    return None, "max_tokens"
 
 
 def _speculative(value: object) -> wire.SpeculativeOverrides:
@@ -242,9 +321,10 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     n = body.get("n", 1)
     if n != 1 or isinstance(n, bool):
         raise _bad("n", "only n=1 is supported")
-    for key in _UNSUPPORTED_TRUTHY:
-        if body.get(key):
-            raise _bad(key, "is not supported by meshd")
+    refused = check_fields(body, chat=chat)
+    if refused is not None:
+        raise _bad(*refused)
+    _response_format(body.get("response_format"))
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "must be true or false")
@@ -269,19 +349,22 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
         seed=seed,
     )
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    prompt, prompt_ids = (None, None) if chat else _prompt(body.get("prompt"))
+    max_tokens, max_tokens_param = _max_tokens(body)
     try:
         generate = Generate(
             id=rid,
-            prompt=None if chat else _prompt(body.get("prompt")),
-            messages=_messages(body.get("messages")) if chat else None,
-            max_tokens=_max_tokens(body),
+            prompt=prompt,
+            messages=parse_messages(body.get("messages")) if chat else None,
+            max_tokens=max_tokens,
             sampling=sampling,
             stop=_stop(body.get("stop")),
             speculative=_speculative(body.get("speculative")),
         )
     except BadRequest as exc:
         raise _from_protocol(exc) from None
-    return CompletionRequest(generate=generate, chat=chat, stream=stream,
+    return CompletionRequest(generate=generate, chat=chat, prompt_ids=prompt_ids,
+                             max_tokens_param=max_tokens_param, stream=stream,
                              include_usage=include_usage, model=model,
                              created=int(time.time()))
 
@@ -292,9 +375,11 @@ def finish_reason(value: str) -> str:
     return "stop" if value == "eog" else value
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, stats: GenerationStats) -> dict[str, Any]:
+    """OpenAI's usage, with the prompt tokens the prefix cache served (not recomputed)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": stats.emitted,
+            "total_tokens": prompt_tokens + stats.emitted,
+            "prompt_tokens_details": {"cached_tokens": stats.reused_prompt_tokens}}
 
 
 def timings(stats: GenerationStats) -> dict[str, float | int]:
@@ -333,8 +418,8 @@ def _object(req: CompletionRequest, *, stream: bool) -> str:
     return "text_completion"
 
 
-def completion_response(req: CompletionRequest, model: str, text: str, finish: str,
-                        stats: GenerationStats, proposer: str | None,
+def completion_response(req: CompletionRequest, model: str, fingerprint: str, text: str,
+                        finish: str, stats: GenerationStats, proposer: str | None,
                         prompt_tokens: int, seed: int | None) -> dict[str, Any]:
     """The whole (non-streamed) answer."""
     choice: dict[str, Any] = {"index": 0, "logprobs": None,
@@ -345,12 +430,13 @@ def completion_response(req: CompletionRequest, model: str, text: str, finish: s
         choice["text"] = text
     return {
         "id": req.generate.id, "object": _object(req, stream=False), "created": req.created,
-        "model": model, "choices": [choice], "usage": usage(prompt_tokens, stats.emitted),
+        "model": model, "system_fingerprint": fingerprint, "choices": [choice],
+        "usage": usage(prompt_tokens, stats),
         "timings": timings(stats), "meshd": meshd_block(stats, proposer, seed),
     }
 
 
-def chunk(req: CompletionRequest, model: str, *, text: str | None = None,
+def chunk(req: CompletionRequest, model: str, fingerprint: str, *, text: str | None = None,
           role: bool = False, finish: str | None = None) -> dict[str, Any]:
     """One streamed chunk: text (or, for chat, the opening role) and/or the finish."""
     choice: dict[str, Any] = {"index": 0, "logprobs": None,
@@ -365,4 +451,5 @@ def chunk(req: CompletionRequest, model: str, *, text: str | None = None,
     else:
         choice["text"] = text or ""
     return {"id": req.generate.id, "object": _object(req, stream=True),
-            "created": req.created, "model": model, "choices": [choice]}
+            "created": req.created, "model": model, "system_fingerprint": fingerprint,
+            "choices": [choice]}

@@ -1,14 +1,18 @@
 """The HTTP endpoints: which path and method does what.
 
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (OpenAI's API, streamed or not),
-``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus). Every error is
-OpenAI's error object with a 4xx/5xx status, counted by code like the native
-protocol's errors; the connection stays usable.
+``GET /v1/models`` and ``GET /v1/models/{id}``, llama-server's un-prefixed aliases of
+those and its extras (``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /props``),
+``GET /health`` and ``GET /metrics`` (Prometheus). Every error is OpenAI's error object
+with a 4xx/5xx status, counted by code like the native protocol's errors; the
+connection stays usable.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -20,6 +24,7 @@ from meshd.protocol import HealthStatus
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import render_metrics
 from ..service import Service
+from . import llama_extras
 from .completions import serve_completion
 from .openai_api import JSON, ApiError, error_body, json_bytes, parse_request
 from .responder import Responder
@@ -40,12 +45,14 @@ class Routes:
         path = target.partition("?")[0]
         t0 = time.perf_counter()
         status = 200
+        allowed: str | None = None
         try:
-            route = _ROUTES.get(path)
+            route = _route(path)
             if route is None:
                 raise ApiError(404, f"no endpoint {path}; see /v1/completions, "
-                                    "/v1/chat/completions, /v1/models, /health, /metrics",
-                               code="not_found")
+                                    "/v1/chat/completions, /v1/models, /tokenize, "
+                                    "/detokenize, /apply-template, /props, /health, "
+                                    "/metrics", code="not_found")
             allowed, handler = route
             if method != allowed:
                 raise ApiError(405, f"{path} accepts {allowed}, not {method}",
@@ -53,7 +60,7 @@ class Routes:
             await handler(self, body, out)
         except ApiError as exc:
             status = exc.status
-            await self.error(out, exc, allow=_ROUTES[path][0] if status == 405 else None)
+            await self.error(out, exc, allow=allowed if status == 405 else None)
         except Exception:
             # A bug must cost this request only; once a stream has begun the error
             # cannot be sent and the connection closes instead.
@@ -66,7 +73,8 @@ class Routes:
 
     async def error(self, out: Responder, exc: ApiError, *, allow: str | None = None) -> None:
         """Answer with OpenAI's error object; counted like native protocol errors."""
-        code = exc.code if exc.code in _PROTOCOL_CODES else "bad_request"
+        code = _COUNTED_AS.get(exc.code, exc.code)
+        code = code if code in _PROTOCOL_CODES else "bad_request"
         self.service.counters[f"errors_{code}"] += 1
         self.log.info("request_rejected", code=exc.code, status=exc.status, field=exc.param)
         self.log.debug("request_rejected_message", message=exc.message)
@@ -82,12 +90,34 @@ class Routes:
                            param="messages")
         await serve_completion(self, parse_request(body, chat=True), out)
 
-    async def _models(self, _body: bytes, out: Responder) -> None:
+    def _model_object(self) -> dict[str, object]:
         info = self.service.model
-        await out.send(200, json_bytes({"object": "list", "data": [{
-            "id": info.name, "object": "model", "created": int(self.service.started_at),
-            "owned_by": "meshd", "meta": attrs.asdict(info),
-        }]}), JSON)
+        return {"id": info.name, "object": "model", "created": int(self.service.started_at),
+                "owned_by": "meshd", "meta": attrs.asdict(info)}
+
+    async def _models(self, _body: bytes, out: Responder) -> None:
+        await out.send(200, json_bytes({"object": "list", "data": [self._model_object()]}),
+                       JSON)
+
+    async def _model(self, _body: bytes, out: Responder, *, model_id: str) -> None:
+        """``GET /v1/models/{id}``: the served model, or OpenAI's 404 for another id."""
+        if model_id != self.service.model.name:
+            raise ApiError(404, f"The model {model_id!r} does not exist; this daemon serves "
+                                f"{self.service.model.name!r}", param="model",
+                           code="model_not_found")
+        await out.send(200, json_bytes(self._model_object()), JSON)
+
+    async def _tokenize(self, body: bytes, out: Responder) -> None:
+        await llama_extras.tokenize(self.service, body, out)
+
+    async def _detokenize(self, body: bytes, out: Responder) -> None:
+        await llama_extras.detokenize(self.service, body, out)
+
+    async def _apply_template(self, body: bytes, out: Responder) -> None:
+        await llama_extras.apply_template(self.service, body, out)
+
+    async def _props(self, body: bytes, out: Responder) -> None:
+        await llama_extras.props(self.service, body, out)
 
     async def _health(self, _body: bytes, out: Responder) -> None:
         svc = self.service
@@ -106,10 +136,36 @@ _PROTOCOL_CODES: Final = frozenset(
     {"bad_request", "unsupported_version", "too_large", "busy", "model_error", "cancelled",
      "internal"})
 
+_COUNTED_AS: Final = {"context_length_exceeded": "model_error"}
+"""OpenAI's codes that the native protocol names otherwise (for the error counters)."""
+
 _ROUTES: Final[dict[str, tuple[str, _Handler]]] = {
     "/v1/completions": ("POST", Routes._completions),
     "/v1/chat/completions": ("POST", Routes._chat),
     "/v1/models": ("GET", Routes._models),
+    # llama-server's un-prefixed aliases
+    "/completions": ("POST", Routes._completions),
+    "/chat/completions": ("POST", Routes._chat),
+    "/models": ("GET", Routes._models),
+    # llama-server's extras
+    "/tokenize": ("POST", Routes._tokenize),
+    "/detokenize": ("POST", Routes._detokenize),
+    "/apply-template": ("POST", Routes._apply_template),
+    "/props": ("GET", Routes._props),
     "/health": ("GET", Routes._health),
     "/metrics": ("GET", Routes._metrics),
 }
+_MODEL_PREFIXES: Final = ("/v1/models/", "/models/")
+
+
+def _route(path: str) -> tuple[str, _Handler] | None:
+    """The method and handler of ``path``; ``/v1/models/{id}`` carries its (URL-encoded)
+    id to the handler."""
+    route = _ROUTES.get(path)
+    if route is not None:
+        return route
+    for prefix in _MODEL_PREFIXES:
+        if path.startswith(prefix) and len(path) > len(prefix):
+            model_id = urllib.parse.unquote(path.removeprefix(prefix))
+            return "GET", functools.partial(Routes._model, model_id=model_id)
+    return None

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from meshd.daemon.http.openai_api import ApiError, parse_request
-from meshd.protocol import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_STRINGS
+from meshd.protocol import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_STRINGS, BadRequest
 
 
 def _parse(body: dict[str, Any], chat: bool = False) -> Any:
@@ -81,7 +81,7 @@ def test_limits_are_the_protocols_and_name_their_value() -> None:
         ({"messages": [{"role": "user", "content": "hi"}] * (MAX_MESSAGES + 1)}, True,
          (f"at most {MAX_MESSAGES} messages", str(MAX_MESSAGES + 1))),
         ({"messages": [{"role": "r" * 100, "content": "hi"}]}, True,
-         ("messages[0].role", "at most 64 chars", "100 chars")),
+         ("messages[0].role", "must be one of", "r" * 64)),
     ]
     for body, chat, wanted in cases:
         with pytest.raises(ApiError) as caught:
@@ -89,3 +89,80 @@ def test_limits_are_the_protocols_and_name_their_value() -> None:
         assert caught.value.status == 400
         for part in wanted:
             assert part in caught.value.message, (part, caught.value.message)
+
+
+def test_prompt_arrays_of_one_text_or_token_ids() -> None:
+    """OpenAI's prompt forms: one string in an array, token ids, or one array of them;
+    several prompts are a 400 that says meshd serves one."""
+    assert _parse({"prompt": ["hi"]}).generate.prompt == "hi"
+    assert _parse({"prompt": ["hi"]}).prompt_ids is None
+    assert _parse({"prompt": [1, 2, 3]}).prompt_ids == (1, 2, 3)
+    assert _parse({"prompt": [[4, 5]]}).prompt_ids == (4, 5)
+    for bad, words in (({"prompt": ["a", "b"]}, "one prompt per request (got 2)"),
+                       ({"prompt": [[1], [2]]}, "one prompt per request"),
+                       ({"prompt": [1, -2]}, "token ids"),
+                       ({"prompt": []}, "non-empty")):
+        with pytest.raises(ApiError) as caught:
+            _parse(bad)
+        assert caught.value.param == "prompt" and words in caught.value.message
+
+
+def test_response_format_text_is_accepted_json_is_refused_for_now() -> None:
+    assert _parse({"prompt": "x", "response_format": {"type": "text"}}).generate.prompt == "x"
+    for kind in ("json_object", "json_schema"):
+        with pytest.raises(ApiError) as caught:
+            _parse({"prompt": "x", "response_format": {"type": kind}})
+        assert caught.value.param == "response_format"
+        assert "not supported yet" in caught.value.message
+
+
+def test_fields_that_change_nothing_pass_others_are_named() -> None:
+    """No-op fields and defaults pass; fields that would change the answer, and fields
+    nobody defines, are a 400 naming them (as OpenAI refuses unknown arguments)."""
+    _parse({"prompt": "x", "user": "u", "metadata": {"a": "b"}, "store": False,
+            "service_tier": "auto", "cache_prompt": True, "presence_penalty": 0,
+            "frequency_penalty": 0.0, "logprobs": False, "logit_bias": {}, "echo": False,
+            "best_of": 1, "tool_choice": "none"})
+    for body, param in (({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+                        ({"prompt": "x", "frequency_penalty": 1}, "frequency_penalty"),
+                        ({"prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
+                        ({"prompt": "x", "grammar": "root ::= \"a\""}, "grammar"),
+                        ({"prompt": "x", "max_token": 5}, "max_token"),
+                        ({"prompt": "x", "messages": []}, "messages"),
+                        ({"prompt": "x", "echo": True}, "echo")):
+        with pytest.raises(ApiError) as caught:
+            _parse(body)
+        assert caught.value.status == 400 and caught.value.param == param, body
+    with pytest.raises(ApiError) as caught:
+        _parse({"messages": [{"role": "user", "content": "x"}], "toolz": []}, chat=True)
+    assert caught.value.param == "toolz" and "unrecognized" in caught.value.message
+
+
+def test_roles_and_contents_are_checked() -> None:
+    """A role outside OpenAI's set is refused (a template would print it as text);
+    ``developer`` is rendered as ``system``; a user turn needs content."""
+    for msg, param in (({"role": "wizard", "content": "x"}, "messages[0].role"),
+                       ({"role": "user"}, "messages[0].content")):
+        with pytest.raises(ApiError) as caught:
+            _parse({"messages": [msg]}, chat=True)
+        assert caught.value.param == param
+    req = _parse({"messages": [{"role": "developer", "content": "be brief"},
+                               {"role": "user", "content": "hi"},
+                               {"role": "assistant", "content": None}]}, chat=True)
+    assert [m.role for m in req.generate.messages] == ["system", "user", "assistant"]
+
+
+def test_native_field_names_become_openai_ones() -> None:
+    """``generate.max_tokens`` is reported under the field the request used."""
+    err = BadRequest.invalid_field("generate.max_tokens", "must be at most 1024 (got 5000)")
+    api = ApiError.from_protocol(err)
+    assert (api.param, api.message) == ("max_tokens", "max_tokens: must be at most 1024 "
+                                                      "(got 5000)")
+    api = ApiError.from_protocol(err, max_tokens_param="max_completion_tokens")
+    assert api.param == "max_completion_tokens"
+    assert api.message.startswith("max_completion_tokens: ")
+    api = ApiError.from_protocol(BadRequest("generate.prompt: tokenizes to no tokens"))
+    assert (api.param, api.message) == ("prompt", "prompt: tokenizes to no tokens")
+    api = ApiError.from_protocol(BadRequest.invalid_field(
+        "generate.speculative.proposer", "unknown proposer 'x'"))
+    assert api.param == "speculative.proposer"

@@ -12,7 +12,7 @@ import pytest
 
 from meshd.daemon.engine import Generation
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.scheduler import Failed, Finished, GenerationRequest, Scheduler
+from meshd.daemon.scheduler import Finished, GenerationFailed, GenerationRequest, Scheduler
 from meshd.native import testmodels
 from meshd.native.context import DEFAULT_CONFIG, ContextConfig, TargetContext
 from meshd.native.errors import CapacityError
@@ -57,6 +57,49 @@ def test_snapshots_follow_speculation_and_tokens_do_not_change() -> None:
     assert rt.rollback is not None
 
 
+def test_a_daemon_whose_default_is_off_starts_without_snapshots() -> None:
+    """`meshd serve --proposer off` decodes from its first request without the
+    snapshots' cost; a request that names a proposer and speculates brings them back."""
+    path = str(testmodels.test_model_path("qwen35", acceptance=0.9))
+    with ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=256, n_seq_max=1,
+                                    draft_max=4, calibrate=False, threads=1)) as ref:
+        prompt = ref.tokenize_prompt("start without snapshots", chat=False)
+        reference = _serve(ref, prompt, "off").committed
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=256, n_seq_max=1,
+                                    draft_max=4, calibrate=False, threads=1,
+                                    default_proposer="off"))
+    try:
+        assert rt.context.rollback_window == 0  # before any request
+        assert _serve(rt, prompt, "off").committed == reference
+        drafted = _serve(rt, prompt, "mtp")
+        assert drafted.committed == reference and drafted.stats.accepted > 0
+        again = _serve(rt, prompt, "mtp")
+        assert rt.context.rollback_window == 4 and again.committed == reference
+    finally:
+        rt.close()
+
+
+def test_a_dropped_head_drops_the_snapshots_after_that_request() -> None:
+    """A request that followed the MTP head and dropped it (its drafts did not pay, with
+    the snapshots) leaves no reason to keep them: the next request runs without."""
+    path = str(testmodels.test_model_path("qwen35", acceptance=0.0))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=256, n_seq_max=1,
+                                    draft_max=4, calibrate=True, threads=1))
+    try:
+        assert rt.context.rollback_window == 4
+        prompt = rt.tokenize_prompt("a head that never pays " * 4, chat=False)
+        gen = rt.generation(prompt, max_tokens=120, proposer="mtp")
+        # The head's drafts are judged per position, not by copy runs.
+        assert gen.gate.adaptive is not None and not gen.gate.adaptive.streaks
+        for _ in gen.run():
+            pass
+        assert "mtp_head_dropped" in gen.stats.refusals
+        _serve(rt, prompt, "off")
+        assert rt.context.rollback_window == 0
+    finally:
+        rt.close()
+
+
 def test_fixed_depth_when_adaptation_is_off() -> None:
     path = str(testmodels.test_model_path("qwen35", acceptance=0.9))
     rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=256, n_seq_max=1,
@@ -91,7 +134,7 @@ async def test_admissions_wait_for_the_snapshots_to_come_back(anyio_backend: str
         async def run(name: str, request: GenerationRequest) -> None:
             async with sched.submit(request).events as events:
                 async for ev in events:
-                    if isinstance(ev, Finished | Failed):
+                    if isinstance(ev, Finished | GenerationFailed):
                         assert isinstance(ev, Finished)
                         order.append(f"{name} done")
                         return

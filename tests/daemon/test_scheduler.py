@@ -14,8 +14,8 @@ from meshd.daemon.compute import ComputeThread
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.scheduler import (
     Busy,
-    Failed,
     Finished,
+    GenerationFailed,
     GenerationHandle,
     GenerationRequest,
     Scheduler,
@@ -41,11 +41,11 @@ def runtime(request: pytest.FixtureRequest) -> Iterator[ModelRuntime]:
     rt.close()
 
 
-async def collect(handle: GenerationHandle) -> tuple[list[int], Finished | Failed]:
+async def collect(handle: GenerationHandle) -> tuple[list[int], Finished | GenerationFailed]:
     tokens: list[int] = []
     async with handle.events:
         async for ev in handle.events:
-            if isinstance(ev, (Finished, Failed)):
+            if isinstance(ev, (Finished, GenerationFailed)):
                 return tokens, ev
             tokens.extend(ev.tokens)
     raise AssertionError("stream ended without a final event")
@@ -87,7 +87,7 @@ async def test_cancel_and_busy(runtime: ModelRuntime) -> None:
         h = sched.submit(GenerationRequest(p, max_tokens=480, proposer="ngram"))
         first: list[int] = []
         async for ev in h.events:
-            assert not isinstance(ev, (Finished, Failed))
+            assert not isinstance(ev, (Finished, GenerationFailed))
             first.extend(ev.tokens)
             break
         h.cancel()
@@ -107,10 +107,10 @@ async def test_bad_request_fails_cleanly(runtime: ModelRuntime) -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(sched.run)
         _, fin = await collect(sched.submit(GenerationRequest((1,) * 600, max_tokens=5)))
-        assert isinstance(fin, Failed) and fin.kind == "request"
+        assert isinstance(fin, GenerationFailed) and fin.kind == "request"
         _, fin = await collect(sched.submit(GenerationRequest((1, 2), max_tokens=5,
                                                               proposer="nope")))
-        assert isinstance(fin, Failed) and "unknown proposer" in fin.message
+        assert isinstance(fin, GenerationFailed) and "unknown proposer" in fin.message
         toks, fin = await collect(sched.submit(GenerationRequest((1, 2), max_tokens=5)))
         assert isinstance(fin, Finished) and len(toks) == 5
         tg.cancel_scope.cancel()
@@ -166,7 +166,7 @@ async def test_tokens_stream_while_steps_run_on(runtime: ModelRuntime) -> None:
                                                 proposer="off"))
         async with handle.events:
             async for ev in handle.events:
-                if isinstance(ev, (Finished, Failed)):
+                if isinstance(ev, (Finished, GenerationFailed)):
                     final = ev
                     break
                 deliveries.append(len(ev.tokens))

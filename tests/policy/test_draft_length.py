@@ -491,3 +491,16 @@ def test_the_length_is_chosen_within_reach_not_cut_to_it() -> None:
     assert adaptive.next_k() > 8
     assert adaptive.next_k(8) == 7
     assert adaptive.next_k(0) == 0
+
+
+def test_without_streaks_one_estimate_per_position_whatever_the_last_window_did() -> None:
+    """A model's own head does not draft in copy runs: after a fully accepted window its
+    controller decides from the same estimates (and learns into them), where prompt
+    lookup switches to its optimistic streak estimates."""
+    head = AdaptiveK(Q8_0, AcceptanceTracker(prior=0.6), k_max=8, streaks=False)
+    lookup = AdaptiveK(Q8_0, AcceptanceTracker(prior=0.6), k_max=8)
+    for controller in (head, lookup):
+        controller.observe(3, 3)
+    assert head.current_tracker() is head.tracker and head.tracker.updates == 1
+    assert lookup.current_tracker() is not lookup.tracker
+    assert head.acceptances() != lookup.acceptances()

@@ -39,7 +39,7 @@ def test_refusals_come_in_order_and_k_stays_in_budget(
     exact: bool, k_max: int, adaptive: bool, cheap: bool
 ) -> None:
     gate = StepGate(CostModel(CHEAP if cheap else DEAR), draft_max=8, adaptive=adaptive)
-    verdict = gate.decide(facts(k_max, exact=exact))
+    verdict = gate.verdict(facts(k_max, exact=exact))
     if not exact:
         assert verdict == Verdict(0, Refusal.UNSEEDED_SAMPLING)
     elif k_max <= 0:
@@ -54,7 +54,7 @@ def test_refusals_come_in_order_and_k_stays_in_budget(
 def test_without_a_cost_model_the_budget_decides() -> None:
     gate = StepGate(None, draft_max=8, adaptive=True)
     assert gate.adaptive is None
-    assert gate.decide(facts(5)) == Verdict(5)
+    assert gate.verdict(facts(5)) == Verdict(5)
 
 
 def test_the_cost_model_refuses_where_verifying_costs_a_decode_per_row() -> None:
@@ -63,7 +63,7 @@ def test_the_cost_model_refuses_where_verifying_costs_a_decode_per_row() -> None
     gate = StepGate(CostModel(DEAR), draft_max=8, adaptive=True)
     verdicts = []
     for _ in range(200):
-        verdicts.append(v := gate.decide(facts()))
+        verdicts.append(v := gate.verdict(facts()))
         if v.k:
             gate.verified(v.k, 0)  # the probe missed
     assert all(v.k in (0, 1) for v in verdicts)
@@ -75,11 +75,11 @@ def test_the_cost_model_refuses_where_verifying_costs_a_decode_per_row() -> None
 def test_good_acceptance_on_a_cheap_curve_drafts_long() -> None:
     gate = StepGate(CostModel(CHEAP), draft_max=8, adaptive=True)
     for _ in range(40):
-        v = gate.decide(facts())
+        v = gate.verdict(facts())
         if v.k:
             gate.verified(v.k, v.k)
-    assert gate.decide(facts()).k == 8
-    assert gate.decide(facts(3)).k == 3  # never past the budget
+    assert gate.verdict(facts()).k == 8
+    assert gate.verdict(facts(3)).k == 3  # never past the budget
 
 
 def test_drafting_time_is_a_running_average_per_token() -> None:
@@ -94,11 +94,11 @@ def test_drafting_is_charged_to_the_cost_model_once_decodes_are_timed() -> None:
     costs = CostModel(CHEAP)
     gate = StepGate(costs, draft_max=8, adaptive=True)
     gate.drafted(0.005, 1)
-    gate.decide(facts())
+    gate.verdict(facts())
     assert gate.adaptive is not None and gate.adaptive.draft_cost == 0.0  # no decode time
     for _ in range(8):
         costs.record(1, 0.010)
-    gate.decide(facts())
+    gate.verdict(facts())
     assert gate.adaptive.draft_cost == pytest.approx(0.5)
 
 
@@ -111,11 +111,11 @@ def test_a_head_as_dear_as_its_body_is_dropped_once_timings_settle() -> None:
     gate = StepGate(CostModel(DEAR), draft_max=8, adaptive=True)
     gate.drafted(0.010, 1)
     dear = {"forward_ms": 200.0, "head_ms": 100.0}
-    assert not gate.decide(facts(head=head(HEAD_CHECK_FORWARDS - 1, **dear))).drop_head
-    verdict = gate.decide(facts(head=head(HEAD_CHECK_FORWARDS, **dear)))
+    assert not gate.verdict(facts(head=head(HEAD_CHECK_FORWARDS - 1, **dear))).drop_head
+    verdict = gate.verdict(facts(head=head(HEAD_CHECK_FORWARDS, **dear)))
     assert verdict == Verdict(0, Refusal.MTP_HEAD_DROPPED, drop_head=True)
     assert gate.adaptive is None  # the rest of the request decodes plainly
-    assert gate.decide(facts()) == Verdict(8)
+    assert gate.verdict(facts()) == Verdict(8)
 
 
 def test_a_cheap_head_is_judged_every_few_forwards_and_kept() -> None:
@@ -123,17 +123,17 @@ def test_a_cheap_head_is_judged_every_few_forwards_and_kept() -> None:
     gate.drafted(0.0001, 1)
     light = {"forward_ms": 100.0, "head_ms": 2.0}
     for n in range(HEAD_CHECK_FORWARDS, HEAD_CHECK_FORWARDS + 3 * HEAD_CHECK_EVERY):
-        assert not gate.decide(facts(head=head(n, **light))).drop_head
+        assert not gate.verdict(facts(head=head(n, **light))).drop_head
     # Between two judgements even a head that has turned dear is not looked at.
     dear = {"forward_ms": 1000.0, "head_ms": 900.0}  # catch-up 9x the body: never pays
     due = HEAD_CHECK_FORWARDS + 3 * HEAD_CHECK_EVERY  # judged last at due - EVERY
-    assert not gate.decide(facts(head=head(due - 1, **dear))).drop_head
-    assert gate.decide(facts(head=head(due, **dear))).drop_head
+    assert not gate.verdict(facts(head=head(due - 1, **dear))).drop_head
+    assert gate.verdict(facts(head=head(due, **dear))).drop_head
 
 
 def test_a_head_is_never_judged_before_any_draft_was_timed() -> None:
     gate = StepGate(CostModel(DEAR), draft_max=8, adaptive=True)
-    verdict = gate.decide(facts(head=head(1000, forward_ms=200.0, head_ms=100.0)))
+    verdict = gate.verdict(facts(head=head(1000, forward_ms=200.0, head_ms=100.0)))
     assert not verdict.drop_head
 
 
@@ -143,8 +143,8 @@ def test_measured_acceptance_too_low_for_the_catch_up_drops_the_head() -> None:
     for _ in range(60):
         gate.verified(4, 0)  # the head is always wrong
     load = {"forward_ms": 130.0, "head_ms": 30.0}
-    assert not gate.decide(facts(head=head(HEAD_CHECK_FORWARDS, **load))).drop_head
-    assert gate.decide(facts(head=head(HEAD_CHECK_FORWARDS + HEAD_CHECK_EVERY, **load,
+    assert not gate.verdict(facts(head=head(HEAD_CHECK_FORWARDS, **load))).drop_head
+    assert gate.verdict(facts(head=head(HEAD_CHECK_FORWARDS + HEAD_CHECK_EVERY, **load,
                                        drafted=HEAD_CHECK_DRAFTS))).drop_head
 
 
@@ -169,11 +169,11 @@ def test_acceptance_measured_by_earlier_requests_starts_drafting_at_once() -> No
     from the acceptance earlier requests measured (0.9) drafts on its first step, and
     one whose proposer measured poorly (0.3) does not."""
     curve = [1.0, 1.83, 2.4, 2.97, 3.24, 3.5, 3.77, 4.03, 4.3]
-    assert StepGate(CostModel(curve), draft_max=8, adaptive=True).decide(facts()).k == 0
+    assert StepGate(CostModel(curve), draft_max=8, adaptive=True).verdict(facts()).k == 0
     assert StepGate(CostModel(curve), draft_max=8, adaptive=True,
-                    prior=0.9).decide(facts()).k > 0
+                    prior=0.9).verdict(facts()).k > 0
     assert StepGate(CostModel(curve), draft_max=8, adaptive=True,
-                    prior=0.3).decide(facts()).k == 0
+                    prior=0.3).verdict(facts()).k == 0
 
 
 #: A realistic 1B hybrid model's verify curve on 2 CPU cores (k + 1 rows, in decodes).
@@ -192,7 +192,7 @@ def simulate_head(acceptance: float, seed: int, steps: int = 128,
     for step in range(steps):
         load = HeadLoad(forwards=step, forward_ms=40.0 * (1 + overhead) * step,
                         head_ms=40.0 * overhead * step, drafted=drafted)
-        verdict = gate.decide(facts(head=load))
+        verdict = gate.verdict(facts(head=load))
         if verdict.drop_head:
             return drafted, step
         if verdict.k:
@@ -210,13 +210,13 @@ def test_a_followed_head_gathers_evidence_before_the_cost_model_would_draft() ->
     followed head (whose catch-up is paid anyway) drafts short windows until it has
     verified HEAD_EVIDENCE_WINDOWS windows."""
     gate = StepGate(CostModel(HYBRID_1B), draft_max=8, adaptive=True)
-    assert gate.decide(facts()).k == 0  # a free proposer waits for probes
+    assert gate.verdict(facts()).k == 0  # a free proposer waits for probes
     gate = StepGate(CostModel(HYBRID_1B), draft_max=8, adaptive=True)
     for _ in range(HEAD_EVIDENCE_WINDOWS):
-        verdict = gate.decide(facts(head=head(0, forward_ms=0.0, head_ms=0.0)))
+        verdict = gate.verdict(facts(head=head(0, forward_ms=0.0, head_ms=0.0)))
         assert verdict.k == HEAD_EVIDENCE_K and not verdict.drop_head
         gate.verified(verdict.k, 0)
-    assert gate.decide(facts(head=head(0, forward_ms=0.0, head_ms=0.0))).k in (0, 1)
+    assert gate.verdict(facts(head=head(0, forward_ms=0.0, head_ms=0.0))).k in (0, 1)
 
 
 def test_a_head_that_buys_nothing_is_dropped() -> None:
@@ -228,7 +228,7 @@ def test_a_head_that_buys_nothing_is_dropped() -> None:
     load = head(HEAD_CHECK_FORWARDS, forward_ms=106.0, head_ms=6.0)
     verdicts = []
     while not (verdicts and verdicts[-1].drop_head) and len(verdicts) < 100:
-        verdicts.append(v := gate.decide(facts(head=load)))
+        verdicts.append(v := gate.verdict(facts(head=load)))
         if v.k:
             gate.verified(v.k, 1)  # half of each evidence window is right
     assert [v.k for v in verdicts[:HEAD_EVIDENCE_WINDOWS]] == [HEAD_EVIDENCE_K] * 8

@@ -53,6 +53,26 @@ def test_a_dropped_head_counts_as_quiet_unless_it_pays_with_snapshots() -> None:
     assert not RequestOutcome(tokens=0, accepted=0).speculated
 
 
+def test_a_dropped_head_drops_the_snapshots_at_once() -> None:
+    depth = RollbackDepth(8)
+    depth.ended(RequestOutcome(tokens=100, accepted=30, dropped_head=True))
+    assert depth.wanted == 0
+    depth.switched(0, decode_s=0.040)
+    assert "MTP head" in depth.describe()
+
+
+def test_snapshots_not_expected_are_dropped_until_a_request_speculates() -> None:
+    depth = RollbackDepth(8)
+    depth.not_expected()
+    assert depth.wanted == 0
+    depth.switched(0, decode_s=None)
+    assert "default proposer is off" in depth.describe()
+    depth.ended(PLAIN)
+    assert depth.wanted == 0
+    depth.ended(SPECULATED)
+    assert depth.wanted == 8
+
+
 @given(st.integers(1, 400), st.integers(0, 400))
 def test_speculated_means_a_share_of_accepted_drafts(tokens: int, accepted: int) -> None:
     accepted = min(accepted, tokens)

@@ -1,0 +1,141 @@
+"""llama-server's extra endpoints: ``/tokenize``, ``/detokenize``, ``/apply-template``
+and ``GET /props``, in its shapes.
+
+Why: tools written for llama-server (token counters, prompt builders, web UIs) call
+these beside the OpenAI API. Tokenizing and rendering run on a worker thread, as the
+native ``tokenize`` op does (the vocabulary is read-only and needs no context lock; a
+multi-megabyte text must not stall the event loop), and every reply is bounded by the
+same limit as the native reply: no more token ids than a frame could carry, no text
+larger than a frame.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import anyio.to_thread
+
+from meshd.native.tokenizer import TooManyTokens
+
+from ..request_errors import RequestError
+from ..service import Service
+from .identity import build_info
+from .openai_api import JSON, ApiError, json_bytes, parse_messages
+from .responder import Responder
+
+__all__ = ["apply_template", "detokenize", "props", "tokenize"]
+
+
+def _body(raw: bytes) -> Mapping[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _flag(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key}: must be true or false", param=key)
+    return value
+
+
+def _piece(data: bytes) -> str | list[int]:
+    """A token's text, or its bytes when they are not whole UTF-8 (as llama-server)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+async def tokenize(service: Service, raw: bytes, out: Responder) -> None:
+    """``{"content", "add_special"?, "parse_special"?, "with_pieces"?}`` -> ``{"tokens"}``
+    (llama-server's defaults: no BOS, special tokens parsed)."""
+    body = _body(raw)
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise ApiError(400, "content: must be a string", param="content")
+    add_special = _flag(body, "add_special", False)
+    parse_special = _flag(body, "parse_special", True)
+    with_pieces = _flag(body, "with_pieces", False)
+    tok = service.runtime.model.tokenizer
+    most = service.config.max_frame_size // 2
+
+    def run() -> list[Any]:
+        ids = tok.tokenize(content, add_special=add_special, parse_special=parse_special,
+                           max_tokens=most)
+        if not with_pieces:
+            return list(ids)
+        return [{"id": t, "piece": _piece(tok.piece(t, special=True))} for t in ids]
+
+    try:
+        tokens = await anyio.to_thread.run_sync(run)
+    except TooManyTokens as exc:
+        raise ApiError(413, f"content: the text is {exc.n_tokens} tokens; at most {most} "
+                            "are answered", param="content", code="too_large") from None
+    await out.send(200, json_bytes({"tokens": tokens}), JSON)
+
+
+async def detokenize(service: Service, raw: bytes, out: Responder) -> None:
+    """``{"tokens": [...]}`` -> ``{"content"}``, special tokens written out (as
+    llama-server does)."""
+    tokens = _body(raw).get("tokens")
+    if not isinstance(tokens, list):
+        raise ApiError(400, "tokens: must be an array of token ids", param="tokens")
+    n_vocab = service.model.n_vocab
+    for i, t in enumerate(tokens):
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < n_vocab:
+            raise ApiError(400, f"tokens[{i}]: must be a token id from 0 to {n_vocab - 1} "
+                                f"(got {t!r})", param=f"tokens[{i}]")
+    tok = service.runtime.model.tokenizer
+    limit = service.config.max_frame_size
+
+    def run() -> str:
+        # The pieces' sizes first: a reply larger than a frame is never built.
+        size = sum(len(tok.piece(t, special=True)) for t in tokens)
+        if size > limit:
+            raise ApiError(413, f"tokens: the text is {size} bytes, above the limit of "
+                                f"{limit}", param="tokens", code="too_large")
+        return tok.detokenize(tokens, special=True)
+
+    text = await anyio.to_thread.run_sync(run)
+    await out.send(200, json_bytes({"content": text}), JSON)
+
+
+async def apply_template(service: Service, raw: bytes, out: Responder) -> None:
+    """``{"messages": [...]}`` -> ``{"prompt"}``: the text ``/v1/chat/completions`` would
+    generate from, rendered by the model's own chat template."""
+    if not service.model.has_chat_template:
+        raise ApiError(400, "this model has no chat template", param="messages")
+    messages = [{"role": m.role, "content": m.content}
+                for m in parse_messages(_body(raw).get("messages"))]
+    try:
+        prompt = await anyio.to_thread.run_sync(service.runtime.render_chat, messages)
+    except RequestError as exc:
+        raise ApiError(400, f"messages: {exc}", param="messages") from None
+    await out.send(200, json_bytes({"prompt": prompt}), JSON)
+
+
+async def props(service: Service, _raw: bytes, out: Responder) -> None:
+    """The part of llama-server's ``GET /props`` that holds for meshd: the context per
+    slot, the default ``max_tokens``, the slots, the model file and its template."""
+    rt = service.runtime
+    config = rt.context.config
+    await out.send(200, json_bytes({
+        "default_generation_settings": {
+            "n_ctx": config.n_ctx_seq,
+            "params": {"n_predict": service.config.max_tokens_default,
+                       "max_tokens": service.config.max_tokens_default},
+        },
+        "total_slots": config.n_seq_max,
+        "model_path": rt.model.info.path,
+        "chat_template": rt.model.chat_template or "",
+        "modalities": {"vision": False, "audio": False},
+        "build_info": build_info(),
+        "is_sleeping": False,
+    }), JSON)

@@ -1,0 +1,89 @@
+"""Which top-level fields an OpenAI request may carry, and which meshd must refuse.
+
+Why a table: clients switching from OpenAI or llama-server send fields meshd does not
+implement. A field that changes nothing (``user``, ``metadata``, ``store``,
+``cache_prompt`` ...) is accepted, as OpenAI accepts it. A field that would change the
+answer (``logprobs``, ``tools``, a non-zero ``presence_penalty`` ...) is refused with a
+400 naming it unless it holds its no-op default, so an answer is never silently
+different from what was asked. A field nobody defines is refused too, as OpenAI
+refuses it ("Unrecognized request argument"), so a typo (``max_token``) does not pass
+unnoticed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+__all__ = ["check_fields"]
+
+_HANDLED: Final = frozenset({
+    "model", "stream", "stream_options", "seed", "top_k", "top_p", "temperature", "stop",
+    "speculative", "max_tokens", "max_completion_tokens", "n", "response_format",
+})
+_PER_ENDPOINT: Final = {True: frozenset({"messages"}), False: frozenset({"prompt"})}
+
+_NO_EFFECT: Final = frozenset({
+    # OpenAI's: bookkeeping and routing, never the text.
+    "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+    "parallel_tool_calls",
+    # llama-server's: meshd always reuses cached prompt prefixes.
+    "cache_prompt",
+})
+
+_UNSUPPORTED: Final[dict[str, tuple[object, ...]]] = {
+    # field: the values that change nothing (besides null)
+    "logprobs": (False, 0),
+    "top_logprobs": (0,),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "functions": ([],),
+    "tool_choice": ("none", "auto"),
+    "function_call": ("none", "auto"),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repeat_penalty": (1,),
+    "min_p": (0,),
+    "typical_p": (1,),
+    "mirostat": (0,),
+    "grammar": ("",),
+    "json_schema": ({},),
+    "prediction": (),
+    "audio": (),
+    "modalities": (["text"],),
+    "reasoning_effort": (),
+}
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_default(value: Any, defaults: tuple[object, ...]) -> bool:
+    """Null, or one of ``defaults`` (a number equals a number; ``True`` is not 1)."""
+    if value is None:
+        return True
+    return any(value == d and (type(value) is type(d) or (_is_number(value) and _is_number(d)))
+               for d in defaults)
+
+
+def check_fields(body: Mapping[str, Any], *, chat: bool) -> tuple[str, str] | None:
+    """The first field to refuse and why (``(field, detail)``), or None when every field
+    is served or changes nothing."""
+    known = _HANDLED | _PER_ENDPOINT[chat] | _NO_EFFECT
+    for key, value in body.items():
+        if key in known:
+            continue
+        defaults = _UNSUPPORTED.get(key)
+        if defaults is None:
+            other = _PER_ENDPOINT[not chat]
+            where = (" on this endpoint (it belongs to "
+                     f"{'/v1/completions' if chat else '/v1/chat/completions'})"
+                     if key in other else "")
+            return key, f"unrecognized request argument{where}"
+        if not _is_default(value, defaults):
+            return key, "is not supported by meshd"
+    return None

@@ -70,7 +70,7 @@ def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .bench.cli import add_arguments
+    from meshd.bench.cli import add_arguments
 
     add_arguments(opt.subparser(
         sub, "bench",
@@ -80,7 +80,7 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _add_bench_rpc(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .bench.rpc import add_arguments
+    from meshd.bench.rpc import add_arguments
 
     add_arguments(opt.subparser(
         sub, "bench-rpc",
@@ -90,7 +90,7 @@ def _add_bench_rpc(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _add_bench_e2e(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .bench.e2e import add_arguments
+    from meshd.bench.e2e import add_arguments
 
     add_arguments(opt.subparser(
         sub, "bench-e2e",
@@ -99,7 +99,7 @@ def _add_bench_e2e(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _add_bench_threads(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .bench.threads import add_arguments
+    from meshd.bench.threads import add_arguments
 
     add_arguments(opt.subparser(
         sub, "bench-threads",
@@ -232,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_version(parser, "meshd")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
+    from meshd.bench.soak import run as soak
+
     from . import demo, plugins_cmd, serve, worker
-    from .soak import run as soak
 
     serve.add_parser(sub)
     demo.add_parser(sub)
@@ -277,25 +278,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return worker.run(args)
     if args.command == "soak":
-        from .soak import run as soak
+        from meshd.bench.soak import run as soak
 
         return soak.run(args)
     if args.command == "bench-rpc":
-        from .bench.rpc import cmd_bench_rpc
+        from meshd.bench.rpc import cmd_bench_rpc
 
         return cmd_bench_rpc(args)
     if args.command == "bench":
-        from .bench.cli import cmd_bench
+        from meshd.bench.cli import cmd_bench
 
         return cmd_bench(args)
     if args.command == "config":
         return cmd_config(args)
     if args.command == "bench-e2e":
-        from .bench.e2e import cmd_bench_e2e
+        from meshd.bench.e2e import cmd_bench_e2e
 
         return cmd_bench_e2e(args)
     if args.command == "bench-threads":
-        from .bench.threads import cmd_bench_threads
+        from meshd.bench.threads import cmd_bench_threads
 
         return cmd_bench_threads(args)
     return cmd_make_test_model(args)

@@ -6,7 +6,7 @@ before they sleep (libgomp's own default, the one llama-server runs with) decode
 fastest, and an idle process still sleeps. When other busy processes compete for the
 cores, a descheduled thread leaves the others spinning through whole time slices and a
 decode collapses; threads that sleep at once (``OMP_WAIT_POLICY=passive``) then hold up
-better, at a large cost on a quiet machine (the README's section on threads gives the
+better, at a large cost on a quiet machine (docs/configuration.md, Threads, gives the
 measurements). So ``spin`` is the default and ``sleep`` is a setting for shared
 machines. The thread count defaults to the CPUs the process may actually use: its
 affinity mask (``taskset``, systemd's ``CPUAffinity=``, a cpuset) capped by its cgroup's

@@ -21,8 +21,8 @@ FloatArray = npt.NDArray[np.float32]
 
 #: The longest draft meshd verifies by default. Long windows pay only for drafts that
 #: are nearly always right (prompt lookup while the output copies the input), but there
-#: they pay most, as a long window costs far less per row than a short one (the README's
-#: benchmark section gives measured costs). The cost model chooses shorter windows
+#: they pay most, as a long window costs far less per row than a short one (docs/
+#: benchmarks.md gives measured costs). The cost model chooses shorter windows
 #: wherever acceptance does not carry the long ones.
 DEFAULT_DRAFT_MAX = 32
 
@@ -55,8 +55,8 @@ def resolve_cache_type_k(requested: str, *, all_on_cpu: bool) -> str:
     kernels take only f16 (or f32) caches with K and V of one type; with a bf16 K cache
     every forward, of any width and any mix of sequences, runs each row through the same
     kernel, so its logits do not depend on how rows were batched. Decoding costs the
-    same; a long prompt's prefill loses the tiled kernel (the README's "Identity and its
-    limits" has the measurements and the trade). Accelerators have their own kernels,
+    same; a long prompt's prefill loses the tiled kernel (docs/identity.md, "Identity and its
+    limits", has the measurements and the trade). Accelerators have their own kernels,
     so where layers are offloaded "auto" keeps llama.cpp's default.
     """
     _check_cache_type_k(requested)

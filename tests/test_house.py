@@ -1,6 +1,6 @@
 """The house's rules that a reader relies on: modules that do not import each other in
-circles, modules small enough to read in one sitting, and a scheduler that leaves every
-step of a generation to the engine.
+circles, modules small enough to read in one sitting, a scheduler that leaves every
+step of a generation to the engine, and a product that does not depend on its tooling.
 
 All read the real source files; the cycle check parses them with ``ast``, so an import
 hidden inside a function (the usual way to break a cycle at run time without removing
@@ -17,11 +17,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: The folders that are the product (tests and tooling outside them are not).
 PRODUCT = ("meshd", "clients", "daemon", "native", "plugins", "policy", "protocol")
+#: The folders that are tooling (benchmarks, soak): they may import the product, not the
+#: other way round.
+TOOLING = ("bench",)
 MAX_LINES = 600
 
 
 def package_imports(package: str) -> dict[str, set[str]]:
-    """Each module of ``package`` (a folder such as ``daemon/bench``, not recursing) and
+    """Each module of ``package`` (a folder such as ``daemon/http``, not recursing) and
     the modules of the same package it imports anywhere in its body: at the top, in
     functions, under ``TYPE_CHECKING``."""
     folder = ROOT / package
@@ -91,17 +94,17 @@ def test_cycle_finder_finds_a_cycle_through_three_modules() -> None:
 
 
 @pytest.mark.parametrize("package", [
-    "clients", "daemon", "daemon/bench", "daemon/http", "native", "plugins", "policy",
+    "bench", "bench/soak", "clients", "daemon", "daemon/http", "native", "plugins", "policy",
     "protocol",
 ])
 def test_no_import_cycle_inside_package(package: str) -> None:
     assert cycles(package_imports(package)) == []
 
 
-def test_no_product_module_over_600_lines() -> None:
+def test_no_product_or_tooling_module_over_600_lines() -> None:
     long = {
         str(path.relative_to(ROOT)): n
-        for folder in PRODUCT
+        for folder in PRODUCT + TOOLING
         for path in sorted((ROOT / folder).rglob("*.py"))
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
@@ -143,3 +146,66 @@ def test_scheduler_never_calls_a_session() -> None:
         elif isinstance(node, ast.Name) and node.id in methods:
             found.append(f"line {node.lineno}: {node.id}")
     assert found == []
+
+
+#: The one product module that may import the tooling, and only inside a function body
+#: (never at module level, in a class body or under ``TYPE_CHECKING``): ``meshd bench*`` and
+#: ``meshd soak`` are subcommands of ``meshd``, loaded when their parser is built or run.
+LAZY_TOOLING_IMPORTERS = {"daemon/cli.py"}
+
+
+def tooling_imports(source: str, module: str) -> list[tuple[int, bool]]:
+    """``(line, inside a function)`` for each import of ``meshd.bench`` (absolute, relative
+    or ``from meshd import bench``) in ``source``, the text of the module named ``module``
+    (for example ``meshd.daemon.cli``)."""
+    package = module.split(".")[:-1]
+    found: list[tuple[int, bool]] = []
+
+    def names(node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        base = package[:len(package) - node.level + 1] if node.level else []
+        stem = ".".join([*base, *([node.module] if node.module else [])])
+        return [stem, *(f"{stem}.{a.name}" for a in node.names)]
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import | ast.ImportFrom) and any(
+                    n == "meshd.bench" or n.startswith("meshd.bench.") for n in names(child)):
+                found.append((child.lineno, in_function))
+            visit(child, in_function or isinstance(
+                child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def test_tooling_import_finder_sees_every_form() -> None:
+    source = (
+        "import meshd.bench.run\n"
+        "from meshd import bench\n"
+        "from ..bench.cli import add_arguments\n"
+        "from .benchmarks import x\n"
+        "import meshd.benchmarks\n"
+        "class C:\n"
+        "    from meshd.bench import soak\n"
+        "def f():\n"
+        "    from meshd.bench.soak import run\n"
+    )
+    assert tooling_imports(source, "meshd.daemon.cli") == [
+        (1, False), (2, False), (3, False), (7, False), (9, True)]
+
+
+def test_product_does_not_import_the_tooling() -> None:
+    """No product module imports ``meshd.bench`` (benchmarks, soak), anywhere in its body;
+    the daemon's CLI alone may, inside the functions that add and run those subcommands."""
+    bad = []
+    for folder in PRODUCT:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            parts = rel.with_suffix("").parts
+            module = ".".join(parts if folder == "meshd" else ("meshd", *parts))
+            for line, in_function in tooling_imports(path.read_text(), module):
+                if not (in_function and str(rel) in LAZY_TOOLING_IMPORTERS):
+                    bad.append(f"{rel}:{line}")
+    assert bad == []

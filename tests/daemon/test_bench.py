@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 import pytest
 
-from meshd.daemon.bench import identity as bench_identity
-from meshd.daemon.bench.arms import (
+from meshd.bench import identity as bench_identity
+from meshd.bench.arms import (
     ARMS,
     REFERENCE_ARM,
     ArmRunner,
@@ -29,16 +29,16 @@ from meshd.daemon.bench.arms import (
     RunResult,
     first_divergence,
 )
-from meshd.daemon.bench.format import format_report
-from meshd.daemon.bench.plot import write_plot
-from meshd.daemon.bench.run import FORMAT, BenchConfig, plain_baseline, run_bench
-from meshd.daemon.bench.summary import (
+from meshd.bench.format import format_report
+from meshd.bench.plot import write_plot
+from meshd.bench.run import FORMAT, BenchConfig, plain_baseline, run_bench
+from meshd.bench.summary import (
     conditional_acceptance,
     fit_curve_to_run,
     summarize_arm,
 )
-from meshd.daemon.bench.targets import evaluate_targets
-from meshd.daemon.bench.workloads import load_workloads
+from meshd.bench.targets import evaluate_targets
+from meshd.bench.workloads import load_workloads
 from meshd.daemon.cli import main
 from meshd.native import testmodels
 from meshd.native.calibrate import measure_row_costs
@@ -313,7 +313,7 @@ def test_plot_without_matplotlib_is_a_clear_error(
 
 @pytest.mark.slow
 def test_requantized_copy_is_cached(tmp_path: Path) -> None:
-    from meshd.daemon.bench.arms import requantized
+    from meshd.bench.arms import requantized
     from meshd.native.default_model import default_model_path
     from meshd.native.model import Model
 

@@ -18,23 +18,23 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.bench.arms import resolve_model
-from meshd.daemon.bench.e2e import client_counts
-from meshd.daemon.bench.e2e_arms import (
+from meshd.bench.arms import resolve_model
+from meshd.bench.e2e import client_counts
+from meshd.bench.e2e_arms import (
     generate_prompt,
     model_under_test,
     prompt_tag,
     request_body,
 )
-from meshd.daemon.bench.processes import clean_env, proc_cpu_s
-from meshd.daemon.bench.stream_client import (
+from meshd.bench.processes import clean_env, proc_cpu_s
+from meshd.bench.stream_client import (
     RequestRecord,
     StreamResult,
     aggregate_decode_rate,
     decode_rate,
     parse_sse,
 )
-from meshd.daemon.bench.workloads import Workload
+from meshd.bench.workloads import Workload
 from meshd.daemon.cli import main
 
 TOKENS = 8

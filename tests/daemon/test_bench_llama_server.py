@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.bench.arms import BenchModel, resolve_model
-from meshd.daemon.bench.format import format_report
-from meshd.daemon.bench.llama_server import LlamaServerRunner, llama_server_arms
-from meshd.daemon.bench.run import BenchConfig, run_bench
-from meshd.daemon.bench.targets import evaluate_targets
-from meshd.daemon.bench.workloads import BenchError
+from meshd.bench.arms import BenchModel, resolve_model
+from meshd.bench.format import format_report
+from meshd.bench.llama_server import LlamaServerRunner, llama_server_arms
+from meshd.bench.run import BenchConfig, run_bench
+from meshd.bench.targets import evaluate_targets
+from meshd.bench.workloads import BenchError
 from meshd.daemon.cli import main
 from meshd.native import testmodels
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.bench.replay import foresight, hindsight, main, replay_ngram, replay_simple
+from meshd.bench.replay import foresight, hindsight, main, replay_ngram, replay_simple
 from meshd.plugins.match_stats import SharedMatchStats
 from meshd.policy.costs import CostCurve
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshd.daemon.bench.arms import BenchError, default_draft, resolve_model
+from meshd.bench.arms import BenchError, default_draft, resolve_model
 from meshd.native import testmodels
 
 
@@ -26,7 +26,7 @@ def test_sized_name_resolves_to_the_cached_model() -> None:
 def test_draft_mtp_arms_at_each_draft_length(tmp_path: object) -> None:
     from pathlib import Path
 
-    from meshd.daemon.bench.llama_server import DRAFT_MTP_MODES, llama_server_arms
+    from meshd.bench.llama_server import DRAFT_MTP_MODES, llama_server_arms
 
     binary = Path(str(tmp_path)) / "llama-server"
     binary.write_text("#!/bin/sh\n")

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshd.daemon.bench.workloads import load_workloads
+from meshd.bench.workloads import load_workloads
 from meshd.daemon.engine import Generation
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import SamplingParams
@@ -299,8 +299,8 @@ def test_identity_on_smollm2_past_256_tokens(workload: str) -> None:
     """Prompts of 400 tokens (real copy work, where prompt lookup drafts long windows):
     speculation keeps plain decoding's text with the default cache, where one-token
     decodes and verify windows run the same attention kernel; with an f16 K cache
-    these texts leave plain decoding's within the first ten tokens (README, Identity
-    and its limits)."""
+    these texts leave plain decoding's within the first ten tokens (docs/identity.md,
+    Identity and its limits)."""
     (wl,) = load_workloads([workload])
     rt = runtime("smollm2")
     prompt = prompt_for(rt, rt.render_chat([{"role": r, "content": c} for r, c in wl.messages]))

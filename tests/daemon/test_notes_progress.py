@@ -95,7 +95,7 @@ def test_build_progress_on_a_terminal(fails: bool) -> None:
 def test_quantizing_a_bench_model_shows_progress(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from meshd.daemon.bench.arms import requantized
+    from meshd.bench.arms import requantized
 
     monkeypatch.setenv("MESHD_PROGRESS", "1")
     src = testmodels.test_model_path("llama")

@@ -199,7 +199,7 @@ def smollm2_runtime() -> Iterator[ModelRuntime]:
 async def test_health_answers_while_generating(smollm2_runtime: ModelRuntime) -> None:
     """Liveness, not speed: health is answered from counters while the engine runs
     llama.cpp on its worker thread (the 50 ms target is measured by
-    meshd.daemon.bench.socket_cost)."""
+    meshd.bench.socket_cost)."""
     rt = smollm2_runtime
     async with running_daemon(rt) as (server, path), Client.connect(path) as client:
         story = [{"role": "user", "content": "Write a long story about a lighthouse."}]

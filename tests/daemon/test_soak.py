@@ -8,8 +8,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from meshd.daemon.soak.load import SoakConfig
-from meshd.daemon.soak.run import run_soak
+from meshd.bench.soak.load import SoakConfig
+from meshd.bench.soak.run import run_soak
 
 
 @pytest.mark.slow

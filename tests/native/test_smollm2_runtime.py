@@ -172,8 +172,8 @@ def test_window_width_does_not_change_the_logits(smollm2: Model,
     """Why speculation (and a padded shared window) keeps plain decoding's tokens: a
     window of any width, one row included, computes the same bits at any context length
     (past 256 tokens too, where the KV view reaches 512 cells and an f16 cache would
-    send one-row forwards through another attention kernel: README, Identity and its
-    limits)."""
+    send one-row forwards through another attention kernel: docs/identity.md,
+    Identity and its limits)."""
     assert smol_ctx.config.cache_type_k == "bf16"  # "auto" on a model run on this CPU
     assert smol_ctx.exact
     tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)

@@ -138,7 +138,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                  "llama.cpp forwards; identical: 'no @i' = first differing token, the "
                  "reference's top-2 logit margin there and the context length (with "
                  "an f16 K cache, past 256 tokens one-token and wider forwards round "
-                 "differently, so near-ties may flip: README, Identity and its limits)")
+                 "differently, so near-ties may flip: docs/identity.md)")
     lines.append(f"llama-server arms: {report.get('llama_server', 'not run')}")
     lines.append("")
     lines.append("targets (decode-rate ratios):")

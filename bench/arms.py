@@ -1,4 +1,4 @@
-"""Models, workloads and arms of ``meshd bench`` (the runner is :mod:`meshd.daemon.bench.run`).
+"""Models, workloads and arms of ``meshd bench`` (the runner is :mod:`meshd.bench.run`).
 
 Why a table of arms: every comparison the benchmark makes is "this arm against ``plain``
 on the same model, the same prompt tokens and greedy decoding", so an arm is only a name
@@ -30,13 +30,13 @@ import attrs
 import numpy as np
 
 from meshd.clients.terminal import Progress
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.native.llama import ensure_backend, lc
 from meshd.native.primitives import GGML_TYPES
 from meshd.native.session import SequenceSession
 
-from ..runtime import ModelRuntime, RuntimeConfig
 from .workloads import BenchError, Workload
 
 #: MTP acceptance of a synthetic model named without one (``qwen35``, ``mimo2``): below 1

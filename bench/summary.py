@@ -1,5 +1,5 @@
 """One arm's summary in a ``meshd bench`` report: medians, ratios to the reference,
-speculation counters and identity, from the runs of :mod:`meshd.daemon.bench.arms`."""
+speculation counters and identity, from the runs of :mod:`meshd.bench.arms`."""
 
 from __future__ import annotations
 

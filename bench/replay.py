@@ -1,8 +1,8 @@
-"""Prompt lookup replayed without the noise: ``python -m meshd.daemon.bench.replay``.
+"""Prompt lookup replayed without the noise: ``python -m meshd.bench.replay``.
 
 Why: on a shared machine one run's decode rate moves by 10-20%, and where a greedy text
 leaves plain decoding's at a near-tie (with an f16 K cache past 256 tokens of context, or
-on an accelerator: README, "Identity and its limits") two live arms decode different
+on an accelerator: docs/identity.md, "Identity and its limits") two live arms decode different
 texts, so a cell compares two texts as much as two rules. Prompt lookup
 needs no model to draft: given plain decoding's text and the measured cost of a forward
 of ``k + 1`` rows, what a rule would have drafted, had accepted and paid is arithmetic.
@@ -70,7 +70,7 @@ SIMPLE_M = (16, 32)
 class Replay:
     """One rule over one text: its speedup against plain decoding and its drafts, and
     what its acceptance is worth at best (``limit``: the bench's limit at the measured
-    acceptance, :func:`~meshd.daemon.bench.summary.limit_at_acceptance`, on the same
+    acceptance, :func:`~meshd.bench.summary.limit_at_acceptance`, on the same
     curve; None where it drafted nothing)."""
 
     speedup: float
@@ -311,7 +311,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m meshd.daemon.bench.replay",
+    p = argparse.ArgumentParser(prog="python -m meshd.bench.replay",
                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("-m", "--model", action="append", default=[],
                    help="model name or GGUF path, as for meshd bench (repeatable; "

@@ -9,7 +9,7 @@ prompts, and CI runs a small version of it.
 On the synthetic models (:mod:`meshd.native.testmodels`) the winning logit beats the
 runner-up by several logits by design, so any divergence is a bug: the gate exits 1.
 On a real model (SmolLM2, quantized) it gates too where every forward computes a row's
-logits in the same kernel, as with the default bf16 K cache on the CPU (README, "Identity
+logits in the same kernel, as with the default bf16 K cache on the CPU (docs/identity.md, "Identity
 and its limits"): a divergence there is a bug as well. With ``--cache-type-k f16`` (or on
 an accelerator) batched and serial forwards may round differently and a near-tie can
 flip, so there it only reports the identity rate and, for each divergence, the
@@ -26,8 +26,9 @@ from typing import Any
 
 import attrs
 
-from ..runtime import ModelRuntime, RuntimeConfig
-from ..sampling import GREEDY, SamplingParams
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.sampling import GREEDY, SamplingParams
+
 from .arms import (
     ModelSpec,
     default_threads,

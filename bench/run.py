@@ -1,7 +1,7 @@
 """``meshd bench``: meshd against llama-cpp-python on the same tokens, side by side.
 
 Why it is built this way: the machine is shared and noisy, so an absolute tokens/s
-number from one run means little. Every arm (see :mod:`meshd.daemon.bench.arms`) runs
+number from one run means little. Every arm (see :mod:`meshd.bench.arms`) runs
 on the same model, the same prompt token ids and greedy decoding, in one process,
 interleaved (arm order forward on even repetitions, reversed on odd ones, so a drift in
 machine speed hits every arm alike), repeated ``--reps`` times; the report gives medians
@@ -26,7 +26,7 @@ snapshots' own cost on a one-row decode is reported as ``snapshot_cost``. Every 
 compared token by token with ``plain``; a divergence is reported with its index and the
 reference model's top-1/top-2 logit margin there.
 
-``meshd bench --identity`` is the identity gate (:mod:`meshd.daemon.bench.identity`).
+``meshd bench --identity`` is the identity gate (:mod:`meshd.bench.identity`).
 
 JSON report (``--json FILE``), format 1::
 

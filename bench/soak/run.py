@@ -35,8 +35,8 @@ from collections.abc import Sequence
 import anyio
 
 from meshd.clients.argtypes import integer, positive
+from meshd.daemon.options import subparser
 
-from ..options import subparser
 from .load import ACTIONS, Soak, SoakConfig
 from .report import SoakReport, sample_process
 

@@ -129,7 +129,7 @@ def _texts_note(arms: Mapping[str, Mapping[str, Any]], *names: str) -> str:
     """Which of the compared arms decoded another text than plain decoding, and from
     where: a ratio between two rules on different texts says less about the rules than
     one on the same text (with an f16 K cache, past 256 tokens of context near-ties flip
-    between one-row and wider forwards; README, Identity and its limits), and the replay
+    between one-row and wider forwards; docs/identity.md), and the replay
     compares them on plain decoding's own text."""
     parted = [f"{n} @{div}" for n in names
               if (div := (arms.get(n) or {}).get("first_divergence")) is not None]

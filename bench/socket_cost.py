@@ -1,4 +1,4 @@
-"""What the socket costs: ``python -m meshd.daemon.bench.socket_cost [--model PATH]``.
+"""What the socket costs: ``python -m meshd.bench.socket_cost [--model PATH]``.
 
 Starts ``meshd serve`` as a child process (as users run it) and loads the same model in
 this process, then measures, with speculation off so only the transport differs:
@@ -41,9 +41,8 @@ from typing import Any
 
 import anyio
 
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import Client, ConnectionClosed
-
-from ..runtime import ModelRuntime, RuntimeConfig
 
 PROMPTS = (
     "Write a long essay about the history of lighthouses.",
@@ -229,7 +228,7 @@ async def _bench(args: argparse.Namespace, rt: ModelRuntime, path: str) -> dict[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m meshd.daemon.bench.socket_cost",
+    parser = argparse.ArgumentParser(prog="python -m meshd.bench.socket_cost",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
     parser.add_argument("--rounds", type=int, default=5)

@@ -11,7 +11,6 @@ larger than a frame.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,20 +21,10 @@ from meshd.native.tokenizer import TooManyTokens
 from ..request_errors import RequestError
 from ..service import Service
 from .identity import build_info
-from .openai_api import JSON, ApiError, json_bytes, parse_messages
+from .openai_api import JSON, ApiError, json_bytes, json_object, parse_messages
 from .responder import Responder
 
 __all__ = ["apply_template", "detokenize", "props", "tokenize"]
-
-
-def _body(raw: bytes) -> Mapping[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
 
 
 def _flag(body: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -56,7 +45,7 @@ def _piece(data: bytes) -> str | list[int]:
 async def tokenize(service: Service, raw: bytes, out: Responder) -> None:
     """``{"content", "add_special"?, "parse_special"?, "with_pieces"?}`` -> ``{"tokens"}``
     (llama-server's defaults: no BOS, special tokens parsed)."""
-    body = _body(raw)
+    body = json_object(raw)
     content = body.get("content")
     if not isinstance(content, str):
         raise ApiError(400, "content: must be a string", param="content")
@@ -84,7 +73,7 @@ async def tokenize(service: Service, raw: bytes, out: Responder) -> None:
 async def detokenize(service: Service, raw: bytes, out: Responder) -> None:
     """``{"tokens": [...]}`` -> ``{"content"}``, special tokens written out (as
     llama-server does)."""
-    tokens = _body(raw).get("tokens")
+    tokens = json_object(raw).get("tokens")
     if not isinstance(tokens, list):
         raise ApiError(400, "tokens: must be an array of token ids", param="tokens")
     n_vocab = service.model.n_vocab
@@ -113,7 +102,7 @@ async def apply_template(service: Service, raw: bytes, out: Responder) -> None:
     if not service.model.has_chat_template:
         raise ApiError(400, "this model has no chat template", param="messages")
     messages = [{"role": m.role, "content": m.content}
-                for m in parse_messages(_body(raw).get("messages"))]
+                for m in parse_messages(json_object(raw).get("messages"))]
     try:
         prompt = await anyio.to_thread.run_sync(service.runtime.render_chat, messages)
     except RequestError as exc:

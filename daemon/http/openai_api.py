@@ -306,15 +306,21 @@ def _speculative(value: object) -> wire.SpeculativeOverrides:
                                      draft_max=draft_max)
 
 
-def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
-    """Validate a ``/v1/completions`` (or, with ``chat``, ``/v1/chat/completions``) body;
-    raises ApiError (400) naming the first bad field."""
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or ApiError (400) saying why it is not one."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
+    """Validate a ``/v1/completions`` (or, with ``chat``, ``/v1/chat/completions``) body;
+    raises ApiError (400) naming the first bad field."""
+    body = json_object(raw)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", "must be a string")

@@ -73,6 +73,10 @@ SEND_TIMEOUT: Final = 30.0
 R = TypeVar("R", bound=Response)
 _Item: TypeAlias = Response | ProtocolError
 
+#: Connections this process opened (each client's request ids carry its number).
+_CONNECTIONS = itertools.count(1)
+
+
 @attrs.frozen
 class Completion:
     """A whole generation, as returned by :meth:`GenerationStream.collect`."""
@@ -233,7 +237,10 @@ class Client:
         self._pending: dict[str, MemoryObjectSendStream[_Item]] = {}
         """Who waits for each request's frames (a subset of the ids in flight)."""
         self._ids = itertools.count(1)
-        self._id_prefix = f"c{os.getpid():x}-"
+        # Unique per connection, not only per process: the daemon looks an id that is
+        # not in flight on the cancelling connection up on the others, so two clients of
+        # one process sharing ids could cancel each other's requests.
+        self._id_prefix = f"c{os.getpid():x}.{next(_CONNECTIONS)}-"
         self._fatal: ProtocolError | None = None
 
     # ------------------------------------------------------------------ lifecycle

@@ -185,6 +185,25 @@ async def test_concurrent_clients_cancels_and_disconnects(qwen35: ModelRuntime) 
     assert len(results) == 8
 
 
+async def test_a_late_cancel_never_stops_another_clients_request(qwen35: ModelRuntime) -> None:
+    """Two clients of one process: the first cancels its own request after it ended (the
+    race every client has); the daemon looks the id up on other connections, so the
+    second client's running request must not carry the same id."""
+    prompt = _prompt(3)
+    async with (running_daemon(qwen35) as (_, path), Client.connect(path) as first,
+                Client.connect(path) as second):
+        ended = first.generate(prompt, max_tokens=2, temperature=0.0)
+        await ended.collect()
+        running = second.generate(prompt, max_tokens=40, temperature=0.0)
+        async with running:
+            assert running.id != ended.id
+            async for _ in running:
+                assert not await first.cancel_confirmed(ended.id)
+                break
+            done = (await running.collect()).done
+    assert done is not None and done.finish_reason is not FinishReason.CANCELLED
+
+
 @pytest.fixture(scope="module")
 def smollm2_runtime() -> Iterator[ModelRuntime]:
     """The embedded default model (real tokenizer and chat template); used sparingly."""

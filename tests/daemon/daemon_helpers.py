@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from meshd.clients import ctl
 from meshd.daemon.runtime import ModelRuntime
 from meshd.daemon.sampling import GREEDY, SamplingParams
 from meshd.daemon.server import Server, serving
@@ -158,3 +159,8 @@ class RawConnection:
                 frames.append(frame)
                 if frame.id == request_id and isinstance(frame, Done | ErrorMessage):
                     return frames
+
+
+async def meshctl(*argv: str) -> int:
+    """Run meshctl with ``argv`` in this process, off the event loop; its exit status."""
+    return await anyio.to_thread.run_sync(ctl.main, list(argv))

@@ -7,15 +7,13 @@ import io
 import json
 import sys
 
-import anyio.to_thread
 import pytest
 from structlog.testing import capture_logs
 
-from meshd.clients import ctl
 from meshd.daemon.cli import main
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 
-from .daemon_helpers import running_daemon
+from .daemon_helpers import meshctl, running_daemon
 
 
 @pytest.fixture
@@ -49,8 +47,7 @@ async def test_meshctl_generate_says_it_skips_the_chat_template(
                                              ("generate", False, False),
                                              ("chat", True, False)):
                 monkeypatch.setattr(sys.stderr, "isatty", lambda t=terminal: t)
-                status = await anyio.to_thread.run_sync(ctl.main, [
-                    "--socket", path, command, "hi", "--max-tokens", "2"])
+                status = await meshctl("--socket", path, command, "hi", "--max-tokens", "2")
                 assert status == 0
                 err = capsys.readouterr().err
                 assert ("sent as raw text without the model's chat template" in err) is noted

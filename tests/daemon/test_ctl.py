@@ -9,8 +9,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-import anyio
-import anyio.to_thread
 import pytest
 from structlog.testing import capture_logs
 
@@ -19,7 +17,7 @@ from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native import testmodels
 from meshd.protocol import Client, FinishReason
 
-from .daemon_helpers import reference, running_daemon, short_tempdir, wait_idle
+from .daemon_helpers import meshctl, reference, running_daemon, short_tempdir, wait_idle
 
 pytestmark = pytest.mark.anyio
 
@@ -43,10 +41,6 @@ def runtime() -> Iterator[ModelRuntime]:
                                     calibrate=False, threads=1))
     yield rt
     rt.close()
-
-
-async def meshctl(*argv: str) -> int:
-    return await anyio.to_thread.run_sync(ctl.main, list(argv))
 
 
 async def test_generate_streams_text_and_stats(runtime: ModelRuntime,

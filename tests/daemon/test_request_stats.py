@@ -6,17 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import anyio
-import anyio.to_thread
 import pytest
 from structlog.testing import capture_logs
 
-from meshd.clients import ctl
 from meshd.daemon.generation_stats import GenerationStats
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native import testmodels
 
-from .daemon_helpers import running_daemon
+from .daemon_helpers import meshctl, running_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -109,9 +106,8 @@ async def test_meshctl_json_stats_do_not_add_up(llama: ModelRuntime,
     with capture_logs():
         async with running_daemon(llama) as (_, path):
             for _ in range(3):
-                status = await anyio.to_thread.run_sync(ctl.main, [
-                    "--socket", path, "generate", "hello world", "--max-tokens", "8",
-                    "--proposer", "off", "--json"])
+                status = await meshctl("--socket", path, "generate", "hello world", "--max-tokens",
+                                       "8", "--proposer", "off", "--json")
                 assert status == 0
                 seen.append(json.loads(capsys.readouterr().out)["done"]["speculation"])
     assert [s["target_forwards"] for s in seen] == [7, 7, 7]  # prefill excluded

@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-import anyio
-import anyio.to_thread
 import pytest
 from structlog.testing import capture_logs
 
@@ -18,7 +16,7 @@ from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.server import serving
 from meshd.native import testmodels
 
-from .daemon_helpers import short_tempdir
+from .daemon_helpers import meshctl, short_tempdir
 
 
 @pytest.fixture
@@ -75,10 +73,10 @@ async def test_meshctl_finds_the_system_daemon(places: tuple[str, str], runtime:
     """A daemon on the systemd service's path answers a bare ``meshctl health``; with
     none anywhere, the error names every place meshctl looked."""
     user, system = places
-    assert await anyio.to_thread.run_sync(ctl.main, ["health"]) == ctl.EXIT_UNAVAILABLE
+    assert await meshctl("health") == ctl.EXIT_UNAVAILABLE
     err = capsys.readouterr().err
     assert f"no daemon at {user}" in err and system in err
     with capture_logs():
         async with serving(runtime, system):
-            assert await anyio.to_thread.run_sync(ctl.main, ["health"]) == ctl.EXIT_OK
+            assert await meshctl("health") == ctl.EXIT_OK
     assert capsys.readouterr().out.startswith("ok uptime=")

@@ -10,21 +10,18 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
-import anyio.to_thread
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 import meshd.protocol
-from meshd.clients import ctl
 from meshd.clients.refusals import REFUSAL_REASONS
 from meshd.daemon.metrics import render_metrics
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native import testmodels
 from meshd.policy.gate import Refusal
 
-from .daemon_helpers import running_daemon
+from .daemon_helpers import meshctl, running_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -51,10 +48,6 @@ def runtime() -> Iterator[ModelRuntime]:
                                     calibrate=False, threads=1))
     yield rt
     rt.close()
-
-
-async def meshctl(*argv: str) -> int:
-    return await anyio.to_thread.run_sync(ctl.main, list(argv))
 
 
 def stats_fields(err: str) -> dict[str, str]:

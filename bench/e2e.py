@@ -34,14 +34,20 @@ turn, so it runs on workloads of one user message.
 
 Requests: ``/v1/chat/completions`` with the workload's messages when the model has a
 chat template, else ``/v1/completions`` with the workload's plain text (and ``meshd
-generate --raw``), so both servers get the same prompt either way. Each request's first
-user turn starts with a tag naming its repetition and client (``[2.3] ...``): every
-request is a new prompt that shares only the template's head with earlier ones, so a
-prefix cache cannot make it trivial (a suffix would leave the whole workload cached);
-arms of one repetition get the same prompts. One warm-up request per server precedes
-the measurements. After the runs each server is left idle for 2 s, then its CPU time
-(``/proc/PID/stat``) is read over ``--idle-seconds``: a daemon that spins while idle
-slows everything else on the machine.
+generate --raw``), so both servers get the same prompt either way. A workload's
+``response_format`` goes into every request (a plain completion sends its schema as
+``json_schema``, which both servers read there), so both servers are held to the same
+schema; ``meshd generate`` takes none, so it does not run on such a workload, and the
+table adds, per meshd arm, the share of tokens the grammar forced and meshd accepted and
+the grammar's time per token (medians over runs of meshd's own counters).
+
+Each request's first user turn starts with a tag naming its repetition and client
+(``[2.3] ...``): every request is a new prompt that shares only the template's head with
+earlier ones, so a prefix cache cannot make it trivial (a suffix would leave the whole
+workload cached); arms of one repetition get the same prompts. One warm-up request per
+server precedes the measurements. After the runs each server is left idle for 2 s, then
+its CPU time (``/proc/PID/stat``) is read over ``--idle-seconds``: a daemon that spins
+while idle slows everything else on the machine.
 """
 
 from __future__ import annotations
@@ -91,7 +97,13 @@ from .e2e_arms import (
 from .e2e_report import format_e2e
 from .llama_server import ARM_PREFIX, server_version
 from .processes import ServerProcess, clean_env, die_with_parent, free_port
-from .stream_client import RequestRecord, StreamResult, aggregate_decode_rate, run_clients
+from .stream_client import (
+    RequestRecord,
+    StreamResult,
+    aggregate_decode_rate,
+    grammar_per_token,
+    run_clients,
+)
 from .workloads import BenchError, Workload, load_workloads
 
 __all__ = ["E2eConfig", "add_arguments", "cmd_bench_e2e", "run_e2e"]
@@ -150,9 +162,24 @@ class Run:
     def decode_tok_s(self) -> float | None:
         return aggregate_decode_rate(self.requests)
 
+    @property
+    def forced_accepted_share(self) -> float | None:
+        """Of the tokens meshd emitted under a constraint, the share it had drafted
+        because the grammar forced them and then accepted (None: no counters)."""
+        per_token = grammar_per_token(self.requests)
+        return None if per_token is None else per_token[0]
+
+    @property
+    def grammar_ms_per_token(self) -> float | None:
+        """meshd's time choosing tokens under the constraint, per emitted token."""
+        per_token = grammar_per_token(self.requests)
+        return None if per_token is None else per_token[1]
+
     def as_dict(self) -> dict[str, Any]:
         return {"arm": self.arm, "rep": self.rep, "decode_tok_s": self.decode_tok_s,
                 "host_ms_per_step": self.host_ms_per_step,
+                "forced_accepted_share": self.forced_accepted_share,
+                "grammar_ms_per_token": self.grammar_ms_per_token,
                 "requests": [r.as_dict() for r in self.requests]}
 
 
@@ -223,8 +250,10 @@ def _not_applicable(arm: E2eArm, mut: ModelUnderTest, workload: Workload, client
                     ) -> str | None:
     if arm.kind == "generate" and clients > 1:
         return "one request in-process: 1 client only"
-    if arm.copies_only and not workload.copies:
-        return "runs only on workloads that copy their prompt"
+    if arm.kind == "generate" and workload.constrained:
+        return "meshd generate takes no response_format"
+    if arm.copies_only and not (workload.copies or workload.constrained):
+        return "runs only on workloads that copy their prompt or constrain the answer"
     if arm.kind == "generate" and generate_prompt(mut, workload, "") is None:
         return "meshd generate sends one user turn; this workload has " \
                f"{len(workload.messages)} messages"
@@ -267,8 +296,8 @@ def _run_workload(workload: Workload, arms: Sequence[E2eArm],
         if name in unavailable:
             summaries[name]["error"] = unavailable[name]
     return {"workload": workload.name, "description": workload.description,
-            "copies": workload.copies, "arms": summaries, "not_run": not_run,
-            **_ratios(summaries)}
+            "copies": workload.copies, "response_format": workload.response_format,
+            "arms": summaries, "not_run": not_run, **_ratios(summaries)}
 
 
 def _rate_text(run: Run) -> str:
@@ -296,12 +325,15 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def _summary(runs: Sequence[Run]) -> dict[str, Any]:
-    """An arm's medians: decode rate over runs, TTFT and token counts over requests."""
+    """An arm's medians: decode rate and constraint counters over runs, TTFT and token
+    counts over requests."""
     reqs = [q for r in runs for q in r.requests]
     rates = [r.decode_tok_s for r in runs]
     return {
         "decode_tok_s": _median(rates),
         "host_ms_per_step": _median([r.host_ms_per_step for r in runs]),
+        "forced_accepted_share": _median([r.forced_accepted_share for r in runs]),
+        "grammar_ms_per_token": _median([r.grammar_ms_per_token for r in runs]),
         "ttft_s": _median([q.ttft_s for q in reqs]),
         "completion_tokens": _median([q.result.completion_tokens for q in reqs]),
         "prompt_tokens": _median([q.result.prompt_tokens for q in reqs]),
@@ -362,7 +394,7 @@ def _start_servers(stack: contextlib.ExitStack, arms: Sequence[E2eArm],
     for arm in arms:
         if arm.kind == "generate" or arm.name in unavailable:
             continue
-        if arm.copies_only and not any(w.copies for w in workloads):
+        if arm.copies_only and not any(w.copies or w.constrained for w in workloads):
             continue  # each workload's table says why it did not run
         if arm.kind == "llama-server" and binary is None:
             unavailable[arm.name] = binary_why or "no llama-server binary"

@@ -122,14 +122,31 @@ def tagged_messages(workload: Workload, tag: str) -> list[dict[str, str]]:
 
 def request_body(mut: ModelUnderTest, workload: Workload, tag: str, tokens: int,
                  ) -> dict[str, Any]:
-    """The streamed, greedy OpenAI request a client sends (chat or plain completion)."""
+    """The streamed, greedy OpenAI request a client sends (chat or plain completion),
+    with the workload's output constraint, the same for every server."""
     body: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True},
                             "temperature": 0, "max_tokens": tokens}
     if mut.chat:
         body["messages"] = tagged_messages(workload, tag)
     else:
         body["prompt"] = f"{tag} {workload.plain_text}"
+    body.update(constraint_fields(mut, workload))
     return body
+
+
+def constraint_fields(mut: ModelUnderTest, workload: Workload) -> dict[str, Any]:
+    """The request fields that hold the answer to the workload's ``response_format``.
+
+    Chat requests carry it verbatim. A plain completion carries the schema as
+    ``json_schema`` instead: llama-server's ``/v1/completions`` passes
+    ``response_format`` through unread (only its chat endpoint converts it), so it would
+    answer unconstrained; both servers read ``json_schema`` on either endpoint."""
+    if workload.response_format is None:
+        return {}
+    if mut.chat:
+        return {"response_format": workload.response_format}
+    schema = workload.schema
+    return {} if schema is None else {"json_schema": schema}
 
 
 def generate_prompt(mut: ModelUnderTest, workload: Workload, tag: str) -> str | None:

@@ -1,5 +1,6 @@
 """The printed ``meshd bench-e2e`` report: a table per model, workload and client count,
-meshd's ratios to every other arm, and each server's idle CPU."""
+meshd's ratios to every other arm, and each server's idle CPU. A workload with an output
+constraint gets two more columns: what the grammar forced and what it cost, per token."""
 
 from __future__ import annotations
 
@@ -52,9 +53,11 @@ def format_e2e(report: Mapping[str, Any]) -> str:
 
 def _table(table: Mapping[str, Any], clients: int) -> list[str]:
     who = "1 client" if clients == 1 else f"{clients} clients (aggregate)"
+    constrained = _constrained(table)
     out = [f"-- {table['workload']}, {who}",
            f"  {'arm':<28} {'decode tok/s':>12} {'TTFT ms':>8} {'tokens':>6} "
-           f"{'prompt':>6} {'text = meshd':>12} {'meshd / arm':>11}"]
+           f"{'prompt':>6} {'text = meshd':>12} {'meshd / arm':>11}"
+           + (f" {'forced acc':>10} {'grammar ms/tok':>14}" if constrained else "")]
     over = table["meshd_over"]
     for name, s in table["arms"].items():
         ttft = None if s["ttft_s"] is None else 1e3 * s["ttft_s"]
@@ -62,6 +65,8 @@ def _table(table: Mapping[str, Any], clients: int) -> list[str]:
         row = (f"  {name:<28} {_num(s['decode_tok_s'], '.1f'):>12} {_num(ttft, '.0f'):>8} "
                f"{_num(s['completion_tokens'], '.0f'):>6} {_num(s['prompt_tokens'], '.0f'):>6} "
                f"{_same(s.get('same_text_as_meshd')):>12} {ratio:>11}")
+        if constrained:
+            row += _grammar_cells(s)
         if s["failed_runs"]:
             row += f"  ({s['failed_runs']} failed run(s))"
         if s.get("error"):
@@ -81,6 +86,21 @@ def _table(table: Mapping[str, Any], clients: int) -> list[str]:
         out.append("  host gap per decode step (compute thread outside forwards): "
                    + ", ".join(gaps))
     return out
+
+
+def _constrained(table: Mapping[str, Any]) -> bool:
+    """Whether the workload held its answers to a schema (``text`` holds nothing)."""
+    fmt = table.get("response_format")
+    return isinstance(fmt, Mapping) and fmt.get("type") != "text"
+
+
+def _grammar_cells(s: Mapping[str, Any]) -> str:
+    """``forced acc``: % of emitted tokens the grammar forced and meshd accepted;
+    ``grammar ms/tok``: meshd's time choosing under the constraint per token ("-" where
+    the answers carried no counters: not meshd)."""
+    share = s.get("forced_accepted_share")
+    pct = "-" if share is None else f"{100 * share:.1f}%"
+    return f" {pct:>10} {_num(s.get('grammar_ms_per_token'), '.3f'):>14}"
 
 
 def _same(flags: list[bool] | None) -> str:

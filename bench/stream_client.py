@@ -10,6 +10,9 @@ which it was.
 Rates: a request's decode rate is ``(tokens - 1) / (t_last - t_first)`` — the first
 token's time is the prompt's (TTFT), every later one is decoding; N clients' aggregate
 rate is ``sum(tokens_i - 1) / (max t_last - min t_first)``.
+
+A constrained request's answer from meshd also carries what the constraint did (the
+finish chunk's ``meshd.extra``: forced drafts, grammar time); other servers' do not.
 """
 
 from __future__ import annotations
@@ -26,8 +29,37 @@ import attrs
 
 from .processes import REQUEST_TIMEOUT_S
 
-__all__ = ["RequestRecord", "StreamResult", "aggregate_decode_rate", "decode_rate",
-           "parse_sse", "run_clients", "stream_request"]
+__all__ = ["GrammarStats", "RequestRecord", "StreamResult", "aggregate_decode_rate",
+           "decode_rate", "grammar_per_token", "parse_sse", "run_clients", "stream_request"]
+
+
+@attrs.frozen
+class GrammarStats:
+    """What meshd's output constraint did in one request (its ``meshd.extra`` counters)."""
+
+    #: Drafted tokens the constraint forced, and how many of them were accepted.
+    forced_drafted: int = 0
+    forced_accepted: int = 0
+    #: Draft tokens cut because the constraint forbade them.
+    grammar_cut: int = 0
+    #: Time choosing tokens under the constraint, and rows that needed a full mask.
+    grammar_ms: float = 0.0
+    grammar_masks: int = 0
+
+    @classmethod
+    def from_extra(cls, extra: object) -> GrammarStats | None:
+        """From a ``meshd.extra`` dict; None where it has no grammar counters (an
+        unconstrained request, another server, a malformed block)."""
+        if not isinstance(extra, Mapping) or "grammar_ms" not in extra:
+            return None
+        try:
+            return cls(forced_drafted=int(extra.get("forced_drafted", 0)),
+                       forced_accepted=int(extra.get("forced_accepted", 0)),
+                       grammar_cut=int(extra.get("grammar_cut", 0)),
+                       grammar_ms=float(extra["grammar_ms"]),
+                       grammar_masks=int(extra.get("grammar_masks", 0)))
+        except (TypeError, ValueError):
+            return None
 
 
 @attrs.frozen
@@ -45,6 +77,8 @@ class StreamResult:
     content_chunks: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    #: meshd's constraint counters (None: unconstrained, or a server without them).
+    grammar: GrammarStats | None = None
 
 
 def _piece(choice: Mapping[str, Any]) -> str:
@@ -66,6 +100,7 @@ def parse_sse(lines: Iterable[tuple[float, bytes]]) -> StreamResult:
     predicted_n: int | None = None
     finish: str | None = None
     error: str | None = None
+    grammar: GrammarStats | None = None
     for t, raw in lines:
         line = raw.strip()
         if not line.startswith(b"data:"):
@@ -88,6 +123,7 @@ def parse_sse(lines: Iterable[tuple[float, bytes]]) -> StreamResult:
         timings = record.get("timings")
         if isinstance(timings, Mapping) and isinstance(timings.get("predicted_n"), int):
             predicted_n = timings["predicted_n"]
+        grammar = _grammar(record) or grammar
         for choice in record.get("choices") or ():
             if not isinstance(choice, Mapping):
                 continue
@@ -104,7 +140,14 @@ def parse_sse(lines: Iterable[tuple[float, bytes]]) -> StreamResult:
     return StreamResult(
         text="".join(parts), t_first=t_first, t_last=t_last, completion_tokens=tokens,
         prompt_tokens=prompt if isinstance(prompt, int) else None, tokens_from=source,
-        content_chunks=chunks, finish_reason=finish, error=error)
+        content_chunks=chunks, finish_reason=finish, error=error, grammar=grammar)
+
+
+def _grammar(record: Mapping[str, Any]) -> GrammarStats | None:
+    """The constraint counters of a record's ``meshd`` block (meshd's finish chunk)."""
+    block = record.get("meshd")
+    return GrammarStats.from_extra(block.get("extra")) if isinstance(block, Mapping) \
+        else None
 
 
 def _token_count(usage: Mapping[str, Any] | None, predicted_n: int | None, chunks: int,
@@ -143,7 +186,8 @@ class RequestRecord:
                 "decode_tok_s": self.decode_tok_s, "completion_tokens": r.completion_tokens,
                 "prompt_tokens": r.prompt_tokens, "tokens_from": r.tokens_from,
                 "content_chunks": r.content_chunks, "finish_reason": r.finish_reason,
-                "error": r.error, "text": r.text}
+                "error": r.error, "text": r.text,
+                "grammar": None if r.grammar is None else attrs.asdict(r.grammar)}
 
 
 def decode_rate(tokens: int | None, t_first: float | None, t_last: float | None,
@@ -154,6 +198,19 @@ def decode_rate(tokens: int | None, t_first: float | None, t_last: float | None,
             or t_last <= t_first:
         return None
     return (tokens - 1) / (t_last - t_first)
+
+
+def grammar_per_token(records: Sequence[RequestRecord]) -> tuple[float, float] | None:
+    """``(sum forced_accepted, sum grammar_ms)`` over the tokens of the requests whose
+    answer carried meshd's constraint counters (None: none did): what share of the
+    answer the constraint forced, and what choosing under it cost per token."""
+    carried = [(g, r.result.completion_tokens) for r in records
+               if (g := r.result.grammar) is not None and r.result.error is None]
+    tokens = sum(n or 0 for _, n in carried)
+    if not carried or tokens <= 0:
+        return None
+    return (sum(g.forced_accepted for g, _ in carried) / tokens,
+            sum(g.grammar_ms for g, _ in carried) / tokens)
 
 
 def aggregate_decode_rate(records: Sequence[RequestRecord]) -> float | None:

@@ -5,18 +5,29 @@ good answer copies the prompt), so users can benchmark their own prompts with
 ``meshd bench --workload FILE.json`` in exactly the shape the shipped ones use::
 
     {"name": "...", "description": "...", "copies": true,
-     "messages": [{"role": "user", "content": "..."}]}
+     "messages": [{"role": "user", "content": "..."}],
+     "response_format": {"type": "json_schema", "json_schema": {"name": "...",
+                                                                "schema": {...}}}}
+
+``response_format`` is optional and goes into the OpenAI requests of ``meshd bench-e2e``
+as OpenAI defines it (``text``, ``json_object`` or ``json_schema``), so every server is
+held to the same constraint. The in-process benchmarks (``meshd bench``, the replay)
+apply no constraint, so the shipped constrained workloads (``schema-*``) are not in
+their default set; named, they run their prompt unconstrained.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Final
 
 import attrs
 
 WORKLOAD_DIR = Path(__file__).with_name("workloads")
+#: ``response_format`` types OpenAI (and so meshd and llama-server) accept.
+FORMAT_TYPES: Final = ("text", "json_object", "json_schema")
 
 
 class BenchError(Exception):
@@ -32,27 +43,71 @@ class Workload:
     messages: tuple[tuple[str, str], ...]
     #: Whether a good answer mostly copies the prompt (where prompt lookup should pay).
     copies: bool = False
+    #: OpenAI's ``response_format``, sent verbatim to chat endpoints (None: none sent).
+    #: Not hashed: a dict is not hashable, and the name identifies a workload anyway.
+    response_format: Mapping[str, Any] | None = attrs.field(default=None, hash=False)
 
     @property
     def plain_text(self) -> str:
         """The prompt for models without a chat template: the contents, one per paragraph."""
         return "\n\n".join(content for _, content in self.messages) + "\n"
 
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer is held to (``json_object``: any object), or None
+        when the output is free text; what a request without ``response_format`` (a
+        plain completion to llama-server) has to send instead."""
+        fmt = self.response_format
+        if fmt is None or fmt["type"] == "text":
+            return None
+        if fmt["type"] == "json_schema":
+            return dict(fmt["json_schema"]["schema"])
+        return dict(fmt.get("schema") or {"type": "object"})
+
+    @property
+    def constrained(self) -> bool:
+        """Whether the answer is held to a schema (``text`` constrains nothing)."""
+        return self.schema is not None
+
 
 def _read_workload(path: Path) -> Workload:
-    """One workload file (the shipped format: name, description, copies, messages)."""
+    """One workload file (the shipped format: name, description, copies, messages and
+    an optional response_format)."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         messages = tuple((str(m["role"]), str(m["content"])) for m in raw["messages"])
         name = str(raw.get("name") or path.stem)
         description = str(raw.get("description", ""))
         copies = bool(raw.get("copies", False))
+        response_format = raw.get("response_format")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BenchError(f"workload file {path}: {exc!r}; expected a JSON object with "
                          "'messages': [{'role': ..., 'content': ...}, ...]") from exc
     if not messages:
         raise BenchError(f"workload file {path}: 'messages' is empty")
-    return Workload(name, description, messages, copies)
+    if response_format is not None:
+        why = _bad_response_format(response_format)
+        if why is not None:
+            raise BenchError(f"workload file {path}: 'response_format' {why}")
+    return Workload(name, description, messages, copies, response_format)
+
+
+def _bad_response_format(value: object) -> str | None:
+    """Why ``value`` is not a ``response_format`` both servers take, or None if it is.
+
+    Checked here so a typo fails before any server starts, not as a warm-up error."""
+    if not isinstance(value, dict):
+        return "must be an object like {'type': 'json_object'}"
+    kind = value.get("type")
+    if kind not in FORMAT_TYPES:
+        return f"has type {kind!r}; expected one of {', '.join(FORMAT_TYPES)}"
+    if kind == "json_object" and not isinstance(value.get("schema", {}), dict):
+        return "'schema' must be a JSON schema object"
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            return "of type 'json_schema' needs 'json_schema': {'name': ..., 'schema': {...}}"
+    return None
 
 
 def is_workload_file(name: str) -> bool:
@@ -64,7 +119,9 @@ def load_workloads(names: Sequence[str] | None = None) -> list[Workload]:
     """The shipped workloads, in file-name order, or the ones named (in that order).
 
     A name ending in ``.json`` (or containing ``/``) is read as a workload file in the
-    shipped format, so users can benchmark their own prompts.
+    shipped format, so users can benchmark their own prompts. With no names, the
+    constrained ones are left out: the in-process benchmarks that run the default set
+    cannot apply a ``response_format``.
     """
     found: dict[str, Workload] = {}
     for path in sorted(WORKLOAD_DIR.glob("*.json")):
@@ -73,7 +130,7 @@ def load_workloads(names: Sequence[str] | None = None) -> list[Workload]:
     if not found:
         raise BenchError(f"no workloads found in {WORKLOAD_DIR}")
     if not names:
-        return list(found.values())
+        return [w for w in found.values() if not w.constrained]
     missing = [n for n in names if n not in found and not is_workload_file(n)]
     if missing:
         raise BenchError(f"unknown workload(s) {', '.join(missing)}; available: "

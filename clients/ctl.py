@@ -22,12 +22,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Final, TextIO
 
 from meshd.protocol import (
     BadRequest,
     ChatMessage,
     ConnectionClosed,
+    Constraint,
     Done,
     FinishReason,
     HealthStatus,
@@ -58,6 +60,10 @@ EXIT_INTERRUPTED: Final = 130
 DEFAULT_TIMEOUT_S: Final = 10.0
 
 Command = Callable[[SyncClient, argparse.Namespace], int]
+
+
+class UsageError(Exception):
+    """An option's value cannot be used (a schema file that is not JSON ...)."""
 
 
 # ---------------------------------------------------------------------- commands
@@ -92,6 +98,7 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
         proposer=args.proposer,
         draft_max=args.draft_max,
         request_id=args.id,
+        constraint=args.constraint,
     )
     out: TextIO = sys.stdout
     t0 = time.perf_counter()
@@ -205,6 +212,35 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
 
 
+def _constraint(args: argparse.Namespace) -> Constraint | None:
+    """The output constraint the options ask for (``--json-schema FILE`` ...), or None;
+    a file that cannot be read (or a schema that is not JSON) is a usage error."""
+    if args.json_object:
+        return Constraint(kind="json_object")
+    if args.regex is not None:
+        return Constraint(kind="regex", grammar=args.regex)
+    for option, kind in (("json_schema", "json_schema"), ("grammar", "gbnf"),
+                         ("lark", "lark")):
+        path = getattr(args, option)
+        if path is None:
+            continue
+        flag = "--" + option.replace("_", "-")
+        try:
+            text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{flag} {path}: {exc}") from None
+        if kind != "json_schema":
+            return Constraint(kind=kind, grammar=text)
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{flag} {path}: not JSON ({exc})") from None
+        if not isinstance(schema, dict):
+            raise UsageError(f"{flag} {path}: a JSON schema must be an object")
+        return Constraint(kind="json_schema", schema=schema)
+    return None
+
+
 def _read_prompt(text: str) -> str:
     """``-`` reads the text from stdin (for long prompts and pipes)."""
     return sys.stdin.read() if text == "-" else text
@@ -230,6 +266,16 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", action="store_true",
                    help="after the stats line, say what each refusal reason in "
                         "refused=... means")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE",
+                       help="the output is JSON that validates against this schema")
+    shape.add_argument("--json-object", action="store_true",
+                       help="the output is a JSON object")
+    shape.add_argument("--grammar", metavar="FILE", help="the output matches this GBNF "
+                                                         "grammar (llama.cpp's format)")
+    shape.add_argument("--lark", metavar="FILE", help="the output matches this Lark grammar")
+    shape.add_argument("--regex", metavar="PATTERN",
+                       help="the output matches this regular expression")
 
 
 def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
@@ -325,6 +371,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, a usage error: argparse has printed it
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     path = find_socket(args.socket)
+    try:
+        # Read before connecting: a bad option is refused before anything is sent.
+        args.constraint = _constraint(args) if hasattr(args, "json_schema") else None
+    except UsageError as exc:
+        print(f"meshctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         with connect_sync(path, client_name="meshctl", connect_timeout=args.timeout) as client:
             return COMMANDS[args.command](client, args)

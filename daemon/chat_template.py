@@ -23,6 +23,8 @@ import jinja2.nodes
 import jinja2.parser
 import jinja2.sandbox
 
+from meshd.native.model import Model
+
 __all__ = ["ChatTemplate", "ChatTemplateError"]
 
 
@@ -97,3 +99,15 @@ class ChatTemplate:
             raise ChatTemplateError(
                 f"chat template failed on these messages: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+def model_template(model: Model) -> ChatTemplate:
+    """The GGUF's own template with the model's BOS and EOS texts; ChatTemplateError
+    when the model has none or it does not compile."""
+    source = model.chat_template
+    if source is None:
+        raise ChatTemplateError("this model has no chat template; send a plain prompt")
+    tok, info = model.tokenizer, model.info
+    bos = tok.piece(info.bos_token, special=True).decode() if info.bos_token is not None else ""
+    eos = tok.piece(info.eos_token, special=True).decode() if info.eos_token is not None else ""
+    return ChatTemplate(source, bos_token=bos, eos_token=eos)

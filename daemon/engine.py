@@ -23,12 +23,12 @@ from typing import TypeAlias
 
 import attrs
 
-from meshd.native.batching import forward_groups
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
-from meshd.native.session import SequenceSession, prefill_many, verify_many
+from meshd.native.session import SequenceSession, prefill_many
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
+from meshd.plugins.grammar import GrammarProposer
 from meshd.policy.costs import CostModel, RepairCost
 from meshd.policy.decision import (
     Decision,
@@ -41,6 +41,8 @@ from meshd.policy.decision import (
 from meshd.policy.gate import HeadLoad, Refusal, StepFacts, StepGate
 from meshd.policy.shared_window import DEFAULT_PRIOR, RunningAcceptance
 
+from .constraint import GrammarState
+from .forwards import ForwardTiming, forward_groups_of, verify_and_apply
 from .generation_stats import GenerationStats
 from .sampling import GREEDY, FloatArray, Sampler, SamplingParams
 from .stopping import StopMatcher
@@ -49,6 +51,9 @@ from .window_sharing import draft_ahead, pad_alone, pad_windows, shared_caps
 
 #: How long a proposer may take to answer before its draft counts as late.
 PROPOSER_DEADLINE_S = 0.050
+#: Acceptance assumed for tokens a grammar forces until the request has measured its
+#: own (the target keeps them unless its tokenizer prefers another split).
+FORCED_PRIOR = 0.95
 
 
 @attrs.frozen
@@ -88,6 +93,7 @@ class Generation:
         mtp_head: MtpHead | None = None,
         show_special: bool = False,
         on_release: Callable[[SequenceSession, Sequence[int]], None] | None = None,
+        grammar: GrammarState | None = None,
     ) -> None:
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -124,6 +130,16 @@ class Generation:
             else DEFAULT_PRIOR)
         #: Shared steps in a row this request could have drafted in and did not.
         self.shared_idle = 0
+        #: The request's output constraint: every row is chosen under its mask.
+        self.grammar = grammar
+        #: Drafts of the tokens the constraint forces, with their own gate (they hold
+        #: far more often than the request's proposer's): only where the request speculates.
+        self.forced: GrammarProposer | None = None
+        self.forced_gate: StepGate | None = None
+        if grammar is not None and proposer is not None:
+            self.forced = GrammarProposer(grammar.forced)
+            self.forced_gate = StepGate(costs, draft_max=settings.draft_max,
+                                        adaptive=True, prior=FORCED_PRIOR, streaks=False)
         self.finish: FinishReason | None = None
         self.last = -1
         self.committed: list[int] = []
@@ -180,7 +196,16 @@ class Generation:
             raise outcome
         return outcome
 
-    def _start_with(self, logits: FloatArray) -> list[TokenEvent]:
+    def begin(self) -> Sequence[int]:
+        """Mark the generation started; the prompt tokens its prefill must decode."""
+        if self._started:
+            raise RuntimeError("generation already started")
+        suffix = self.prompt_suffix()
+        self._started = True
+        self.stats.reused_prompt_tokens = len(self.prompt) - len(suffix)
+        return suffix
+
+    def start_with(self, logits: FloatArray) -> list[TokenEvent]:
         """Commit the first token (a zero-length window) from the last prompt row's
         ``logits``, once the prompt is in the session."""
         c = self.session.counters
@@ -217,6 +242,8 @@ class Generation:
             return
         self._released = True
         self.stats.wall_ms = (time.perf_counter() - self._t0) * 1e3
+        if self.grammar is not None:
+            self.stats.grammar_masks = self.grammar.masks
         self.stats.session = self.session.counters.since(self._counters_base)
         if self.session.usable:
             self.stats.state_bytes = self.session.state_bytes()
@@ -301,23 +328,45 @@ class Generation:
         no more than ``cap`` (the length chosen for a shared forward)."""
         if self.done:
             raise RuntimeError("generation finished")
-        k = self._gate()
-        if cap is not None:
-            k = min(k, cap)
-        draft: tuple[int, ...] = ()
-        if k > 0 and self.proposer is not None:
-            draft = self._propose(self.proposer, k)
-            self.acceptance.asked(bool(draft))
+        draft = self._forced_draft(cap)
+        forced = bool(draft)
+        if not forced:
+            k = self._gate()
+            if cap is not None:
+                k = min(k, cap)
+            if k > 0 and self.proposer is not None:
+                draft = self._propose(self.proposer, k)
+                if self.grammar is not None and draft:  # no row on a forbidden token
+                    keep = self.grammar.valid_prefix(draft)
+                    self.stats.grammar_cut += len(draft) - keep
+                    draft = draft[:keep]
+                self.acceptance.asked(bool(draft))
+            if k > 0 and not draft:
+                self.gate.verified(0, 0)
         if self.mtp_head is not None:
             self.mtp_head.take_ahead_seconds()  # drafts made ahead are for this step only
-        if k > 0 and not draft:
-            self.gate.verified(0, 0)
         caps = RepairCaps(self.session.recurrent, self.session.rollback_window, False)
         if needs_checkpoint(len(draft), caps):
             self.session.checkpoint()
-        return Window(self.last, self.session.n_past, draft)
+        return Window(self.last, self.session.n_past, draft, forced=forced)
 
-    def _propose(self, proposer: Proposer, k: int) -> tuple[int, ...]:
+    def _forced_draft(self, cap: int | None) -> tuple[int, ...]:
+        """The tokens the constraint forces next, as this step's draft, when its gate
+        says a window of them pays (empty otherwise)."""
+        grammar, gate = self.grammar, self.forced_gate
+        if grammar is None or gate is None or self.forced is None or not grammar.forced():
+            return ()
+        room = self.session.context.config.n_ctx_seq - self.session.n_past - 1
+        k_max = min(self.settings.draft_max, self.max_tokens - len(self.committed) - 1, room)
+        if cap is not None:
+            k_max = min(k_max, cap)
+        k = gate.verdict(StepFacts(
+            exact_verifiable=self.sampler.params.exact_verifiable, k_max=k_max,
+            repair=self._repair_cost() if self.session.recurrent else None)).k
+        return self._propose(self.forced, k, gate) if k > 0 else ()
+
+    def _propose(self, proposer: Proposer, k: int, gate: StepGate | None = None,
+                 ) -> tuple[int, ...]:
         t0 = time.perf_counter()
         request = ProposalRequest(
             tokens=self.tokens, n_prompt=len(self.prompt), max_len=k,
@@ -338,7 +387,8 @@ class Generation:
             if head is not None:
                 elapsed += head.take_ahead_seconds()
             self.stats.propose_ms += elapsed * 1e3
-        self.gate.drafted(elapsed, len(proposal.tokens) if proposal is not None else 0)
+        (gate or self.gate).drafted(elapsed,
+                                    len(proposal.tokens) if proposal is not None else 0)
         if time.monotonic() > request.deadline:
             self.stats.fault("late")
         if proposal is None or not proposal.tokens:
@@ -364,7 +414,12 @@ class Generation:
         reached), and every committed token goes through the UTF-8 assembler and the
         stop matcher (``stop_after``), whose text waits in ``_pending_text`` for
         :meth:`apply`. Call it exactly once per verified window, in order."""
-        predictions = self.sampler.match_rows(logits, window.draft)
+        if self.grammar is None:
+            predictions = self.sampler.match_rows(logits, window.draft)
+        else:
+            t0 = time.perf_counter()
+            predictions = self.grammar.match_rows(logits, window.draft, self.sampler)
+            self.stats.grammar_ms += (time.perf_counter() - t0) * 1e3
         caps = RepairCaps(
             self.session.recurrent, self.session.rollback_window, self.session.has_checkpoint
         )
@@ -405,14 +460,21 @@ class Generation:
             s.restore_and_replay(repair.keep_to, repair.replay)
         else:
             s.discard()
+        if self.grammar is not None:
+            self.grammar.settle(decision.committed)
         k = window.drafted  # filler rows are not the proposer's drafts
         accepted = min(decision.accepted, k)
         if k > 0:
             self.stats.record_verify(k, accepted)
             matched = min(decision.matched, k)
-            self.gate.verified(k, matched)
-            self.acceptance.observe(k, matched)
-        if self.proposer is not None and k > 0:
+            if window.forced and self.forced_gate is not None:
+                self.forced_gate.verified(k, matched)
+                self.stats.forced_drafted += k
+                self.stats.forced_accepted += accepted
+            else:
+                self.gate.verified(k, matched)
+                self.acceptance.observe(k, matched)
+        if self.proposer is not None and k > 0 and not window.forced:
             try:
                 self.proposer.observe(Outcome(k, accepted, decision.committed))
             except Exception:
@@ -444,40 +506,8 @@ class Generation:
         return events
 
 
-@attrs.frozen
-class ForwardTiming:
-    """One decode-phase target forward: its wall time and its shape.
-
-    Why the shape: a forward whose windows are all one row is a plain decode step, one
-    with drafts (or filler) a verify; ``/metrics`` keeps their times apart
-    (``meshd_decode_seconds``, ``meshd_verify_seconds``), as they cost differently.
-    """
-
-    seconds: float
-    windows: int
-    rows: int
-
-    @property
-    def plain(self) -> bool:
-        """Every window one row: a plain decode of each sequence, nothing verified."""
-        return self.rows == self.windows
-
-
 StepOutcome: TypeAlias = list[TokenEvent] | Exception
 """One generation's share of a step: the events it committed, or why it failed."""
-
-
-def forward_groups_of(planned: Sequence[tuple[SequenceSession, Window]]) -> list[list[int]]:
-    """Which planned windows verify together: indices into ``planned``, one list per
-    forward (see :func:`meshd.native.batching.forward_groups`). Attention-only sessions
-    share one forward; recurrent (hybrid) ones share it when llama.cpp runs their windows
-    as one micro-batch (equal rows, consecutive sequence ids), the only layout whose
-    in-place rollbacks stay exact."""
-    if not planned:
-        return []
-    context = planned[0][0].context
-    return forward_groups([(s.seq_id, 1 + len(w.draft)) for s, w in planned],
-                          recurrent=context.recurrent, n_batch=context.config.n_batch)
 
 
 def start_many(generations: Sequence[Generation]) -> list[StepOutcome]:
@@ -488,14 +518,10 @@ def start_many(generations: Sequence[Generation]) -> list[StepOutcome]:
     ready: list[tuple[int, Generation, Sequence[int]]] = []
     for i, gen in enumerate(generations):
         try:
-            if gen._started:
-                raise RuntimeError("generation already started")
-            suffix = gen.prompt_suffix()
+            suffix = gen.begin()
         except Exception as exc:
             out[i] = exc
             continue
-        gen._started = True
-        gen.stats.reused_prompt_tokens = len(gen.prompt) - len(suffix)
         ready.append((i, gen, suffix))
     try:
         logits = prefill_many([(gen.session, suffix) for _, gen, suffix in ready])
@@ -505,7 +531,7 @@ def start_many(generations: Sequence[Generation]) -> list[StepOutcome]:
         return out
     for (i, gen, _), row in zip(ready, logits, strict=True):
         try:
-            out[i] = gen._start_with(row)
+            out[i] = gen.start_with(row)
         except Exception as exc:
             out[i] = exc
     return out
@@ -550,44 +576,7 @@ def step_many(generations: Sequence[Generation], *,
             windows = [pad_alone(generations[0], windows[0])]
         planned = [(i, gen, w) for (i, gen, _), w in zip(planned, windows, strict=True)]
     for group in forward_groups_of([(gen.session, w) for _, gen, w in planned]):
-        _verify_and_apply([planned[j] for j in group], out, on_forward)
+        verify_and_apply([planned[j] for j in group], out, on_forward)
     return out
 
 
-def _verify_and_apply(planned: Sequence[tuple[int, Generation, Window]],
-                      out: list[StepOutcome],
-                      on_forward: Callable[[ForwardTiming], None] | None) -> None:
-    """Verify ``planned`` windows in ONE forward, then decide, repair and commit each
-    (into ``out`` at its index)."""
-    windows = [(gen.session, [w.last, *w.draft]) for _, gen, w in planned]
-    try:
-        t0 = time.perf_counter()
-        # One session verifies on its own (a failed forward then names its positions).
-        logits = ([windows[0][0].verify(windows[0][1])] if len(windows) == 1
-                  else verify_many(windows))
-        elapsed = time.perf_counter() - t0
-    except Exception as exc:
-        for i, _, _ in planned:
-            out[i] = exc
-        return
-    costs = planned[0][1].costs
-    if costs is not None:
-        costs.record(sum(len(tokens) for _, tokens in windows), elapsed,
-                     sequences=len(windows))
-    if on_forward is not None:
-        on_forward(ForwardTiming(elapsed, len(windows),
-                                 sum(len(tokens) for _, tokens in windows)))
-    decided: list[tuple[int, Generation, Window, Decision]] = []
-    for (i, gen, window), rows in zip(planned, logits, strict=True):
-        try:
-            decided.append((i, gen, window, gen.judge_window(window, rows)))
-        except Exception as exc:
-            out[i] = exc
-    # Repairs that decode (restore-and-replay) go after the others: an in-place rollback
-    # is exact only before any other forward.
-    decided.sort(key=lambda t: t[3].repair.kind is RepairKind.RESTORE_AND_REPLAY)
-    for i, gen, window, decision in decided:
-        try:
-            out[i] = gen.apply(window, decision)
-        except Exception as exc:
-            out[i] = exc

@@ -45,6 +45,15 @@ class GenerationStats:
     proposer_faults: dict[str, int] = attrs.field(factory=dict)
     session: SessionCounters = attrs.field(factory=SessionCounters)
     """The session's counters over this request alone (set when the request ends)."""
+    forced_drafted: int = 0
+    """Drafted tokens that the request's constraint forced (part of ``drafted``)."""
+    forced_accepted: int = 0
+    grammar_cut: int = 0
+    """Draft tokens the constraint forbade, cut before they were verified."""
+    grammar_ms: float = 0.0
+    """Time choosing tokens under the constraint (masks included)."""
+    grammar_masks: int = 0
+    """Rows that needed the full vocabulary mask (the others took the allowed argmax)."""
 
     @property
     def decode_forwards(self) -> int:
@@ -108,6 +117,11 @@ class GenerationStats:
             "proposals": self.proposals,
             "refusals": dict(self.refusals),
             "proposer_faults": dict(self.proposer_faults),
+            "forced_drafted": self.forced_drafted,
+            "forced_accepted": self.forced_accepted,
+            "grammar_cut": self.grammar_cut,
+            "grammar_ms": self.grammar_ms,
+            "grammar_masks": self.grammar_masks,
         }
 
     def proposer_that_ran(self, proposer: str | None) -> str | None:

@@ -64,6 +64,11 @@ def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.Spec
     }
     for kind, count in stats.proposer_faults.items():
         extra[f"proposer_fault_{kind}"] = count
+    if stats.grammar_ms > 0.0:  # the request had an output constraint
+        extra.update(forced_drafted=stats.forced_drafted,
+                     forced_accepted=stats.forced_accepted,
+                     grammar_cut=stats.grammar_cut, grammar_ms=stats.grammar_ms,
+                     grammar_masks=stats.grammar_masks)
     return wire.SpeculationStats(
         proposer=proposer,
         emitted=stats.emitted,

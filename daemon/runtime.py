@@ -18,6 +18,7 @@ from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
 from meshd.native.default_model import default_model_path
 from meshd.native.draft import DraftModel
 from meshd.native.errors import ModelLoadError
+from meshd.native.grammar_vocab import GrammarVocab
 from meshd.native.model import Model
 from meshd.native.rpc import parse_endpoint
 from meshd.native.rpc_workers import RemoteWorkers
@@ -35,7 +36,8 @@ from meshd.policy.gate import Refusal, mtp_head_pays
 from meshd.policy.head_choice import HeadChoice
 from meshd.policy.rollback_depth import OWN_EVIDENCE_DRAFTS, RequestOutcome, RollbackDepth
 
-from .chat_template import ChatTemplate, ChatTemplateError
+from .chat_template import ChatTemplate, ChatTemplateError, model_template
+from .constraint import GrammarState, compile_grammar
 from .cost_cache import load_or_measure_costs
 from .engine import Generation, SpeculationSettings
 from .prefix_cache import PrefixCache
@@ -107,6 +109,8 @@ class ModelRuntime:
                 self.remote.close()
             raise
         ctx_config = self.context.config
+        #: llguidance's view of the vocabulary, for requests with a constraint.
+        self.grammar_vocab = GrammarVocab(self.model)
         self.registry = registry if registry is not None else default_registry()
         info = self.model.info
         #: Out-of-process plugins from the config (spawned now, or accepted on connect).
@@ -221,6 +225,7 @@ class ModelRuntime:
         self.context.close()
         self.model.close()
         self.model, self.context = self._load(announce=False)
+        self.grammar_vocab = GrammarVocab(self.model)
         self.prefix_cache.context = self.context
         self._loaded = True
         return True
@@ -359,20 +364,16 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ prompts
 
+    def compile_constraint(self, kind: str, value: object) -> str:
+        """A request's constraint as llguidance's grammar, checked against this model's
+        vocabulary (ConstraintError quotes llguidance). Blocking; not on the event loop."""
+        return compile_grammar(kind, value, self.grammar_vocab.tokenizer())
+
     def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """Render chat messages with the GGUF's own template (see ``chat_template``)."""
-        source = self.model.chat_template
-        if source is None:
-            raise RequestError("this model has no chat template; send a plain prompt")
         if self._template is None:
-            tok = self.model.tokenizer
-            info = self.model.info
-            bos = tok.piece(info.bos_token, special=True).decode() \
-                if info.bos_token is not None else ""
-            eos = tok.piece(info.eos_token, special=True).decode() \
-                if info.eos_token is not None else ""
             try:
-                self._template = ChatTemplate(source, bos_token=bos, eos_token=eos)
+                self._template = model_template(self.model)
             except ChatTemplateError as exc:
                 raise RequestError(str(exc)) from exc
         try:
@@ -532,8 +533,10 @@ class ModelRuntime:
         draft_max: int | None = None,
         adaptive: bool = True,
         proposer_options: Mapping[str, object] | None = None,
+        grammar: str | None = None,
     ) -> Generation:
-        """A ready-to-start generation on a fresh session (closed when it finishes)."""
+        """A ready-to-start generation on a fresh session (closed when it finishes).
+        ``grammar``: llguidance's grammar text from :meth:`compile_constraint`."""
         if not prompt:
             raise RequestError("the prompt is empty")
         need = len(prompt) + 1
@@ -542,6 +545,9 @@ class ModelRuntime:
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
         self._apply_rollback_depth()  # before anything binds to the context
         resolved = self.resolve_proposer(proposer)
+        state = None if grammar is None else GrammarState(
+            self.grammar_vocab.tokenizer(), grammar, n_vocab=self.model.info.n_vocab,
+            eog=self.model.info.eog_tokens)
         prop, head = self.make_proposer(proposer, proposer_options, prompt,
                                         adaptive=adaptive)
         if ((proposer or self.config.default_proposer) == "auto"
@@ -581,6 +587,7 @@ class ModelRuntime:
                     prior_acceptance=self.mtp_acceptance.prior() if follow_mtp else None,
                 ),
                 mtp_head=head,
+                grammar=state,
             )
             gen.proposer_name = resolved
             gen.on_release = self._releasing(gen, follows_head=follow_mtp)

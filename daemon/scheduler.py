@@ -33,13 +33,13 @@ from meshd.policy.decision import FinishReason
 
 from .compute import ComputeThread, loop_poster
 from .engine import (
-    ForwardTiming,
     Generation,
     StepOutcome,
     TokenEvent,
     start_many,
     step_many,
 )
+from .forwards import ForwardTiming
 from .generation_stats import GenerationStats
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
 from .request_errors import RequestError
@@ -84,6 +84,8 @@ class GenerationRequest:
     proposer: str | None = None
     draft_max: int | None = None
     proposer_options: Mapping[str, object] | None = None
+    grammar: str | None = None
+    """The output constraint, compiled (llguidance's grammar text)."""
 
 
 @attrs.frozen
@@ -476,6 +478,7 @@ def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest]
                     request.prompt, max_tokens=request.max_tokens, sampling=request.sampling,
                     stop=request.stop, proposer=request.proposer,
                     draft_max=request.draft_max, proposer_options=request.proposer_options,
+                    grammar=request.grammar,
                 )
             except (RequestError, CapacityError, ValueError) as exc:
                 results.append(GenerationFailed("request", str(exc)))

@@ -53,6 +53,7 @@ from meshd.protocol import (
     Welcome,
 )
 
+from .constraint import ConstraintError
 from .http.config import HttpConfig
 from .mapping import model_info, sampling_params
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS, DEFAULT_STREAM_INTERVAL_MS
@@ -377,6 +378,16 @@ class Service:
         except (RequestError, ValueError) as exc:
             field = "generate.messages" if request.messages is not None else "generate.prompt"
             raise BadRequest(f"{field}: {exc}", request_id=rid) from exc
+        grammar = None
+        if request.constraint is not None:
+            constraint = request.constraint
+            try:
+                grammar = await anyio.to_thread.run_sync(
+                    self.runtime.compile_constraint, constraint.kind, constraint.value)
+            except ConstraintError as exc:
+                raise BadRequest.invalid_field(
+                    "generate.constraint", f"the {constraint.kind} does not compile: {exc}"
+                ).with_request_id(rid) from exc
         n_ctx = self.runtime.context.config.n_ctx_seq
         if not prompt:
             raise BadRequest("generate.prompt: tokenizes to no tokens", request_id=rid)
@@ -386,7 +397,7 @@ class Service:
             prompt=tuple(prompt), max_tokens=max_tokens, sampling=sampling,
             stop=tuple(request.stop), proposer=proposer,
             draft_max=request.speculative.draft_max,
-            proposer_options=request.speculative.options,
+            proposer_options=request.speculative.options, grammar=grammar,
         )
 
     def _prompt_tokens(self, request: Generate) -> list[int]:

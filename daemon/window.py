@@ -22,6 +22,8 @@ class Window:
     #: the window share a forward (:mod:`meshd.daemon.window_sharing`). Filler is
     #: verified like any draft but left out of the acceptance statistics.
     real: int | None = None
+    #: The draft is the tokens the request's constraint forces (the grammar proposer's).
+    forced: bool = False
 
     @property
     def drafted(self) -> int:

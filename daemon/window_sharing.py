@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+import attrs
+
 from meshd.native.session import SequenceSession
 from meshd.policy.costs import CostModel
 from meshd.policy.decision import RepairCaps, needs_checkpoint
@@ -139,7 +141,7 @@ def padded(window: Window, length: int) -> Window:
     repeats itself then still commits them)."""
     fill = window.draft[-1] if window.draft else window.last
     draft = (*window.draft, *([fill] * (length - len(window.draft))))
-    return type(window)(window.last, window.base, draft, len(window.draft))
+    return attrs.evolve(window, draft=draft, real=len(window.draft))
 
 
 def draft_ahead(generations: Sequence[Sharer], caps: list[int]) -> None:

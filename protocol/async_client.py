@@ -39,6 +39,7 @@ from .messages import (
     Cancel,
     CancelReply,
     ChatMessage,
+    Constraint,
     Detokenize,
     DetokenizeReply,
     Done,
@@ -346,13 +347,15 @@ class Client:
         proposer: str | None = None,
         draft_max: int | None = None,
         request_id: str | None = None,
+        constraint: Constraint | None = None,
     ) -> GenerationStream:
         """Start a generation; returns the stream of its tokens (not yet sent).
 
         Pass ``prompt`` or chat ``messages`` (dicts with ``role``/``content`` are fine).
         Sampling keywords override ``sampling`` (default: SamplingParams()); ``stop`` is
         a list of strings (a lone string counts as one); ``proposer`` (a name, or
-        ``"off"``) and ``draft_max`` override speculative decoding.
+        ``"off"``) and ``draft_max`` override speculative decoding; ``constraint`` holds
+        the text to a JSON schema or a grammar.
         Invalid values raise BadRequest here, before anything is sent.
         """
         # Errors name the field's path as the server's do: generate.sampling.top_p: ...
@@ -373,6 +376,7 @@ class Client:
                 sampling=params,
                 stop=(stop,) if isinstance(stop, str) else tuple(stop),
                 speculative=speculative,
+                constraint=constraint,
             )
         except BadRequest as exc:
             raise exc.under("generate") from None

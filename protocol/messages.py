@@ -27,6 +27,7 @@ from meshd.policy.decision import FinishReason as FinishReason
 
 from . import validators as check
 from .errors import BadRequest, ErrorCode, ProtocolError, error_from_code
+from .validators import MAX_GRAMMAR_LENGTH as MAX_GRAMMAR_LENGTH
 from .validators import MAX_ID_LENGTH as MAX_ID_LENGTH
 from .validators import MAX_MESSAGES as MAX_MESSAGES
 from .validators import MAX_SEED as MAX_SEED
@@ -93,6 +94,47 @@ class SamplingParams:
     """Nucleus sampling mass, in (0, 1]; 1 disables the filter."""
     seed: int | None = attrs.field(default=None, validator=check.seed)
     """RNG seed for reproducible sampling; ``None`` lets the server choose."""
+
+
+CONSTRAINT_KINDS: Final = ("json_object", "json_schema", "lark", "regex", "gbnf")
+"""What an output constraint may be: any JSON object, one JSON schema, or a grammar."""
+
+
+@attrs.frozen
+class Constraint:
+    """What the generated text must match; every output token is chosen under it.
+
+    ``json_object``: any JSON object. ``json_schema``: the JSON ``schema``. ``lark``,
+    ``regex``, ``gbnf`` (llama.cpp's grammar format): the ``grammar`` text. The server
+    compiles it before the request starts and refuses one it cannot compile
+    (``bad_request``, quoting the grammar engine).
+    """
+
+    kind: str = attrs.field(validator=check.rule(
+        f"one of {', '.join(CONSTRAINT_KINDS)}", check.STR, V.in_(CONSTRAINT_KINDS)))
+    schema: dict[str, Any] | None = attrs.field(default=None, validator=check.rule(
+        f"a JSON schema object of at most {MAX_GRAMMAR_LENGTH} characters as JSON",
+        check.OBJECT, check.json_length(MAX_GRAMMAR_LENGTH), optional=True))
+    grammar: str | None = attrs.field(default=None, validator=check.rule(
+        f"a non-empty string of at most {MAX_GRAMMAR_LENGTH} chars",
+        check.STR, V.min_len(1), V.max_len(MAX_GRAMMAR_LENGTH), optional=True))
+
+    def __attrs_post_init__(self) -> None:
+        wants_schema = self.kind == "json_schema"
+        wants_grammar = self.kind in ("lark", "regex", "gbnf")
+        if wants_schema != (self.schema is not None):
+            raise BadRequest.invalid_field(
+                "schema", "is required for kind json_schema" if wants_schema
+                else f"is only for kind json_schema (kind is {self.kind})")
+        if wants_grammar != (self.grammar is not None):
+            raise BadRequest.invalid_field(
+                "grammar", f"is required for kind {self.kind}" if wants_grammar
+                else f"is only for kinds lark, regex and gbnf (kind is {self.kind})")
+
+    @property
+    def value(self) -> object:
+        """The schema or the grammar text (None for ``json_object``)."""
+        return self.schema if self.kind == "json_schema" else self.grammar
 
 
 @attrs.frozen
@@ -244,6 +286,10 @@ class Generate:
     speculative: SpeculativeOverrides = attrs.field(
         factory=SpeculativeOverrides, validator=check.instance(SpeculativeOverrides)
     )
+    constraint: Constraint | None = attrs.field(
+        default=None, validator=check.rule("a Constraint", V.instance_of(Constraint),
+                                           optional=True))
+    """What the text must match (a JSON schema, a grammar); ``None``: free text."""
 
     def __attrs_post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):

@@ -25,6 +25,7 @@ from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
     ChatMessage,
+    Constraint,
     Done,
     HealthReply,
     ModelInfo,
@@ -207,6 +208,7 @@ class SyncClient:
         proposer: str | None = None,
         draft_max: int | None = None,
         request_id: str | None = None,
+        constraint: Constraint | None = None,
     ) -> SyncGenerationStream:
         """Like :meth:`Client.generate`; returns a blocking iterator of tokens."""
         if self._closed:
@@ -223,6 +225,7 @@ class SyncClient:
             stop=stop,
             proposer=proposer,
             draft_max=draft_max,
+            constraint=constraint,
             request_id=request_id,
         )
         return SyncGenerationStream(self._portal, stream)

@@ -16,6 +16,7 @@ anything is made of it, with an error that names the limit.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, TypeAlias
@@ -42,6 +43,8 @@ MAX_ROLE_LENGTH: Final = 64
 """Longest chat role, in characters (``system``, ``user``, ``tool`` ...)."""
 MAX_OPTIONS: Final = 64
 """Most keys in a request's proposer options."""
+MAX_GRAMMAR_LENGTH: Final = 256 * 1024
+"""Longest output constraint (a grammar, or a JSON schema as JSON text), in characters."""
 
 
 _Check: TypeAlias = Callable[[Any, "attrs.Attribute[Any]", Any], Any]
@@ -138,6 +141,16 @@ def rule(
                 raise fail(f"{name}{where}", each, item) from None
 
     return validate
+
+
+def json_length(limit: int) -> _Check:
+    """A value whose compact JSON text is at most ``limit`` characters."""
+
+    def check(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
+        if len(json.dumps(value, separators=(",", ":"))) > limit:
+            raise ValueError(f"longer than {limit} characters as JSON")
+
+    return check
 
 
 def integer(minimum: int, maximum: int | None = None, *, optional: bool = False) -> Any:

@@ -61,7 +61,8 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
         except ModelError as exc:  # (prepare raises it for a prompt over the context only)
             raise _too_long(req, exc.message) from None
         except ProtocolError as exc:
-            raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param) from None
+            raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param,
+                                         constraint_param=req.constraint_param) from None
         entry.attach(handle)
         prompt_tokens = len(gen.prompt)
         seed = None if gen.sampling.greedy else gen.sampling.seed

@@ -83,7 +83,8 @@ class ApiError(Exception):
 
     @classmethod
     def from_protocol(cls, error: ProtocolError, *, before_generation: bool = True,
-                      max_tokens_param: str = "max_tokens") -> ApiError:
+                      max_tokens_param: str = "max_tokens",
+                      constraint_param: str = "response_format") -> ApiError:
         """The HTTP form of a protocol error (before any token: a context overflow is the
         request's fault, so ``model_error`` is a 400 there), its field named as in the
         OpenAI request."""
@@ -97,12 +98,13 @@ class ApiError(Exception):
             kind = "server_error"
         message, param = error.message, None
         if isinstance(error, BadRequest):
-            message, param = api_field(message, error.field, max_tokens_param)
+            message, param = api_field(message, error.field, max_tokens_param,
+                                       constraint_param)
         return cls(status, message, param=param, code=code, kind=kind)
 
 
-def api_field(message: str, field: str | None, max_tokens_param: str = "max_tokens"
-              ) -> tuple[str, str | None]:
+def api_field(message: str, field: str | None, max_tokens_param: str = "max_tokens",
+              constraint_param: str = "response_format") -> tuple[str, str | None]:
     """A native error's message and field with the field named as the OpenAI request
     names it: ``generate.max_tokens: ...`` becomes ``max_tokens: ...`` (or
     ``max_completion_tokens`` when the request used that), ``generate.sampling.top_p``
@@ -117,6 +119,8 @@ def api_field(message: str, field: str | None, max_tokens_param: str = "max_toke
     name = field.removeprefix("generate.").removeprefix("sampling.")
     if name == "max_tokens":
         name = max_tokens_param
+    elif name.split(".")[0] == "constraint":
+        name = constraint_param
     return name + message.removeprefix(field), name
 
 
@@ -136,6 +140,9 @@ class CompletionRequest:
     """A prompt sent as token ids (then ``generate.prompt`` is a placeholder)."""
     max_tokens_param: str
     """The field that set ``max_tokens`` (``max_tokens`` or ``max_completion_tokens``)."""
+    constraint_param: str
+    """The field that constrained the output (``response_format``, llama-server's
+    ``json_schema`` or ``grammar``), named in errors about the constraint."""
     stream: bool
     include_usage: bool
     model: str | None
@@ -247,16 +254,60 @@ def _prompt(value: object) -> tuple[str, tuple[int, ...] | None]:
     return value, None
 
 
-def _response_format(value: object) -> None:
-    """Only ``text`` (the default); JSON output needs the constraint engine."""
+def _response_format(value: object) -> wire.Constraint | None:
+    """OpenAI's ``response_format``: ``text``, ``json_object`` (llama-server's extension:
+    with a ``schema``) or ``json_schema`` (``{"json_schema": {"name", "schema",
+    "strict"}}``; every output is held to the schema, ``strict`` or not)."""
     if value is None:
-        return
+        return None
     kind = value.get("type") if isinstance(value, Mapping) else None
     if kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
-        raise _bad("response_format", f"type {kind!r} is not supported yet (only 'text')")
-    raise _bad("response_format", "must be an object like {'type': 'text'}")
+        return None
+    assert isinstance(value, Mapping)
+    if kind == "json_object":
+        schema = value.get("schema")
+        if schema is None:
+            return wire.Constraint(kind="json_object")
+        if not isinstance(schema, dict):
+            raise _bad("response_format.schema", "must be a JSON schema object")
+        return wire.Constraint(kind="json_schema", schema=schema)
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, Mapping):
+            raise _bad("response_format.json_schema",
+                       "must be an object like {'name': ..., 'schema': {...}}")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, dict):
+            raise _bad("response_format.json_schema.schema", "must be a JSON schema object")
+        return wire.Constraint(kind="json_schema", schema=schema)
+    raise _bad("response_format", "must be an object whose type is 'text', 'json_object' "
+                                  f"or 'json_schema' (got {str(kind)[:64]!r})")
+
+
+def _constraint(body: Mapping[str, Any]) -> tuple[wire.Constraint | None, str]:
+    """The output constraint and the field that set it: ``response_format``, or
+    llama-server's ``json_schema`` (a schema) or ``grammar`` (GBNF). At most one."""
+    found: list[tuple[str, wire.Constraint]] = []
+    try:
+        fmt = _response_format(body.get("response_format"))
+        if fmt is not None:
+            found.append(("response_format", fmt))
+        schema = body.get("json_schema")
+        if schema is not None and schema != {}:
+            if not isinstance(schema, dict):
+                raise _bad("json_schema", "must be a JSON schema object")
+            found.append(("json_schema", wire.Constraint(kind="json_schema", schema=schema)))
+        grammar = body.get("grammar")
+        if grammar is not None and grammar != "":
+            if not isinstance(grammar, str):
+                raise _bad("grammar", "must be a GBNF grammar (a string)")
+            found.append(("grammar", wire.Constraint(kind="gbnf", grammar=grammar)))
+    except BadRequest as exc:
+        raise _from_protocol(exc.under("response_format")) from None
+    if len(found) > 1:
+        raise _bad(found[1][0], f"only one of response_format, json_schema and grammar may "
+                                f"constrain the output (got {found[0][0]} too)")
+    return (found[0][1], found[0][0]) if found else (None, "response_format")
 
 
 def _stop(value: object) -> tuple[str, ...]:
@@ -330,7 +381,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     refused = check_fields(body, chat=chat)
     if refused is not None:
         raise _bad(*refused)
-    _response_format(body.get("response_format"))
+    constraint, constraint_param = _constraint(body)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "must be true or false")
@@ -366,11 +417,13 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
             sampling=sampling,
             stop=_stop(body.get("stop")),
             speculative=_speculative(body.get("speculative")),
+            constraint=constraint,
         )
     except BadRequest as exc:
         raise _from_protocol(exc) from None
     return CompletionRequest(generate=generate, chat=chat, prompt_ids=prompt_ids,
-                             max_tokens_param=max_tokens_param, stream=stream,
+                             max_tokens_param=max_tokens_param,
+                             constraint_param=constraint_param, stream=stream,
                              include_usage=include_usage, model=model,
                              created=int(time.time()))
 

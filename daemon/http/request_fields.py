@@ -20,6 +20,7 @@ __all__ = ["check_fields"]
 _HANDLED: Final = frozenset({
     "model", "stream", "stream_options", "seed", "top_k", "top_p", "temperature", "stop",
     "speculative", "max_tokens", "max_completion_tokens", "n", "response_format",
+    "json_schema", "grammar",
 })
 _PER_ENDPOINT: Final = {True: frozenset({"messages"}), False: frozenset({"prompt"})}
 
@@ -49,8 +50,6 @@ _UNSUPPORTED: Final[dict[str, tuple[object, ...]]] = {
     "min_p": (0,),
     "typical_p": (1,),
     "mirostat": (0,),
-    "grammar": ("",),
-    "json_schema": ({},),
     "prediction": (),
     "audio": (),
     "modalities": (["text"],),

@@ -15,29 +15,36 @@ import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
+from jsonschema import Draft202012Validator
 
 from meshd.bench.arms import resolve_model
-from meshd.bench.e2e import client_counts
+from meshd.bench.e2e import Run, _same_text, _summary, client_counts
 from meshd.bench.e2e_arms import (
+    ModelUnderTest,
     generate_prompt,
     model_under_test,
     prompt_tag,
     request_body,
 )
+from meshd.bench.e2e_report import format_e2e
 from meshd.bench.processes import clean_env, proc_cpu_s
 from meshd.bench.stream_client import (
+    GrammarStats,
     RequestRecord,
     StreamResult,
     aggregate_decode_rate,
     decode_rate,
     parse_sse,
 )
-from meshd.bench.workloads import Workload
+from meshd.bench.workloads import BenchError, Workload, load_workloads
 from meshd.daemon.cli import main
 
 TOKENS = 8
+SCHEMA_WORKLOADS = ("schema-extract", "schema-classify", "schema-list", "schema-config")
 
 
 # --------------------------------------------------------------------------- units
@@ -133,6 +140,174 @@ def test_every_request_is_a_new_prompt_with_the_same_template_head() -> None:
     one = Workload("one", "", (("user", "Say hi."),))
     assert generate_prompt(mut, one, "[2.1]") == "[2.1] Say hi."
     assert client_counts("4,1,4") == (1, 4)
+
+
+# --------------------------------------------------------------------------- constraints
+
+CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+               "required": ["city"], "additionalProperties": False}
+CITY_FORMAT = {"type": "json_schema",
+               "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True}}
+
+
+def _workload_file(tmp_path: Path, response_format: object) -> Path:
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({"name": "mine", "messages": [
+        {"role": "user", "content": "Where is the Eiffel tower? Answer as JSON."}],
+        "response_format": response_format}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_model() -> ModelUnderTest:
+    return model_under_test(resolve_model("smollm2-q4_1"))
+
+
+def test_a_workload_files_response_format_reaches_every_request(
+        tmp_path: Path, chat_model: ModelUnderTest) -> None:
+    """Chat requests carry it verbatim (both servers read it there); plain completions
+    carry its schema as ``json_schema``, the field llama-server's /v1/completions reads."""
+    (w,) = load_workloads([str(_workload_file(tmp_path, CITY_FORMAT))])
+    assert (w.response_format, w.schema, w.constrained) == (CITY_FORMAT, CITY_SCHEMA, True)
+    body = request_body(chat_model, w, prompt_tag(0, 0), TOKENS)
+    assert body["response_format"] == CITY_FORMAT and "json_schema" not in body
+    plain = request_body(attrs.evolve(chat_model, chat=False), w, prompt_tag(0, 0), TOKENS)
+    assert plain["json_schema"] == CITY_SCHEMA and "response_format" not in plain
+    (any_object,) = load_workloads([str(_workload_file(tmp_path, {"type": "json_object"}))])
+    assert request_body(attrs.evolve(chat_model, chat=False), any_object, "[1.1]",
+                        TOKENS)["json_schema"] == {"type": "object"}
+    (text,) = load_workloads([str(_workload_file(tmp_path, {"type": "text"}))])
+    assert not text.constrained
+    assert request_body(chat_model, text, "[1.1]", TOKENS)["response_format"] == \
+        {"type": "text"}
+    unconstrained = Workload("w", "", (("user", "Say hi."),))
+    assert not {"response_format", "json_schema"} & \
+        set(request_body(chat_model, unconstrained, "[1.1]", TOKENS))
+
+
+@pytest.mark.parametrize("bad", [
+    "json", ["json_object"], {"type": "xml"}, {"json_schema": {"schema": {}}},
+    {"type": "json_schema", "json_schema": {"name": "no schema"}},
+    {"type": "json_schema", "json_schema": {"schema": "{}"}},
+    {"type": "json_object", "schema": []},
+])
+def test_a_bad_response_format_is_refused_before_any_server_starts(
+        tmp_path: Path, bad: object) -> None:
+    with pytest.raises(BenchError, match="'response_format'"):
+        load_workloads([str(_workload_file(tmp_path, bad))])
+
+
+def test_the_shipped_schema_workloads_ask_for_bounded_json(chat_model: ModelUnderTest,
+                                                           ) -> None:
+    """Each is a valid JSON schema whose objects are closed and fully required, so the
+    answer ends; constrained workloads stay out of the in-process benches' default set."""
+    workloads = load_workloads(list(SCHEMA_WORKLOADS))
+    for w in workloads:
+        assert w.response_format is not None and w.response_format["type"] == "json_schema"
+        assert w.schema is not None and "JSON" in w.messages[-1][1], w.name
+        Draft202012Validator.check_schema(w.schema)
+        for obj in _objects(w.schema):
+            assert obj["additionalProperties"] is False, w.name
+            assert set(obj["required"]) == set(obj["properties"]), w.name
+        assert request_body(chat_model, w, "[1.1]", TOKENS)["response_format"] == \
+            w.response_format
+        assert generate_prompt(chat_model, w, "[1.1]") is not None  # one user turn
+    assert {w.name: w.copies for w in workloads} == {
+        "schema-extract": True, "schema-classify": False, "schema-list": True,
+        "schema-config": False}
+    assert not set(SCHEMA_WORKLOADS) & {w.name for w in load_workloads()}
+
+
+def _objects(schema: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    """Every object schema within ``schema`` (properties and array items)."""
+    if schema.get("type") == "object":
+        yield schema
+    children = [*schema.get("properties", {}).values()]
+    if isinstance(schema.get("items"), dict):
+        children.append(schema["items"])
+    for child in children:
+        yield from _objects(child)
+
+
+def _meshd_finish(extra: dict[str, object]) -> object:
+    """meshd's streamed finish chunk: ``timings`` and the ``meshd`` block."""
+    return _chat(finish="stop", timings={"predicted_n": 4},
+                 meshd={"proposer": "auto", "drafted": 6, "accepted": 5, "extra": extra,
+                        "seed": None})
+
+
+def test_sse_keeps_meshds_constraint_counters() -> None:
+    extra = {"trims": 0, "forced_drafted": 6, "forced_accepted": 5, "grammar_cut": 1,
+             "grammar_ms": 0.8, "grammar_masks": 2}
+    r = parse_sse(_sse(_chat('{"city": '), _chat('"Paris"}'), _meshd_finish(extra),
+                       {"choices": [], "usage": {"completion_tokens": 10}}, "[DONE]"))
+    assert r.text == '{"city": "Paris"}' and r.completion_tokens == 10
+    assert r.grammar == GrammarStats(forced_drafted=6, forced_accepted=5, grammar_cut=1,
+                                     grammar_ms=0.8, grammar_masks=2)
+    # unconstrained meshd (no grammar counters), llama-server (no meshd block)
+    assert parse_sse(_sse(_chat("x"), _meshd_finish({"trims": 0}), "[DONE]")).grammar is None
+    assert parse_sse(_sse(_chat("x"), _chat(finish="stop"), "[DONE]")).grammar is None
+
+
+def _record(client: int, text: str, tokens: int, grammar: GrammarStats | None,
+            ) -> RequestRecord:
+    return RequestRecord(client, f"[1.{client + 1}]", 0.0, StreamResult(
+        text=text, t_first=1.0, t_last=2.0, completion_tokens=tokens, grammar=grammar))
+
+
+def test_constraint_counters_per_token_medians_and_identity() -> None:
+    """Per run: forced-and-accepted tokens and grammar ms over the run's tokens; the arm's
+    figure is the median over runs. The counters do not enter the text comparison."""
+    text = '{"city": "Paris"}'
+    runs = {
+        "meshd": [Run("meshd", rep, (_record(0, text, 10, GrammarStats(forced_accepted=f,
+                                                                      grammar_ms=ms)),
+                                     _record(1, text, 10, GrammarStats(forced_accepted=f,
+                                                                       grammar_ms=ms))))
+                  for rep, (f, ms) in enumerate([(2, 0.2), (5, 0.6), (3, 0.4)])],
+        "llama-server": [Run("llama-server", rep, (_record(0, text, 10, None),
+                                                   _record(1, '{"city":"Paris"}', 10, None)))
+                         for rep in range(3)],
+    }
+    assert runs["meshd"][1].forced_accepted_share == 0.5
+    assert runs["meshd"][1].grammar_ms_per_token == pytest.approx(0.06)
+    meshd, peer = _summary(runs["meshd"]), _summary(runs["llama-server"])
+    assert meshd["forced_accepted_share"] == 0.3
+    assert meshd["grammar_ms_per_token"] == pytest.approx(0.04)
+    assert meshd["runs"][0]["requests"][0]["grammar"]["forced_accepted"] == 2
+    assert (peer["forced_accepted_share"], peer["grammar_ms_per_token"]) == (None, None)
+    assert _same_text(runs) == {"llama-server": [True, False] * 3}
+
+
+def _report(tables: list[dict[str, object]]) -> dict[str, object]:
+    return {"config": {"reps": 1, "tokens": TOKENS, "threads": 2, "ctx": 512},
+            "llama_server": {"binary": None, "unavailable": "none here", "version": None},
+            "meshd": "meshd",
+            "models": [{"name": "m", "note": "", "path": "m.gguf", "chat": True,
+                        "endpoint": "/v1/chat/completions", "has_mtp": False,
+                        "blocks": [{"clients": 1, "servers": {}, "idle_seconds": 0,
+                                    "workloads": tables}]}]}
+
+
+def _table(name: str, response_format: object) -> dict[str, object]:
+    arm = {"decode_tok_s": 50.0, "ttft_s": 0.1, "completion_tokens": 8, "prompt_tokens": 30,
+           "failed_runs": 0}
+    return {"workload": name, "response_format": response_format, "meshd_over": {"p": 1.0},
+            "not_run": {}, "best_peer": None, "meshd_over_best_peer": None, "arms": {
+                "meshd": {**arm, "forced_accepted_share": 0.25, "grammar_ms_per_token": 0.04},
+                "p": {**arm, "forced_accepted_share": None, "grammar_ms_per_token": None,
+                      "same_text_as_meshd": [True]}}}
+
+
+def test_report_adds_the_constraint_columns_only_to_constrained_workloads() -> None:
+    text = format_e2e(_report([_table("free", None), _table("json", CITY_FORMAT)]))
+    free, json_table = text.split("-- free, 1 client\n")[1].split("-- json, 1 client\n")
+    assert "forced acc" not in free
+    assert re.search(r"^  meshd +50\.0 +100 +8 +30 +- +-$", free, re.M)
+    assert re.search(r"^  p +50\.0 +100 +8 +30 +1/1 +1\.00x$", free, re.M)
+    assert re.search(r"^  arm .* meshd / arm +forced acc +grammar ms/tok$", json_table, re.M)
+    assert re.search(r"^  meshd +50\.0 .* - +25\.0% +0\.040$", json_table, re.M)
+    assert re.search(r"^  p +50\.0 .* 1\.00x +- +-$", json_table, re.M)
 
 
 # --------------------------------------------------------------------------- for real

@@ -198,8 +198,7 @@ async def test_openai_error_codes_and_field_names(smol: ModelRuntime) -> None:
         r = await http.post("/v1/completions", json={
             "prompt": PROMPT, "max_tokens": 2, "response_format": {"type": "text"}})
         assert r.status_code == 200
-        for extra, param in (({"response_format": {"type": "json_object"}},
-                              "response_format"),
+        for extra, param in (({"response_format": {"type": "json"}}, "response_format"),
                              ({"frobnicate": True}, "frobnicate"),
                              ({"presence_penalty": 0.7}, "presence_penalty")):
             r = await http.post("/v1/completions", json={"prompt": PROMPT, **extra})

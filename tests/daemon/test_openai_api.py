@@ -107,13 +107,36 @@ def test_prompt_arrays_of_one_text_or_token_ids() -> None:
         assert caught.value.param == "prompt" and words in caught.value.message
 
 
-def test_response_format_text_is_accepted_json_is_refused_for_now() -> None:
-    assert _parse({"prompt": "x", "response_format": {"type": "text"}}).generate.prompt == "x"
-    for kind in ("json_object", "json_schema"):
+def test_response_format_and_llama_server_fields_become_one_constraint() -> None:
+    assert _parse({"prompt": "x", "response_format": {"type": "text"}}).generate.constraint \
+        is None
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    cases = [
+        ({"response_format": {"type": "json_object"}}, ("json_object", None, None),
+         "response_format"),
+        ({"response_format": {"type": "json_object", "schema": schema}},
+         ("json_schema", schema, None), "response_format"),
+        ({"response_format": {"type": "json_schema",
+                              "json_schema": {"name": "n", "schema": schema}}},
+         ("json_schema", schema, None), "response_format"),
+        ({"json_schema": schema}, ("json_schema", schema, None), "json_schema"),
+        ({"grammar": 'root ::= "a"'}, ("gbnf", None, 'root ::= "a"'), "grammar"),
+        ({"json_schema": {}, "grammar": ""}, None, "response_format"),
+    ]
+    for extra, want, param in cases:
+        req = _parse({"prompt": "x", **extra})
+        c = req.generate.constraint
+        assert (None if c is None else (c.kind, c.schema, c.grammar)) == want, extra
+        assert req.constraint_param == param
+    for extra, param in (({"response_format": {"type": "yaml"}}, "response_format"),
+                         ({"response_format": {"type": "json_schema", "json_schema": 3}},
+                          "response_format.json_schema"),
+                         ({"grammar": 7}, "grammar"),
+                         ({"json_schema": [1]}, "json_schema"),
+                         ({"grammar": 'root ::= "a"', "json_schema": schema}, "grammar")):
         with pytest.raises(ApiError) as caught:
-            _parse({"prompt": "x", "response_format": {"type": kind}})
-        assert caught.value.param == "response_format"
-        assert "not supported yet" in caught.value.message
+            _parse({"prompt": "x", **extra})
+        assert caught.value.status == 400 and caught.value.param == param, extra
 
 
 def test_fields_that_change_nothing_pass_others_are_named() -> None:
@@ -126,7 +149,6 @@ def test_fields_that_change_nothing_pass_others_are_named() -> None:
     for body, param in (({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
                         ({"prompt": "x", "frequency_penalty": 1}, "frequency_penalty"),
                         ({"prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
-                        ({"prompt": "x", "grammar": "root ::= \"a\""}, "grammar"),
                         ({"prompt": "x", "max_token": 5}, "max_token"),
                         ({"prompt": "x", "messages": []}, "messages"),
                         ({"prompt": "x", "echo": True}, "echo")):

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 
 from meshd.daemon import window_sharing
-from meshd.daemon.engine import ForwardTiming, Generation, step_many
+from meshd.daemon.engine import Generation, step_many
+from meshd.daemon.forwards import ForwardTiming
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import GREEDY, SamplingParams
 from meshd.native import testmodels

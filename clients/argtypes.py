@@ -96,3 +96,26 @@ def weights(text: str) -> tuple[float, ...]:
     if any(v < 0 or v != v for v in values) or not any(values):
         raise argparse.ArgumentTypeError(f"weights must be >= 0 and not all 0, got {text}")
     return values
+
+
+def number(text: str) -> float:
+    """Any finite number (a penalty; the protocol checks its range)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
+def token_bias(text: str) -> tuple[int, float]:
+    """``ID=BIAS`` (a logit bias: ``--logit-bias 13=-100`` all but bans token 13)."""
+    token, sep, bias = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return int(token), number(bias)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS, got {text!r}") from None
+

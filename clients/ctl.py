@@ -35,6 +35,7 @@ from meshd.protocol import (
     HealthStatus,
     ModelError,
     ProtocolError,
+    SamplingParams,
     ServerBusy,
     SyncClient,
     connect_sync,
@@ -43,7 +44,14 @@ from meshd.protocol import (
 )
 
 from .argtypes import integer, non_negative, positive
-from .options import HelpFormatter, add_version, sampling_options, seed_note, subparser
+from .options import (
+    HelpFormatter,
+    add_version,
+    sampling_extras,
+    sampling_options,
+    seed_note,
+    subparser,
+)
 from .refusals import explain_refusals
 from .socket_path import find_socket, socket_candidates
 from .terminal import format_count, stats_line, wants_notes
@@ -90,10 +98,7 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
         None if chat else text,
         messages=messages,
         max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
+        sampling=_sampling(args),
         stop=args.stop,
         proposer=args.proposer,
         draft_max=args.draft_max,
@@ -239,6 +244,15 @@ def _constraint(args: argparse.Namespace) -> Constraint | None:
             raise UsageError(f"{flag} {path}: a JSON schema must be an object")
         return Constraint(kind="json_schema", schema=schema)
     return None
+
+
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    """The request's sampling: the basic options and the penalties and filters given."""
+    extras = sampling_extras(args)
+    if "logit_bias" in extras:
+        extras["logit_bias"] = {str(token): bias for token, bias in extras["logit_bias"]}
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, seed=args.seed, **extras)
 
 
 def _read_prompt(text: str) -> str:

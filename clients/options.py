@@ -15,7 +15,7 @@ from typing import Any
 
 from meshd.protocol import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
-from .argtypes import integer, non_negative, non_negative_float, probability
+from .argtypes import integer, non_negative, non_negative_float, number, probability, token_bias
 
 __all__ = ["HelpFormatter", "add_version", "sampling_options", "seed_note", "subparser",
            "version_string"]
@@ -61,7 +61,47 @@ def sampling_options() -> argparse.ArgumentParser:
                    help="sample among the K most likely tokens; 0 keeps all")
     g.add_argument("--top-p", type=probability, default=DEFAULT_TOP_P, metavar="P",
                    help="sample among the most likely tokens whose probabilities add up to P")
+    g.add_argument("--min-p", type=number, default=None, metavar="P",
+                   help="drop tokens less likely than P times the most likely one")
+    g.add_argument("--typical-p", type=number, default=None, metavar="P",
+                   help="locally typical sampling's mass (1 disables)")
+    g.add_argument("--repeat-penalty", type=number, default=None, metavar="X",
+                   help="penalise tokens among the last --repeat-last-n (1 disables)")
+    g.add_argument("--repeat-last-n", type=non_negative, default=None, metavar="N",
+                   help="how many latest tokens the penalties look at (default 64)")
+    g.add_argument("--presence-penalty", type=number, default=None, metavar="X",
+                   help="subtracted once from each recent token's logit (-2..2)")
+    g.add_argument("--frequency-penalty", type=number, default=None, metavar="X",
+                   help="subtracted per occurrence from each recent token's logit (-2..2)")
+    g.add_argument("--logit-bias", type=token_bias, action="append", default=[],
+                   metavar="ID=BIAS", help="add BIAS to token ID's logit (repeatable)")
     return p
+
+
+#: The sampling options that are only sent when given (the protocol has the defaults).
+_EXTRAS = ("min_p", "typical_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+           "frequency_penalty")
+
+
+def sampling_extras(args: argparse.Namespace) -> dict[str, Any]:
+    """The penalties and filters given on the command line, as the engine's
+    ``SamplingParams`` keywords (``logit_bias`` as ``(id, bias)`` pairs)."""
+    out: dict[str, Any] = {k: getattr(args, k) for k in _EXTRAS
+                           if getattr(args, k, None) is not None}
+    if getattr(args, "logit_bias", None):
+        out["logit_bias"] = tuple(sorted(dict(args.logit_bias).items()))
+    return out
+
+
+def sampling_argv(args: argparse.Namespace) -> list[str]:
+    """Those same options as command-line flags (to hand them on to another command)."""
+    argv: list[str] = []
+    for key, value in sampling_extras(args).items():
+        if key == "logit_bias":
+            argv += [a for token, bias in value for a in ("--logit-bias", f"{token}={bias}")]
+        else:
+            argv += ["--" + key.replace("_", "-"), str(value)]
+    return argv
 
 
 def seed_note(temperature: float, seed: int | None) -> str | None:

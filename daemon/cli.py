@@ -154,7 +154,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # Like the daemon: sampling without --seed gets a chosen seed (printed), so it can
     # be replayed and speculation verifies it exactly.
     sampling = with_chosen_seed(
-        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed))
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed,
+                       **opt.sampling_extras(args)))
     note = seed_note(args.temperature, args.seed)
     if note is not None:
         _note("seed_ignored", note)

@@ -23,10 +23,12 @@ from typing import Final
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import attrs
 from structlog.typing import FilteringBoundLogger
 
 from meshd.policy.decision import FinishReason
 from meshd.protocol import (
+    PROTOCOL_VERSION,
     BadRequest,
     Cancel,
     CancelReply,
@@ -51,9 +53,11 @@ from meshd.protocol import (
     Stats,
     StreamReceiver,
     Tokenize,
-    encode,
+    UnsupportedVersion,
+    Welcome,
     error_message,
 )
+from meshd.protocol.versions import speaks, unsupported_message
 
 from .engine import TokenEvent
 from .generation_stats import GenerationStats
@@ -240,7 +244,7 @@ class Connection:
                 return False
             assert isinstance(item, Hello), "the first request admitted is a hello"
             try:
-                welcome = self.service.welcome(item)
+                welcome = self._welcome(item)
             except ProtocolError as exc:
                 await self._reject(exc)
                 return False
@@ -249,6 +253,17 @@ class Connection:
             return await self._send(welcome)
         self.log.info("hello_timeout")
         return False
+
+    def _welcome(self, hello: Hello) -> Welcome:
+        """The service's welcome, in the hello's version when the server speaks it (every
+        version from the first to the current: an older client is answered as its
+        version defines, which the protocol connection sees to from then on)."""
+        if not speaks(hello.protocol_version):
+            raise UnsupportedVersion(unsupported_message(hello.protocol_version),
+                                     request_id=hello.id)
+        current = attrs.evolve(hello, protocol_version=PROTOCOL_VERSION)
+        return attrs.evolve(self.service.welcome(current),
+                            protocol_version=hello.protocol_version)
 
     async def _serve(self, tg: anyio.abc.TaskGroup) -> None:
         while (item := await self._next(bounded=True)) is not None:
@@ -476,7 +491,7 @@ class Connection:
             )
             self._count_error(error)
             self.log.info("reply_too_large", id=message.id, op=message.OP, size=len(data) - 1)
-            data = encode(error_message(error))
+            data = self._conn.encode(error_message(error))
         return await self._send_bytes(data)
 
     async def _send_bytes(self, data: bytes) -> bool:

@@ -136,15 +136,21 @@ class GrammarState:
         masked = np.where(self.allowed(), row, -np.inf).astype(np.float32)
         return sampler.sample(masked)
 
-    def match_rows(self, rows: FloatArray, draft: Sequence[int], sampler: Sampler
+    def match_rows(self, rows: FloatArray, draft: Sequence[int], sampler: Sampler,
+                   history: Sequence[int] = (), masks: list[np.ndarray] | None = None,
                    ) -> list[int]:
         """The target's choices for a verify window, row by row to the first mismatch
         (as :meth:`Sampler.match_rows`), row ``i`` under the grammar after
         ``draft[:i]``: the walk consumes the matched drafts, :meth:`settle` then keeps
-        the commits."""
+        the commits. ``masks`` (for log-probabilities) gets each row's mask."""
         out: list[int] = []
         for i in range(rows.shape[0]):
-            token = self.choose(rows[i], sampler)
+            row = rows[i]
+            if sampler.params.adjusts:  # bias and penalties first, as without a grammar
+                row = sampler.adjusted(row, sampler.row_history(history, draft, i))
+            if masks is not None:
+                masks.append(self.allowed())
+            token = self.choose(row, sampler)
             out.append(token)
             if i >= len(draft) or token != draft[i]:
                 break

@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         return 3
     try:
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed,
+                       **opt.sampling_extras(args))
     except ValueError as exc:
         print(f"meshd demo: {exc}", file=sys.stderr)
         return 2
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     if args.seed is not None:
         request += ["--seed", str(args.seed)]
+    request += opt.sampling_argv(args)
     for stop in args.stop:
         request += ["--stop", stop]
     request += ["--", prompt]  # a prompt may start with '-'

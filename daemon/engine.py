@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeAlias
 
 import attrs
+import numpy as np
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
@@ -44,6 +45,7 @@ from meshd.policy.shared_window import DEFAULT_PRIOR, RunningAcceptance
 from .constraint import GrammarState
 from .forwards import ForwardTiming, forward_groups_of, verify_and_apply
 from .generation_stats import GenerationStats
+from .logprobs import TokenLogprob, token_logprob
 from .sampling import GREEDY, FloatArray, Sampler, SamplingParams
 from .stopping import StopMatcher
 from .window import MtpHead, Window
@@ -62,6 +64,8 @@ class TokenEvent:
 
     tokens: tuple[int, ...]
     text: str
+    #: The tokens' log-probabilities, for a request that asked (``logprobs``).
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @attrs.frozen
@@ -94,6 +98,7 @@ class Generation:
         show_special: bool = False,
         on_release: Callable[[SequenceSession, Sequence[int]], None] | None = None,
         grammar: GrammarState | None = None,
+        logprobs: int | None = None,
     ) -> None:
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -132,6 +137,9 @@ class Generation:
         self.shared_idle = 0
         #: The request's output constraint: every row is chosen under its mask.
         self.grammar = grammar
+        #: Alternatives to report with each token's log-probability (None: not asked).
+        self.logprobs = logprobs
+        self._pending_logprobs: list[TokenLogprob] = []
         #: Drafts of the tokens the constraint forces, with their own gate (they hold
         #: far more often than the request's proposer's): only where the request speculates.
         self.forced: GrammarProposer | None = None
@@ -414,11 +422,13 @@ class Generation:
         reached), and every committed token goes through the UTF-8 assembler and the
         stop matcher (``stop_after``), whose text waits in ``_pending_text`` for
         :meth:`apply`. Call it exactly once per verified window, in order."""
+        masks: list[np.ndarray] | None = [] if self.logprobs is not None else None
         if self.grammar is None:
-            predictions = self.sampler.match_rows(logits, window.draft)
+            predictions = self.sampler.match_rows(logits, window.draft, self.tokens)
         else:
             t0 = time.perf_counter()
-            predictions = self.grammar.match_rows(logits, window.draft, self.sampler)
+            predictions = self.grammar.match_rows(logits, window.draft, self.sampler,
+                                                  self.tokens, masks=masks)
             self.stats.grammar_ms += (time.perf_counter() - t0) * 1e3
         caps = RepairCaps(
             self.session.recurrent, self.session.rollback_window, self.session.has_checkpoint
@@ -427,7 +437,7 @@ class Generation:
             cancel_at = self._cancel_at
         cancelled_at = None if cancel_at is None else max(0, cancel_at - len(self.committed))
         self._pending_text = []
-        return decide(
+        decision = decide(
             last=window.last,
             base=window.base,
             draft=window.draft,
@@ -438,6 +448,11 @@ class Generation:
             cancelled_at=cancelled_at,
             stop_after=self._stop_after,
         )
+        if self.logprobs is not None:
+            self._pending_logprobs = [
+                token_logprob(logits[j], tok, self.logprobs, masks[j] if masks else None)
+                for j, tok in enumerate(decision.committed)]
+        return decision
 
     def _stop_after(self, _j: int, token: int) -> bool:
         text = self.assembler.push(self.tokenizer.piece(token, special=self.show_special))
@@ -486,8 +501,10 @@ class Generation:
         if decision.committed:
             self.last = decision.committed[-1]
         texts = self._pending_text
+        lps = self._pending_logprobs
         events = [
-            TokenEvent((tok,), texts[j] if j < len(texts) else "")
+            TokenEvent((tok,), texts[j] if j < len(texts) else "",
+                       (lps[j],) if j < len(lps) else ())
             for j, tok in enumerate(decision.committed)
         ]
         self.finish = decision.finish

@@ -25,7 +25,12 @@ def sampling_params(params: wire.SamplingParams) -> SamplingParams:
     """The engine's sampling parameters for a request's ``sampling`` object."""
     return SamplingParams(
         temperature=float(params.temperature), top_k=params.top_k, top_p=float(params.top_p),
-        seed=params.seed,
+        seed=params.seed, min_p=float(params.min_p), typical_p=float(params.typical_p),
+        repeat_penalty=float(params.repeat_penalty), repeat_last_n=params.repeat_last_n,
+        presence_penalty=float(params.presence_penalty),
+        frequency_penalty=float(params.frequency_penalty),
+        logit_bias=tuple(sorted((int(k), float(v))
+                                for k, v in (params.logit_bias or {}).items())),
     )
 
 

@@ -28,6 +28,8 @@ from meshd.clients.argtypes import (
 from meshd.clients.options import (
     HelpFormatter,
     add_version,
+    sampling_argv,
+    sampling_extras,
     sampling_options,
     subparser,
     version_string,
@@ -53,6 +55,8 @@ __all__ = [
     "positive",
     "probability",
     "proposer_name",
+    "sampling_argv",
+    "sampling_extras",
     "sampling_options",
     "speculation_options",
     "subparser",

@@ -534,6 +534,7 @@ class ModelRuntime:
         adaptive: bool = True,
         proposer_options: Mapping[str, object] | None = None,
         grammar: str | None = None,
+        logprobs: int | None = None,
     ) -> Generation:
         """A ready-to-start generation on a fresh session (closed when it finishes).
         ``grammar``: llguidance's grammar text from :meth:`compile_constraint`."""
@@ -587,7 +588,7 @@ class ModelRuntime:
                     prior_acceptance=self.mtp_acceptance.prior() if follow_mtp else None,
                 ),
                 mtp_head=head,
-                grammar=state,
+                grammar=state, logprobs=logprobs,
             )
             gen.proposer_name = resolved
             gen.on_release = self._releasing(gen, follows_head=follow_mtp)

@@ -6,6 +6,11 @@ as plain decoding would sample that position, and drafts are accepted while equa
 gives the same stream as plain decoding with the same seed only if the RNG advances by
 exactly one draw per committed token and never for rows that are not committed. So rows
 are sampled lazily, in order, and sampling stops at the first mismatch.
+
+What adjusts the logits first (``logit_bias``, and the penalties on tokens already in the
+text, as llama.cpp applies them) depends on the tokens before a row; a verify row's are
+the committed ones and the drafts before it, so a row is judged exactly as plain
+decoding would judge that position if the drafts before it are accepted.
 """
 
 from __future__ import annotations
@@ -30,6 +35,18 @@ class SamplingParams:
     top_k: int = DEFAULT_TOP_K
     top_p: float = DEFAULT_TOP_P
     seed: int | None = None
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    #: llama.cpp's penalties over the last ``repeat_last_n`` tokens (prompt included):
+    #: a repeated token's logit divided (positive) or multiplied (negative) by
+    #: ``repeat_penalty``, less ``frequency_penalty`` per occurrence and
+    #: ``presence_penalty`` once.
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    #: Added to the logit of each token id before anything else.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if self.temperature < 0:
@@ -38,6 +55,19 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError("top_p must be in (0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError("min_p must be in [0, 1]")
+        if not 0.0 < self.typical_p <= 1.0:
+            raise ValueError("typical_p must be in (0, 1]")
+        if self.repeat_penalty <= 0 or self.repeat_last_n < 0:
+            raise ValueError("repeat_penalty must be > 0 and repeat_last_n >= 0")
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether logits change with the tokens before them (bias or a penalty)."""
+        return bool(self.logit_bias) or (self.repeat_last_n > 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0))
 
     @property
     def greedy(self) -> bool:
@@ -78,6 +108,34 @@ class Sampler:
         self._rng = np.random.Generator(np.random.PCG64(seed))
         self.draws = 0
 
+    def adjusted(self, logits: FloatArray, history: Sequence[int]) -> FloatArray:
+        """``logits`` with the bias and the penalties for a row after ``history``."""
+        p = self.params
+        if not p.adjusts:
+            return logits
+        x = np.array(logits, dtype=np.float32)
+        for token, bias in p.logit_bias:
+            if 0 <= token < x.shape[0]:
+                x[token] += bias
+        recent = history[-p.repeat_last_n:] if p.repeat_last_n else ()
+        if recent and (p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty):
+            ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
+            keep = ids < x.shape[0]
+            ids, counts = ids[keep], counts[keep]
+            vals = x[ids]
+            vals = np.where(vals <= 0, vals * p.repeat_penalty, vals / p.repeat_penalty)
+            x[ids] = vals - counts * p.frequency_penalty - p.presence_penalty
+        return x
+
+    def row_history(self, history: Sequence[int], draft: Sequence[int], i: int
+                    ) -> Sequence[int]:
+        """What the penalties of verify row ``i`` look back on: the last
+        ``repeat_last_n`` of ``history`` and ``draft[:i]``."""
+        n = self.params.repeat_last_n
+        if n == 0:
+            return ()
+        return [*history[-n:], *draft[:i]][-n:]
+
     def sample(self, logits: FloatArray) -> int:
         """One token from one logits row (one RNG draw unless greedy)."""
         p = self.params
@@ -97,23 +155,47 @@ class Sampler:
         if p.top_p < 1.0:
             cut = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
             idx, probs = idx[:cut], probs[:cut] / probs[:cut].sum()
+        if p.typical_p < 1.0:
+            idx, probs = _typical(idx, probs, p.typical_p)
+        if p.min_p > 0.0:
+            keep = probs >= p.min_p * probs[0]  # sorted: the first is the most likely
+            idx, probs = idx[keep], probs[keep] / probs[keep].sum()
         u = self._rng.random()
         self.draws += 1
         pos = int(np.searchsorted(np.cumsum(probs), u, side="right"))
         return int(idx[min(pos, len(idx) - 1)])
 
-    def match_rows(self, rows: FloatArray, draft: Sequence[int]) -> list[int]:
+    def match_rows(self, rows: FloatArray, draft: Sequence[int],
+                   history: Sequence[int] = ()) -> list[int]:
         """Target predictions for a verify window, sampled in order, stopping at a mismatch.
 
-        Greedy: all rows (argmax is free of side effects). Sampling: rows up to and
-        including the first row whose sample differs from the draft.
+        Greedy without bias or penalties: all rows (argmax is free of side effects).
+        Otherwise rows up to and including the first whose choice differs from the
+        draft; row ``i`` comes after ``history`` (prompt and committed tokens) and
+        ``draft[:i]``.
         """
-        if self.params.greedy:
+        if self.params.greedy and not self.params.adjusts:
             return [int(t) for t in np.asarray(rows).argmax(axis=1)]
         out: list[int] = []
         for i in range(rows.shape[0]):
-            tok = self.sample(rows[i])
+            row = rows[i]
+            if self.params.adjusts:
+                row = self.adjusted(row, self.row_history(history, draft, i))
+            tok = self.sample(row)
             out.append(tok)
             if i >= len(draft) or tok != draft[i]:
                 break
         return out
+
+
+def _typical(idx: npt.NDArray[np.int64], probs: npt.NDArray[np.float64], mass: float
+             ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Locally typical sampling (llama.cpp's ``typical_p``): keep the tokens whose
+    surprise is closest to the distribution's entropy, up to ``mass`` of probability."""
+    logp = np.log(np.maximum(probs, 1e-300))
+    entropy = -float(np.sum(probs * logp))
+    order = np.argsort(np.abs(-logp - entropy), kind="stable")
+    cut = int(np.searchsorted(np.cumsum(probs[order]), mass) + 1)
+    chosen = np.sort(order[:cut])  # back in likelihood order
+    return idx[chosen], probs[chosen] / probs[chosen].sum()
+

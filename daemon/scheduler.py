@@ -86,6 +86,8 @@ class GenerationRequest:
     proposer_options: Mapping[str, object] | None = None
     grammar: str | None = None
     """The output constraint, compiled (llguidance's grammar text)."""
+    logprobs: int | None = None
+    """Report each token's log-probability with this many alternatives (None: not)."""
 
 
 @attrs.frozen
@@ -478,7 +480,7 @@ def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest]
                     request.prompt, max_tokens=request.max_tokens, sampling=request.sampling,
                     stop=request.stop, proposer=request.proposer,
                     draft_max=request.draft_max, proposer_options=request.proposer_options,
-                    grammar=request.grammar,
+                    grammar=request.grammar, logprobs=request.logprobs,
                 )
             except (RequestError, CapacityError, ValueError) as exc:
                 results.append(GenerationFailed("request", str(exc)))

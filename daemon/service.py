@@ -364,6 +364,13 @@ class Service:
             if problem is not None:
                 raise BadRequest.invalid_field(
                     "generate.speculative.proposer", problem).with_request_id(rid)
+        n_vocab = self.runtime.model.info.n_vocab
+        for key in request.sampling.logit_bias or {}:
+            if int(key) >= n_vocab:
+                raise BadRequest.invalid_field(
+                    "generate.sampling.logit_bias",
+                    f"token id {key} is not below the vocabulary size {n_vocab}"
+                ).with_request_id(rid)
         try:
             # Unseeded sampling gets a daemon-chosen seed (reported in ``done``), so it
             # can be verified exactly and speculation runs for API clients by default.

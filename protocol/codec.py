@@ -28,10 +28,12 @@ import cattrs.cols
 import cattrs.gen
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
-from .errors import BadRequest, ErrorCode, FrameTooLarge, ProtocolError
+from . import versions
+from .errors import BadRequest, ErrorCode, FrameTooLarge, ProtocolError, unknown_fields
 from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
     MAX_ID_LENGTH,
+    PROTOCOL_VERSION,
     REQUEST_TYPES,
     RESPONSE_TYPES,
     FinishReason,
@@ -208,10 +210,7 @@ def _format_exception(exc: BaseException, type_: type | None) -> str:
     if isinstance(exc, ProtocolError):
         return exc.message
     if isinstance(exc, ForbiddenExtraKeysError):
-        extra = ", ".join(repr(k) for k in sorted(exc.extra_fields))
-        noun = "field" if len(exc.extra_fields) == 1 else "fields"
-        allowed = ", ".join(f.name for f in attrs.fields(exc.cl))
-        return f"unknown {noun} {extra} (allowed: {allowed})"
+        return unknown_fields(exc.extra_fields, (f.name for f in attrs.fields(exc.cl)))
     if isinstance(exc, KeyError):
         return "missing required field"
     return f"invalid value ({type(exc).__name__}: {exc})"
@@ -327,9 +326,15 @@ Frame = bytes | bytearray | memoryview | str | Mapping[str, Any]
 """What the decode functions accept: one raw frame (newline optional) or parsed JSON."""
 
 
-def decode_request(frame: Frame) -> Request:
-    """Parse one frame a client sent. Raises BadRequest (carrying the id if known)."""
+def decode_request(frame: Frame, *, version: int = PROTOCOL_VERSION) -> Request:
+    """Parse one frame a client of protocol ``version`` sent (a field that version lacks
+    is unknown). Raises BadRequest (carrying the id if known)."""
     obj = frame if isinstance(frame, Mapping) else _parse(frame)
+    if version != PROTOCOL_VERSION and isinstance(obj, Mapping):
+        try:
+            obj = versions.check_request(obj, version)
+        except BadRequest as exc:
+            raise exc.with_request_id(_recover_id(obj)) from None
     result: Request = _structure(obj, REQUEST_TYPES, RESPONSE_TYPES, "request")
     return result
 
@@ -350,16 +355,20 @@ def unstructure(msg: Message) -> dict[str, Any]:
     return {"op": msg.OP, **body}
 
 
-def encode(msg: Message, *, max_frame_size: int | None = None) -> bytes:
-    """One frame: compact UTF-8 JSON plus ``\\n``.
+def encode(msg: Message, *, max_frame_size: int | None = None,
+           version: int = PROTOCOL_VERSION) -> bytes:
+    """One frame: compact UTF-8 JSON plus ``\\n``; a server's frame for a client of an
+    older ``version`` shows only what that version defines (:func:`versions.downgrade`).
 
     Raises FrameTooLarge if the frame (newline excluded) exceeds ``max_frame_size``, and
-    BadRequest if the message holds something JSON cannot carry (NaN, lone surrogates).
+    BadRequest if the message holds something JSON cannot carry (NaN, lone surrogates)
+    or has no form in ``version``.
     """
     try:
-        text = json.dumps(
-            unstructure(msg), ensure_ascii=False, separators=(",", ":"), allow_nan=False
-        )
+        obj = unstructure(msg)
+        if version != PROTOCOL_VERSION:
+            obj = versions.downgrade(obj, version)
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         data = text.encode("utf-8")
     except (ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
         raise BadRequest(f"cannot encode {msg.OP}: {exc}", request_id=msg.id) from exc

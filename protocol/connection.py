@@ -22,10 +22,12 @@ from typing import Final, TypeAlias
 
 import attrs
 
+from . import versions
 from .codec import FrameDecoder, decode_request, decode_response, encode
 from .errors import BadRequest, ConnectionClosed, InternalError, ProtocolError, UnsupportedVersion
 from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
+    PROTOCOL_VERSION,
     Cancel,
     CancelReply,
     DetokenizeReply,
@@ -168,11 +170,17 @@ class ServerConnection(_Side):
     request until its reply or ``error``. Frames that cannot be admitted (malformed,
     not ``hello`` first, a second ``hello``, a ``generate`` whose id is in flight) come
     out as :class:`Rejected`.
+
+    The ``welcome`` sets the connection's protocol :attr:`version` (the hello's, any the
+    server speaks): requests are then read and frames written as that version defines
+    them (:mod:`.versions`), so the application deals in today's messages only.
     """
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         super().__init__(max_frame_size)
         self.max_frame_size = max_frame_size
+        self.version = PROTOCOL_VERSION
+        """The client's protocol version once welcomed (the current one until then)."""
         self._hello: Hello | None = None
         self._generating: set[str] = set()
         self._awaiting: collections.Counter[str] = collections.Counter()
@@ -202,7 +210,7 @@ class ServerConnection(_Side):
         if frame is None:
             return ConnectionEnded() if self._eof else None
         try:
-            request = decode_request(frame)
+            request = decode_request(frame, version=self.version)
         except ProtocolError as exc:
             return Rejected(exc, fatal=self.state is State.HANDSHAKE, frame=frame)
         return self._admit(request)
@@ -238,9 +246,19 @@ class ServerConnection(_Side):
 
     def send(self, message: Response) -> bytes:
         """The frame for ``message``, which must answer something in flight (or be the
-        handshake's answer); raises LocalProtocolError otherwise."""
+        handshake's answer); raises LocalProtocolError otherwise, and for a frame the
+        connection's version does not have."""
+        if self.version != PROTOCOL_VERSION and \
+                message.OP not in versions.SCHEMAS[self.version].responses:
+            raise LocalProtocolError(f"protocol version {self.version} has no {message.OP}")
         self._account(message)
-        return encode(message)
+        return self.encode(message)
+
+    def encode(self, message: Response) -> bytes:
+        """The frame for ``message`` in the connection's version, without the protocol's
+        bookkeeping: for an ``error`` that replaces a reply :meth:`send` already counted
+        (one over the frame limit)."""
+        return encode(message, version=self.version)
 
     def reject(self, rejected: Rejected) -> bytes:
         """The ``error`` frame answering a :class:`Rejected` frame (in flight stays as
@@ -249,7 +267,7 @@ class ServerConnection(_Side):
             raise LocalProtocolError("the connection is closed")
         if rejected.fatal or self.state is State.HANDSHAKE:
             self.state = State.CLOSED
-        return encode(ErrorMessage.from_error(rejected.error))
+        return self.encode(ErrorMessage.from_error(rejected.error))
 
     def refuse(self, error: ProtocolError) -> bytes:
         """The one ``error`` frame for a peer refused before its ``hello`` is read (not
@@ -267,7 +285,13 @@ class ServerConnection(_Side):
             if self._hello is None:
                 raise LocalProtocolError(f"{message.OP} before a hello to answer")
             if isinstance(message, Welcome) and rid == self._hello.id:
+                if message.protocol_version != self._hello.protocol_version or \
+                        not versions.speaks(message.protocol_version):
+                    raise LocalProtocolError(
+                        f"welcome in protocol {message.protocol_version} answers a hello "
+                        f"of protocol {self._hello.protocol_version}")
                 self.state = State.OPEN
+                self.version = message.protocol_version
             elif isinstance(message, ErrorMessage) and rid in (None, self._hello.id):
                 self.state = State.CLOSED
             else:

@@ -15,6 +15,7 @@ messages' validators included) can raise these errors. The conversions to and fr
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 
@@ -117,6 +118,14 @@ class BadRequest(ProtocolError, ValueError):
             out = BadRequest.invalid_field(f"{prefix}{dot}{self.field}", detail)
             out.request_id = self.request_id
         return out
+
+
+def unknown_fields(extra: Iterable[str], allowed: Iterable[str]) -> str:
+    """How ``bad_request`` names fields an object does not have, written one way by the
+    decoder and by an older version's check (``unknown field 'x' (allowed: a, b)``)."""
+    names = sorted(extra)
+    noun = "field" if len(names) == 1 else "fields"
+    return f"unknown {noun} {', '.join(repr(k) for k in names)} (allowed: {', '.join(allowed)})"
 
 
 class UnsupportedVersion(ProtocolError):

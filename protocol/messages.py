@@ -29,6 +29,8 @@ from . import validators as check
 from .errors import BadRequest, ErrorCode, ProtocolError, error_from_code
 from .validators import MAX_GRAMMAR_LENGTH as MAX_GRAMMAR_LENGTH
 from .validators import MAX_ID_LENGTH as MAX_ID_LENGTH
+from .validators import MAX_LOGIT_BIAS as MAX_LOGIT_BIAS
+from .validators import MAX_LOOKBACK as MAX_LOOKBACK
 from .validators import MAX_MESSAGES as MAX_MESSAGES
 from .validators import MAX_SEED as MAX_SEED
 from .validators import MAX_STOP_LENGTH as MAX_STOP_LENGTH
@@ -94,6 +96,29 @@ class SamplingParams:
     """Nucleus sampling mass, in (0, 1]; 1 disables the filter."""
     seed: int | None = attrs.field(default=None, validator=check.seed)
     """RNG seed for reproducible sampling; ``None`` lets the server choose."""
+    min_p: float = attrs.field(default=0.0, validator=check.number_in(0, 1))
+    """Drop tokens less likely than ``min_p`` times the most likely one; 0 disables."""
+    typical_p: float = attrs.field(default=1.0, validator=check.number_in(0, 1, low_open=True))
+    """Locally typical sampling's mass; 1 disables."""
+    repeat_penalty: float = attrs.field(default=1.0,
+                                        validator=check.number_in(0, 100, low_open=True))
+    """Divides (or, for negative logits, multiplies) the logit of each token in the last
+    ``repeat_last_n``; 1 disables."""
+    repeat_last_n: int = attrs.field(default=64, validator=check.integer(0, MAX_LOOKBACK))
+    """How many of the latest tokens (prompt included) the penalties look at; 0: none."""
+    presence_penalty: float = attrs.field(default=0.0, validator=check.number_in(-2, 2))
+    """Subtracted once from the logit of each token in the last ``repeat_last_n``."""
+    frequency_penalty: float = attrs.field(default=0.0, validator=check.number_in(-2, 2))
+    """Subtracted from a token's logit once per time it is in the last ``repeat_last_n``."""
+    logit_bias: dict[str, float] | None = attrs.field(default=None,
+                                                      validator=check.logit_bias)
+    """Added to the logits of the token ids (decimal strings) before anything else."""
+
+    def __attrs_post_init__(self) -> None:
+        for key in self.logit_bias or {}:
+            if not (key.isascii() and key.isdigit() and len(key) <= 9):
+                raise BadRequest.invalid_field(
+                    "logit_bias", f"keys must be token ids (got {key[:32]!r})")
 
 
 CONSTRAINT_KINDS: Final = ("json_object", "json_schema", "lark", "regex", "gbnf")

@@ -43,6 +43,10 @@ MAX_ROLE_LENGTH: Final = 64
 """Longest chat role, in characters (``system``, ``user``, ``tool`` ...)."""
 MAX_OPTIONS: Final = 64
 """Most keys in a request's proposer options."""
+MAX_LOOKBACK: Final = 1 << 20
+"""Longest ``repeat_last_n`` (llama-server's -1, the whole context, is sent as this)."""
+MAX_LOGIT_BIAS: Final = 4096
+"""Most token ids one request may bias."""
 MAX_GRAMMAR_LENGTH: Final = 256 * 1024
 """Longest output constraint (a grammar, or a JSON schema as JSON text), in characters."""
 
@@ -197,6 +201,16 @@ optional_non_empty_string: Final = rule(
 seed: Final = integer(0, MAX_SEED, optional=True)
 boolean: Final = rule("a boolean", V.instance_of(bool))
 non_negative_number: Final = rule("a finite number >= 0", NUMBER, V.ge(0))
+def number_in(low: float, high: float, *, low_open: bool = False) -> Any:
+    """A finite number within ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+    return rule(f"a number in {'(' if low_open else '['}{low:g}, {high:g}]", NUMBER,
+                V.gt(low) if low_open else V.ge(low), V.le(high))
+
+
+logit_bias: Final = rule(
+    f"an object of at most {MAX_LOGIT_BIAS} token ids (as strings) to numbers in "
+    "[-100, 100]", NUMBER, V.ge(-100), V.le(100), each="a number in [-100, 100]",
+    container="object", max_items=MAX_LOGIT_BIAS, optional=True)
 counters: Final = rule("an object of counters", NUMBER, V.ge(0),
                          each="a finite number >= 0", container="object")
 string_items: Final = rule("an array of strings", STR, each="a string", container="array")

@@ -9,7 +9,7 @@ it at the next step, and its slot goes back through the scheduler).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import attrs
@@ -19,10 +19,12 @@ from meshd.protocol import ModelError, ProtocolError
 
 from ..engine import TokenEvent
 from ..generation_stats import GenerationStats
+from ..logprobs import TokenLogprob
 from ..scheduler import Finished, GenerationFailed, GenerationHandle, GenerationRequest
 from ..service import InFlightGeneration, Service
 from . import sse
 from .identity import system_fingerprint
+from .logprobs_format import logprobs_block
 from .openai_api import (
     JSON,
     ApiError,
@@ -33,6 +35,7 @@ from .openai_api import (
     json_bytes,
     meshd_block,
     timings,
+    tool_answer,
     usage,
 )
 from .responder import Responder, RouteContext
@@ -55,6 +58,8 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
             gen = await service.prepare(req.generate)
             if req.prompt_ids is not None:
                 gen = _with_prompt_ids(service, gen, req.prompt_ids)
+            if req.logprobs is not None:
+                gen = attrs.evolve(gen, logprobs=req.logprobs)
             if entry.cancelled:
                 return
             handle = service.submit(gen, rid)
@@ -106,10 +111,12 @@ async def _collect(routes: RouteContext, req: CompletionRequest, handle: Generat
                    out: Responder, prompt_tokens: int, seed: int | None,
                    entry: InFlightGeneration) -> None:
     parts: list[str] = []
+    lps: list[TokenLogprob] = []
     async with handle.events:
         async for event in handle.events:
             if isinstance(event, TokenEvent):
                 parts.append(event.text)
+                lps.extend(event.logprobs)
             elif isinstance(event, GenerationFailed):
                 raise _failure(event)
             else:
@@ -117,7 +124,8 @@ async def _collect(routes: RouteContext, req: CompletionRequest, handle: Generat
                 _log_finished(routes, req, event, finish, prompt_tokens)
                 body = completion_response(
                     req, routes.service.model.name, system_fingerprint(routes.service),
-                    "".join(parts), finish, event.stats, event.proposer, prompt_tokens, seed)
+                    "".join(parts), finish, event.stats, event.proposer, prompt_tokens, seed,
+                    _logprobs(routes, req, lps))
                 await out.send(200, json_bytes(body), JSON)
                 return
     raise ApiError(500, "the generation ended without a result", code="internal",
@@ -133,6 +141,8 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
     fp = system_fingerprint(routes.service)
     started = False
     live = True  # the client still reads
+    offset = 0  # characters streamed so far (completions' logprobs.text_offset)
+    held: list[str] = []  # the text of a request that offered tools
     async with handle.events:
         while True:
             try:
@@ -149,17 +159,27 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
             if isinstance(final, GenerationFailed) and not started:
                 raise _failure(final)
             text = "".join(e.text for e in batch if isinstance(e, TokenEvent))
+            if req.tools is not None:  # calls are known at the end: hold the text till then
+                held.append(text)
+                text = "" if final is None else _release_held(req, held, final)
             data = b""
             if not started:
                 started = True
                 live = await out.start(200, _SSE, [("Cache-Control", "no-cache")])
                 if req.chat:
                     data += sse.event(chunk(req, model, fp, role=True, text=""))
-            if text:
-                data += sse.event(chunk(req, model, fp, text=text))
+            lps = [lp for e in batch if isinstance(e, TokenEvent) for lp in e.logprobs]
+            if text or lps:
+                data += sse.event(chunk(req, model, fp, text=text,
+                                        logprobs=_logprobs(routes, req, lps, offset)))
+                offset += len(text)
             if isinstance(final, Finished):
                 finish = _finish_reason(final, entry)
                 _log_finished(routes, req, final, finish, prompt_tokens)
+                calls = tool_answer(req, "".join(held), finish)[1] if held else []
+                if calls:
+                    finish = "tool_calls"
+                    data += sse.event(chunk(req, model, fp, tool_calls=calls))
                 data += _closing(req, model, fp, finish, final.stats, final.proposer,
                                  prompt_tokens, seed)
             elif isinstance(final, GenerationFailed):
@@ -171,6 +191,29 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
                 if live:
                     await out.end()
                 return
+
+
+def _release_held(req: CompletionRequest, held: list[str], final: Finished | GenerationFailed
+                  ) -> str:
+    """At the end of a tools request: the content to stream (the text less whole calls)."""
+    text = "".join(held)
+    if not isinstance(final, Finished):
+        return text
+    content, _calls = tool_answer(req, text, final.finish.value)
+    return content or ""
+
+
+def _logprobs(routes: RouteContext, req: CompletionRequest, lps: list[TokenLogprob],
+              offset: int = 0) -> dict[str, Any] | None:
+    """The choice's ``logprobs`` for these tokens (None when the request did not ask);
+    an end-of-generation token, whose text the answer does not show, is left out too."""
+    if req.logprobs is None:
+        return None
+    model = routes.service.runtime.model
+    eog = model.info.eog_tokens
+    return logprobs_block([lp for lp in lps if lp.token not in eog],
+                          lambda t: model.tokenizer.piece(t, special=True), chat=req.chat,
+                          offset=offset)
 
 
 def _closing(req: CompletionRequest, model: str, fp: str, finish: str,

@@ -35,7 +35,18 @@ from meshd.protocol import messages as wire
 
 from ..generation_stats import GenerationStats
 from ..mapping import speculation_stats
+from .logprobs_format import requested_logprobs
+from .output_format import FormatError, output_constraint
 from .request_fields import check_fields
+from .tool_calls import (
+    ToolError,
+    ToolSpec,
+    answer_calls,
+    offer_tools,
+    parse_tools,
+    past_calls,
+    tool_constraint,
+)
 
 __all__ = [
     "CHAT_ROLES",
@@ -140,6 +151,10 @@ class CompletionRequest:
     """A prompt sent as token ids (then ``generate.prompt`` is a placeholder)."""
     max_tokens_param: str
     """The field that set ``max_tokens`` (``max_tokens`` or ``max_completion_tokens``)."""
+    tools: ToolSpec | None
+    """The functions the model may call, and how (None: no tools)."""
+    logprobs: int | None
+    """Alternatives to report with each token's log-probability (None: not asked)."""
     constraint_param: str
     """The field that constrained the output (``response_format``, llama-server's
     ``json_schema`` or ``grammar``), named in errors about the constraint."""
@@ -218,12 +233,25 @@ def parse_messages(value: object) -> tuple[ChatMessage, ...]:
         if "content" not in msg and role != "assistant":
             raise _bad(f"messages[{i}].content", f"a {role} message needs content")
         try:
+            content = _content(msg.get("content"), f"messages[{i}].content")
+            if role == "assistant" and msg.get("tool_calls"):
+                content += past_calls(msg["tool_calls"], f"messages[{i}].tool_calls")
             out.append(ChatMessage(role="system" if role == "developer" else role,
-                                   content=_content(msg.get("content"),
-                                                    f"messages[{i}].content")))
+                                   content=content))
         except BadRequest as exc:
             raise _from_protocol(exc.under(f"messages[{i}]")) from None
+        except ToolError as exc:
+            raise _bad(exc.param, exc.message) from None
     return tuple(out)
+
+
+def _offered(messages: tuple[ChatMessage, ...], tools: ToolSpec | None
+             ) -> tuple[ChatMessage, ...]:
+    """The chat with the request's tools offered in its system turn."""
+    if tools is None:
+        return messages
+    offered = offer_tools([{"role": m.role, "content": m.content} for m in messages], tools)
+    return tuple(ChatMessage(role=m["role"], content=m["content"]) for m in offered)
 
 
 def _token_ids(value: list[Any]) -> tuple[int, ...] | None:
@@ -254,60 +282,23 @@ def _prompt(value: object) -> tuple[str, tuple[int, ...] | None]:
     return value, None
 
 
-def _response_format(value: object) -> wire.Constraint | None:
-    """OpenAI's ``response_format``: ``text``, ``json_object`` (llama-server's extension:
-    with a ``schema``) or ``json_schema`` (``{"json_schema": {"name", "schema",
-    "strict"}}``; every output is held to the schema, ``strict`` or not)."""
-    if value is None:
+def _logit_bias(value: object) -> dict[str, float] | None:
+    """OpenAI's ``{"token id": bias}``, or llama-server's ``[[id, bias], ...]`` where a
+    bias of ``false`` bans the token (as -100 does)."""
+    if value is None or value == {} or value == []:
         return None
-    kind = value.get("type") if isinstance(value, Mapping) else None
-    if kind == "text":
-        return None
-    assert isinstance(value, Mapping)
-    if kind == "json_object":
-        schema = value.get("schema")
-        if schema is None:
-            return wire.Constraint(kind="json_object")
-        if not isinstance(schema, dict):
-            raise _bad("response_format.schema", "must be a JSON schema object")
-        return wire.Constraint(kind="json_schema", schema=schema)
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, Mapping):
-            raise _bad("response_format.json_schema",
-                       "must be an object like {'name': ..., 'schema': {...}}")
-        schema = spec.get("schema", {})
-        if not isinstance(schema, dict):
-            raise _bad("response_format.json_schema.schema", "must be a JSON schema object")
-        return wire.Constraint(kind="json_schema", schema=schema)
-    raise _bad("response_format", "must be an object whose type is 'text', 'json_object' "
-                                  f"or 'json_schema' (got {str(kind)[:64]!r})")
-
-
-def _constraint(body: Mapping[str, Any]) -> tuple[wire.Constraint | None, str]:
-    """The output constraint and the field that set it: ``response_format``, or
-    llama-server's ``json_schema`` (a schema) or ``grammar`` (GBNF). At most one."""
-    found: list[tuple[str, wire.Constraint]] = []
-    try:
-        fmt = _response_format(body.get("response_format"))
-        if fmt is not None:
-            found.append(("response_format", fmt))
-        schema = body.get("json_schema")
-        if schema is not None and schema != {}:
-            if not isinstance(schema, dict):
-                raise _bad("json_schema", "must be a JSON schema object")
-            found.append(("json_schema", wire.Constraint(kind="json_schema", schema=schema)))
-        grammar = body.get("grammar")
-        if grammar is not None and grammar != "":
-            if not isinstance(grammar, str):
-                raise _bad("grammar", "must be a GBNF grammar (a string)")
-            found.append(("grammar", wire.Constraint(kind="gbnf", grammar=grammar)))
-    except BadRequest as exc:
-        raise _from_protocol(exc.under("response_format")) from None
-    if len(found) > 1:
-        raise _bad(found[1][0], f"only one of response_format, json_schema and grammar may "
-                                f"constrain the output (got {found[0][0]} too)")
-    return (found[0][1], found[0][0]) if found else (None, "response_format")
+    if isinstance(value, dict):
+        return value
+    if not isinstance(value, list) or len(value) > wire.MAX_LOGIT_BIAS:
+        raise _bad("logit_bias", "must be an object of token ids to numbers in [-100, 100] "
+                                 "(or an array of [token id, bias] pairs)")
+    out: dict[str, float] = {}
+    for i, pair in enumerate(value):
+        if (not isinstance(pair, list) or len(pair) != 2 or not _is_int(pair[0])
+                or pair[0] < 0 or not (_is_number(pair[1]) or pair[1] is False)):
+            raise _bad(f"logit_bias[{i}]", "must be a [token id, bias or false] pair")
+        out[str(pair[0])] = -100.0 if pair[1] is False else float(pair[1])
+    return out
 
 
 def _stop(value: object) -> tuple[str, ...]:
@@ -381,7 +372,26 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     refused = check_fields(body, chat=chat)
     if refused is not None:
         raise _bad(*refused)
-    constraint, constraint_param = _constraint(body)
+    try:
+        constraint, constraint_param = output_constraint(body)
+    except BadRequest as exc:
+        raise _from_protocol(exc.under("response_format")) from None
+    except FormatError as exc:
+        raise _bad(exc.param, exc.message) from None
+    try:
+        tools = parse_tools(body) if chat else None
+    except ToolError as exc:
+        raise _bad(exc.param, exc.message) from None
+    if not chat and body.get("tools"):
+        raise _bad("tools", "tools are for /v1/chat/completions")
+    if tools is not None and constraint is not None and tool_constraint(tools) is not None:
+        raise _bad("tool_choice", f"a forced tool call and {constraint_param} cannot both "
+                                  "constrain the answer")
+    if tools is not None and constraint is None:
+        constraint, constraint_param = tool_constraint(tools), "tools"
+    logprobs, why = requested_logprobs(body, chat=chat)
+    if why is not None:
+        raise _bad(why.partition(":")[0], why.partition(": ")[2])
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "must be true or false")
@@ -401,10 +411,27 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
         raise _bad("top_p", "must be greater than 0")
-    sampling = wire.SamplingParams(
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_k=top_k, top_p=top_p,
-        seed=seed,
-    )
+    repeat_last_n = body.get("repeat_last_n", 64)
+    if not _is_int(repeat_last_n) or repeat_last_n < -1:
+        raise _bad("repeat_last_n", "must be an integer >= -1 (-1: the whole context)")
+    typical_p = _number(body, "typical_p", 1.0, 0.0, 1.0)
+    if typical_p == 0.0:
+        raise _bad("typical_p", "must be greater than 0")
+    repeat_penalty = _number(body, "repeat_penalty", 1.0, 0.0, 100.0)
+    if repeat_penalty == 0.0:
+        raise _bad("repeat_penalty", "must be greater than 0")
+    try:
+        sampling = wire.SamplingParams(
+            temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_k=top_k,
+            top_p=top_p, seed=seed, min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+            typical_p=typical_p, repeat_penalty=repeat_penalty,
+            repeat_last_n=wire.MAX_LOOKBACK if repeat_last_n == -1 else repeat_last_n,
+            presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            logit_bias=_logit_bias(body.get("logit_bias")),
+        )
+    except BadRequest as exc:
+        raise _from_protocol(exc) from None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     prompt, prompt_ids = (None, None) if chat else _prompt(body.get("prompt"))
     max_tokens, max_tokens_param = _max_tokens(body)
@@ -412,7 +439,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
         generate = Generate(
             id=rid,
             prompt=prompt,
-            messages=parse_messages(body.get("messages")) if chat else None,
+            messages=_offered(parse_messages(body.get("messages")), tools) if chat else None,
             max_tokens=max_tokens,
             sampling=sampling,
             stop=_stop(body.get("stop")),
@@ -423,7 +450,9 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
         raise _from_protocol(exc) from None
     return CompletionRequest(generate=generate, chat=chat, prompt_ids=prompt_ids,
                              max_tokens_param=max_tokens_param,
-                             constraint_param=constraint_param, stream=stream,
+                             constraint_param=constraint_param, logprobs=logprobs,
+                             tools=tools,
+                             stream=stream,
                              include_usage=include_usage, model=model,
                              created=int(time.time()))
 
@@ -479,12 +508,17 @@ def _object(req: CompletionRequest, *, stream: bool) -> str:
 
 def completion_response(req: CompletionRequest, model: str, fingerprint: str, text: str,
                         finish: str, stats: GenerationStats, proposer: str | None,
-                        prompt_tokens: int, seed: int | None) -> dict[str, Any]:
+                        prompt_tokens: int, seed: int | None,
+                        logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole (non-streamed) answer."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None,
+    choice: dict[str, Any] = {"index": 0, "logprobs": logprobs,
                               "finish_reason": finish_reason(finish)}
     if req.chat:
-        choice["message"] = {"role": "assistant", "content": text}
+        content, calls = tool_answer(req, text, finish)
+        choice["message"] = {"role": "assistant", "content": content}
+        if calls:
+            choice["message"]["tool_calls"] = calls
+            choice["finish_reason"] = "tool_calls"
     else:
         choice["text"] = text
     return {
@@ -495,17 +529,31 @@ def completion_response(req: CompletionRequest, model: str, fingerprint: str, te
     }
 
 
+def tool_answer(req: CompletionRequest, text: str, finish: str
+                ) -> tuple[str | None, list[dict[str, Any]]]:
+    """The chat answer's content and tool calls (none unless the request offered tools
+    and the answer ended on its own)."""
+    if req.tools is None:
+        return text, []
+    return answer_calls(text, req.tools, finished=finish in ("eog", "stop"))
+
+
 def chunk(req: CompletionRequest, model: str, fingerprint: str, *, text: str | None = None,
-          role: bool = False, finish: str | None = None) -> dict[str, Any]:
-    """One streamed chunk: text (or, for chat, the opening role) and/or the finish."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None,
+          role: bool = False, finish: str | None = None,
+          logprobs: dict[str, Any] | None = None,
+          tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One streamed chunk: text (or, for chat, the opening role, or the tool calls)
+    and/or the finish."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": logprobs,
                               "finish_reason": finish_reason(finish) if finish else None}
     if req.chat:
-        delta: dict[str, str] = {}
+        delta: dict[str, Any] = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
         choice["delta"] = delta
     else:
         choice["text"] = text or ""

@@ -20,35 +20,26 @@ __all__ = ["check_fields"]
 _HANDLED: Final = frozenset({
     "model", "stream", "stream_options", "seed", "top_k", "top_p", "temperature", "stop",
     "speculative", "max_tokens", "max_completion_tokens", "n", "response_format",
-    "json_schema", "grammar",
+    "json_schema", "grammar", "presence_penalty", "frequency_penalty", "repeat_penalty",
+    "repeat_last_n", "min_p", "typical_p", "logit_bias", "logprobs", "top_logprobs",
+    "tools", "tool_choice", "parallel_tool_calls",
 })
 _PER_ENDPOINT: Final = {True: frozenset({"messages"}), False: frozenset({"prompt"})}
 
 _NO_EFFECT: Final = frozenset({
     # OpenAI's: bookkeeping and routing, never the text.
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
-    "parallel_tool_calls",
     # llama-server's: meshd always reuses cached prompt prefixes.
     "cache_prompt",
 })
 
 _UNSUPPORTED: Final[dict[str, tuple[object, ...]]] = {
     # field: the values that change nothing (besides null)
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
     "echo": (False,),
     "best_of": (1,),
     "suffix": ("",),
-    "logit_bias": ({},),
-    "tools": ([],),
     "functions": ([],),
-    "tool_choice": ("none", "auto"),
     "function_call": ("none", "auto"),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "repeat_penalty": (1,),
-    "min_p": (0,),
-    "typical_p": (1,),
     "mirostat": (0,),
     "prediction": (),
     "audio": (),

@@ -200,7 +200,7 @@ async def test_openai_error_codes_and_field_names(smol: ModelRuntime) -> None:
         assert r.status_code == 200
         for extra, param in (({"response_format": {"type": "json"}}, "response_format"),
                              ({"frobnicate": True}, "frobnicate"),
-                             ({"presence_penalty": 0.7}, "presence_penalty")):
+                             ({"presence_penalty": 7}, "presence_penalty")):
             r = await http.post("/v1/completions", json={"prompt": PROMPT, **extra})
             assert r.status_code == 400 and r.json()["error"]["param"] == param
         r = await http.post("/v1/chat/completions", json={

@@ -1,0 +1,187 @@
+"""OpenAI tool calls on chat completions: the request's ``tools`` and ``tool_choice``,
+the prompt that offers them, the constraint that holds a forced call to the functions'
+schemas, and the answer's ``tool_calls``.
+
+Why one call syntax (Hermes': ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
+which Qwen, Hermes and SmolLM-style chat models are trained on) offered in a system turn:
+it works with any chat template, including those that know no tools (llama-server's
+generic handler does the same with its own format). With ``tool_choice`` ``required`` or
+a named function the whole answer is constrained to such calls, each ``arguments``
+object to its function's JSON schema, so the call parses and validates; with ``auto``
+the model chooses and the answer is parsed. A call cut short (``max_tokens``) stays in
+the content: ``tool_calls`` only ever holds whole, valid calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+
+from meshd.protocol import messages as wire
+
+from ..constraint import JSON_DEFAULTS
+
+__all__ = ["ToolError", "ToolSpec", "answer_calls", "offer_tools", "parse_tools", "past_calls",
+           "tool_constraint"]
+
+MAX_TOOLS: Final = 128
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+class ToolError(ValueError):
+    """A bad ``tools`` / ``tool_choice`` field: (param, message)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.message = message
+
+
+@attrs.frozen
+class ToolSpec:
+    """The request's functions (name -> JSON schema of the arguments) and its choice."""
+
+    functions: tuple[tuple[str, str, dict[str, Any]], ...]  # (name, description, schema)
+    choice: str  # "auto", "required" or "named"
+    named: str | None = None
+    parallel: bool = True
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _ in self.functions)
+
+
+def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
+    """The request's tools, or None (no tools, or ``tool_choice: "none"``)."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice not in (None, "none", "auto"):
+            raise ToolError("tool_choice", "needs tools")
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise ToolError("tools", f"must be an array of at most {MAX_TOOLS} functions")
+    functions = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(tool, Mapping) or tool.get("type", "function") != "function" \
+                or not isinstance(fn, Mapping):
+            raise ToolError(f"tools[{i}]", "must be {'type': 'function', 'function': {...}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ToolError(f"tools[{i}].function.name",
+                            "must be 1-64 letters, digits, '_', '.', ':' or '-'")
+        schema = fn.get("parameters", {"type": "object"})
+        if not isinstance(schema, dict):
+            raise ToolError(f"tools[{i}].function.parameters", "must be a JSON schema object")
+        description = fn.get("description", "")
+        functions.append((name, description if isinstance(description, str) else "", schema))
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ToolError("parallel_tool_calls", "must be true or false")
+    if choice in (None, "auto"):
+        return ToolSpec(tuple(functions), "auto", parallel=parallel)
+    if choice == "none":
+        return None
+    if choice == "required":
+        return ToolSpec(tuple(functions), "required", parallel=parallel)
+    named = choice.get("function", {}).get("name") if isinstance(choice, Mapping) else None
+    if not isinstance(named, str):
+        raise ToolError("tool_choice", "must be 'none', 'auto', 'required' or "
+                                       "{'type': 'function', 'function': {'name': ...}}")
+    if named not in {f[0] for f in functions}:
+        raise ToolError("tool_choice", f"names {named[:64]!r}, which is not in tools")
+    return ToolSpec(tuple(functions), "named", named, parallel)
+
+
+def past_calls(calls: object, param: str) -> str:
+    """An assistant turn's earlier ``tool_calls`` in the call syntax the model is offered
+    (so a conversation reads as the model would have written it)."""
+    if not isinstance(calls, list):
+        raise ToolError(param, "must be an array of tool calls")
+    out = []
+    for i, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise ToolError(f"{param}[{i}]", "must be {'function': {'name', 'arguments'}}")
+        args = fn.get("arguments", "{}")
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            parsed = args
+        out.append("<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": parsed})
+                   + "\n</tool_call>")
+    return ("\n" if out else "") + "\n".join(out)
+
+
+def offer_tools(messages: Sequence[Mapping[str, Any]], spec: ToolSpec) -> list[dict[str, Any]]:
+    """The chat with the tools offered in its system turn (merged into the first system
+    message, if any)."""
+    listing = "\n".join(json.dumps({"type": "function", "function": {
+        "name": name, "description": description, "parameters": schema}})
+        for name, description, schema in spec.functions)
+    offer = ("You may call one or more functions to assist with the user query. The "
+             f"functions are:\n<tools>\n{listing}\n</tools>\nTo call a function, reply "
+             "with a JSON object with its name and arguments within <tool_call></tool_call> "
+             'tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
+             "\n</tool_call>")
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0].get('content') or ''}\n\n{offer}".strip()
+    else:
+        out.insert(0, {"role": "system", "content": offer})
+    return out
+
+
+def tool_constraint(spec: ToolSpec) -> wire.Constraint | None:
+    """For ``required`` or a named function: the answer is calls only, each call's
+    arguments held to its function's schema (a Lark grammar with JSON-schema rules)."""
+    if spec.choice == "auto":
+        return None
+    wanted = [f for f in spec.functions if spec.choice == "required" or f[0] == spec.named]
+    alternatives = [{"type": "object", "properties": {
+        "name": {"const": name}, "arguments": schema},
+        "required": ["name", "arguments"], "additionalProperties": False}
+        for name, _, schema in wanted]
+    call_schema: dict[str, Any] = (alternatives[0] if len(alternatives) == 1
+                                   else {"anyOf": alternatives})
+    call_schema = {**call_schema, "x-guidance": dict(JSON_DEFAULTS)}
+    # Parallel calls: at most one per function (a small model would repeat a call
+    # until max_tokens otherwise).
+    most = len(wanted) if spec.parallel and spec.choice == "required" else 1
+    grammar = (f'start: call{{1,{most}}}\n'
+               'call: "<tool_call>\\n" body "\\n</tool_call>" "\\n"?\n'
+               f"body: %json {json.dumps(call_schema)}\n")
+    return wire.Constraint(kind="lark", grammar=grammar)
+
+
+def answer_calls(text: str, spec: ToolSpec, *, finished: bool
+                 ) -> tuple[str | None, list[dict[str, Any]]]:
+    """The answer's content and ``tool_calls``: whole ``<tool_call>`` blocks that parse
+    and name an offered function become calls (at most one unless parallel calls are
+    allowed); anything else, and everything in an answer that did not finish on its
+    own, stays content."""
+    if not finished:
+        return text, []
+    calls: list[dict[str, Any]] = []
+    for match in _CALL.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            return text, []
+        if (not isinstance(call, dict) or call.get("name") not in spec.names
+                or not isinstance(call.get("arguments", {}), dict)):
+            return text, []
+        calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                      "function": {"name": call["name"],
+                                   "arguments": json.dumps(call.get("arguments", {}))}})
+    if not calls or (len(calls) > 1 and not spec.parallel):
+        return text, []
+    content = _CALL.sub("", text).strip()
+    return (content or None), calls

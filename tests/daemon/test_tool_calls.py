@@ -1,0 +1,144 @@
+"""Tool calls through the official client: with ``tool_choice`` ``required`` or a named
+function every call parses and validates against its function's schema (unseen, nested
+schemas, on the default model and on a synthetic qwen35); streaming sends OpenAI's
+``delta.tool_calls``; a call cut by ``max_tokens`` stays in the content; a conversation
+with earlier calls and tool results is accepted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import jsonschema
+import pytest
+
+from meshd.daemon.http.tool_calls import ToolSpec, answer_calls, tool_constraint
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.native import testmodels
+
+from .daemon_helpers import assert_no_leaks, wait_idle
+from .test_http import http_daemon, openai_client
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 30},
+            "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "book_table", "description": "Book a restaurant table",
+        "parameters": {"type": "object", "properties": {
+            "restaurant": {"type": "string", "maxLength": 30},
+            "people": {"type": "integer", "minimum": 1, "maximum": 12},
+            "when": {"type": "object", "properties": {
+                "day": {"enum": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]},
+                "hour": {"type": "integer", "minimum": 0, "maximum": 23}},
+                "required": ["day", "hour"], "additionalProperties": False},
+            "notes": {"type": "array", "items": {"type": "string", "maxLength": 20},
+                      "maxItems": 2}},
+            "required": ["restaurant", "people", "when"], "additionalProperties": False}}},
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "user", "content": "Book a table for four at Luigi's on Friday at 8pm, "
+                                   "then tell me the weather in Rome."}]
+
+
+@pytest.fixture(scope="module")
+def smol() -> Iterator[ModelRuntime]:
+    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=2048, n_seq_max=2, draft_max=6,
+                                    calibrate=False, threads=1))
+    yield rt
+    rt.close()
+
+
+def _valid(calls: list[dict[str, object]] | list[object]) -> None:
+    assert calls
+    for call in calls:
+        fn = call["function"] if isinstance(call, dict) else call.function  # type: ignore
+        name = fn["name"] if isinstance(fn, dict) else fn.name
+        args = fn["arguments"] if isinstance(fn, dict) else fn.arguments
+        jsonschema.validate(json.loads(args), SCHEMAS[name])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_forced_calls_validate_and_stream(smol: ModelRuntime) -> None:
+    async with http_daemon(smol) as (server, _path, http):
+        api = openai_client(http)
+        for choice in ("required", {"type": "function", "function": {"name": "book_table"}},
+                       {"type": "function", "function": {"name": "get_weather"}}):
+            for temperature in (0.0, 0.9):
+                got = await api.chat.completions.create(
+                    model="m", messages=ASK, tools=TOOLS, tool_choice=choice,  # type: ignore
+                    max_tokens=300, temperature=temperature, seed=4)
+                c = got.choices[0]
+                assert c.finish_reason == "tool_calls", c
+                _valid(c.message.tool_calls or [])
+                if isinstance(choice, dict):
+                    assert {t.function.name for t in c.message.tool_calls or []} == \
+                        {choice["function"]["name"]}
+        stream = await api.chat.completions.create(
+            model="m", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=300,
+            temperature=0, stream=True)  # type: ignore
+        calls: dict[int, dict[str, str]] = {}
+        finish = None
+        async for ch in stream:
+            if not ch.choices:
+                continue
+            for d in ch.choices[0].delta.tool_calls or []:
+                slot = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                slot["name"] += (d.function.name or "") if d.function else ""
+                slot["arguments"] += (d.function.arguments or "") if d.function else ""
+            finish = ch.choices[0].finish_reason or finish
+        assert finish == "tool_calls"
+        _valid([{"function": c} for c in calls.values()])
+        # Cut short: the partial call is content, never a malformed tool_calls.
+        cut = await api.chat.completions.create(
+            model="m", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=6,
+            temperature=0)  # type: ignore
+        assert cut.choices[0].finish_reason == "length"
+        assert not cut.choices[0].message.tool_calls
+        assert (cut.choices[0].message.content or "").startswith("<tool_call>")
+        # A conversation carrying an earlier call and its result, then auto.
+        history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": '{"city": "Rome", "unit": "celsius"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'}]
+        after = await api.chat.completions.create(
+            model="m", messages=history, tools=TOOLS, max_tokens=40, temperature=0)  # type: ignore
+        msg = after.choices[0].message
+        assert msg.content or msg.tool_calls
+        if msg.tool_calls:
+            _valid(msg.tool_calls)
+        r = await http.post("/v1/chat/completions", json={
+            "messages": ASK, "tools": [{"type": "function", "function": {"name": "bad name"}}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].function.name"
+        r = await http.post("/v1/chat/completions", json={
+            "messages": ASK, "tools": TOOLS, "tool_choice": {"type": "function",
+                                                             "function": {"name": "nope"}}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+        await wait_idle(server)
+        assert_no_leaks(server)
+
+
+def test_forced_calls_hold_on_a_synthetic_qwen35() -> None:
+    rt = ModelRuntime(RuntimeConfig(
+        model_path=str(testmodels.test_model_path("qwen35", acceptance=0.9)), n_ctx_seq=1024,
+        calibrate=False, threads=1))
+    try:
+        spec = ToolSpec(tuple((t["function"]["name"], "", t["function"]["parameters"])
+                              for t in TOOLS), "required", parallel=False)
+        constraint = tool_constraint(spec)
+        assert constraint is not None
+        grammar = rt.compile_constraint(constraint.kind, constraint.value)
+        prompt = rt.tokenize_prompt("Call a tool. ", chat=False)
+        for proposer in ("off", "mtp"):
+            gen = rt.generation(prompt, max_tokens=400, proposer=proposer, grammar=grammar)
+            text = "".join(e.text for e in gen.run())
+            content, calls = answer_calls(text, spec, finished=gen.finish.value == "eog")
+            assert gen.finish.value == "eog", text
+            _valid(calls)
+            assert content is None
+    finally:
+        rt.close()

@@ -1,0 +1,325 @@
+"""Older protocol versions: the server reads and writes a version-1 client's frames as
+version 1 defined them (``git show f2bc852^:protocol/messages.py``), pure functions
+tested on their own and through the sans-I/O server connection."""
+
+from __future__ import annotations
+
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshd.protocol import (
+    PROTOCOL_VERSION,
+    REQUEST_TYPES,
+    RESPONSE_TYPES,
+    BadRequest,
+    CancelReply,
+    Done,
+    ErrorCode,
+    ErrorMessage,
+    FinishReason,
+    Generate,
+    Hello,
+    ModelInfo,
+    ModelsReply,
+    PermissionDenied,
+    ProposerStats,
+    StatsReply,
+    Welcome,
+    decode_request,
+    decode_response,
+    encode,
+    unstructure,
+    versions,
+)
+from meshd.protocol.connection import LocalProtocolError, Rejected, ServerConnection, State
+from meshd.protocol.versions import (
+    OLDEST_VERSION,
+    SCHEMAS,
+    V1,
+    Shape,
+    Unrepresentable,
+    check_request,
+    downgrade,
+    speaks,
+    unsupported_message,
+)
+
+from . import strategies
+
+MODEL = ModelInfo(name="m", n_ctx=512, gpu_layers=30)
+
+
+def test_every_version_from_the_first_to_the_current_is_spoken() -> None:
+    assert OLDEST_VERSION == 1
+    assert [v for v in range(-1, PROTOCOL_VERSION + 3) if speaks(v)] == \
+        list(range(1, PROTOCOL_VERSION + 1))
+    assert set(SCHEMAS) == set(range(OLDEST_VERSION, PROTOCOL_VERSION))
+    assert unsupported_message(3) == \
+        f"server speaks protocol versions 1 to {PROTOCOL_VERSION}, not 3"
+
+
+# ------------------------------------------------------------- the schema itself
+
+
+def _attrs_class(hint: Any) -> type | None:
+    """The attrs class inside a field's type (``X``, ``X | None``, ``tuple[X, ...]``,
+    ``dict[str, X]``), if any."""
+    if attrs.has(hint):
+        return typing.cast(type, hint)
+    for arg in typing.get_args(hint):
+        found = _attrs_class(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _fields_today(cls: type, shape: Shape, path: str) -> dict[str, set[str]]:
+    """Fields ``cls`` has today beyond ``shape``, by path (nested objects included)."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in attrs.fields(cls)]
+    assert set(shape.fields) <= set(names), f"{path}: a version-1 field was dropped"
+    assert list(shape.fields) == [n for n in names if n in shape.fields], f"{path}: order"
+    extra = {path: set(names) - set(shape.fields)}
+    for name, (_, inner) in shape.nested.items():
+        nested = _attrs_class(hints[name])
+        assert nested is not None, f"{path}.{name}"
+        extra.update(_fields_today(nested, inner, f"{path}.{name}"))
+    return {p: e for p, e in extra.items() if e}
+
+
+_REQUEST_ADDITIONS: dict[str, dict[str, set[str]]] = {
+    "cancel": {"cancel": {"ack"}},
+    "generate": {"generate": {"constraint"}, "generate.speculative": {"options"}},
+}
+"""The request fields PROTOCOL.md lists as added since version 1 (more may come within
+a version: the schema is a whitelist, so they stay out of version 1 all the same)."""
+
+
+@pytest.mark.parametrize("op", sorted(V1.requests))
+def test_version_1_requests_keep_every_field(op: str) -> None:
+    extra = _fields_today(REQUEST_TYPES[op], V1.requests[op], op)
+    for path, added in _REQUEST_ADDITIONS.get(op, {}).items():
+        assert added <= extra[path]
+
+
+def test_version_1_responses_lack_exactly_the_documented_additions() -> None:
+    extra = {op: _fields_today(RESPONSE_TYPES[op], shape, op)
+             for op, shape in V1.responses.items()}
+    assert {k: v for e in extra.values() for k, v in e.items()} == {
+        "done": {"seed"},
+        "welcome.model": {"gpu_layers"},
+        "models_reply.models": {"gpu_layers"},
+    }
+    assert set(RESPONSE_TYPES) - set(V1.responses) == {"cancel_reply"}
+    assert set(REQUEST_TYPES) == set(V1.requests)
+
+
+# ------------------------------------------------------------- server frames
+
+
+def test_done_loses_its_seed_and_shutdown_reads_cancelled() -> None:
+    done = Done(id="g", finish_reason=FinishReason.SHUTDOWN, seed=7)
+    frame = downgrade(unstructure(done), 1)
+    assert list(frame)[:2] == ["op", "id"]
+    assert "seed" not in frame and frame["finish_reason"] == "cancelled"
+    assert set(frame) == {"op", *V1.responses["done"].fields}
+    for reason in set(FinishReason) - {FinishReason.SHUTDOWN}:
+        got = downgrade(unstructure(Done(id="g", finish_reason=reason)), 1)
+        assert got["finish_reason"] == reason.value
+
+
+def test_forbidden_reads_bad_request_and_other_codes_stay() -> None:
+    for code in ErrorCode:
+        frame = downgrade(unstructure(ErrorMessage(id=None, code=code, message="x")), 1)
+        assert frame["code"] == ("bad_request" if code is ErrorCode.FORBIDDEN else code.value)
+
+
+def test_models_lose_gpu_layers_wherever_they_are() -> None:
+    welcome = downgrade(unstructure(Welcome(id="h", protocol_version=1, server_version="t",
+                                            model=MODEL)), 1)
+    models = downgrade(unstructure(ModelsReply(id="m", models=(MODEL, MODEL))), 1)
+    assert "gpu_layers" not in welcome["model"] and welcome["model"]["n_ctx"] == 512
+    assert all("gpu_layers" not in m for m in models["models"])
+    stats = StatsReply(id="s", uptime_s=1.0, proposers={"ngram": ProposerStats(drafted=3)})
+    assert downgrade(unstructure(stats), 1) == unstructure(stats)
+
+
+def test_a_frame_version_1_lacks_cannot_be_written() -> None:
+    with pytest.raises(Unrepresentable, match="protocol version 1 has no 'cancel_reply'"):
+        downgrade(unstructure(CancelReply(id="a", cancelled=True)), 1)
+    with pytest.raises(BadRequest, match="cannot encode cancel_reply"):
+        encode(CancelReply(id="a", cancelled=True), version=1)
+    assert downgrade({"op": "cancel_reply", "id": "a", "cancelled": True},
+                     PROTOCOL_VERSION)["cancelled"] is True
+
+
+def _as_version_1(msg: Any) -> Any:
+    """What a version-1 client reads: today's message less what version 1 lacks."""
+    if isinstance(msg, Done):
+        finish = FinishReason.CANCELLED if msg.finish_reason is FinishReason.SHUTDOWN \
+            else msg.finish_reason
+        return attrs.evolve(msg, seed=None, finish_reason=finish)
+    if isinstance(msg, ErrorMessage) and msg.code is ErrorCode.FORBIDDEN:
+        return attrs.evolve(msg, code=ErrorCode.BAD_REQUEST)
+    if isinstance(msg, Welcome):
+        return attrs.evolve(msg, model=attrs.evolve(msg.model, gpu_layers=0))
+    if isinstance(msg, ModelsReply):
+        return attrs.evolve(msg, models=tuple(attrs.evolve(m, gpu_layers=0)
+                                              for m in msg.models))
+    return msg
+
+
+@settings(max_examples=200, deadline=None)
+@given(strategies.responses.filter(lambda m: not isinstance(m, CancelReply)))
+def test_every_version_1_frame_is_a_valid_frame(msg: Any) -> None:
+    line = encode(msg, version=1)
+    assert decode_response(line) == _as_version_1(msg)
+    assert json.loads(line) == downgrade(unstructure(msg), 1)
+
+
+# ------------------------------------------------------------- client frames
+
+
+@pytest.mark.parametrize(("frame", "message", "today"), [
+    ({"op": "cancel", "id": "g", "ack": "a"}, "cancel: unknown field 'ack' (allowed: id)",
+     True),
+    ({"op": "cancel", "id": "g", "ack": None}, "cancel: unknown field 'ack' (allowed: id)",
+     True),
+    ({"op": "generate", "id": "g", "prompt": "p", "constraint": {"kind": "json_object"}},
+     "generate: unknown field 'constraint' (allowed: id, prompt, messages, max_tokens, "
+     "sampling, stop, speculative)", True),
+    ({"op": "generate", "id": "g", "prompt": "p", "speculative": {"options": {}}},
+     "generate.speculative: unknown field 'options' (allowed: proposer, draft_max)", True),
+    ({"op": "generate", "id": "g", "prompt": "p", "sampling": {"min_p": 0.1, "x": 1}},
+     "generate.sampling: unknown fields 'min_p', 'x' (allowed: temperature, top_k, top_p, "
+     "seed)", False),
+    # Unknown in every version: said the way today's decoder says it.
+    ({"op": "generate", "id": "g", "messages": [{"role": "user", "content": "c", "n": 1}]},
+     "generate.messages[0]: unknown field 'n' (allowed: role, content)", False),
+])
+def test_a_field_version_1_lacks_is_refused_as_version_1_did(
+        frame: dict[str, Any], message: str, today: bool) -> None:
+    with pytest.raises(BadRequest) as info:
+        decode_request(json.dumps(frame), version=1)
+    assert (info.value.message, info.value.request_id) == (message, "g")
+    if today:
+        decode_request(frame)
+    else:
+        with pytest.raises(BadRequest):
+            decode_request(frame)
+
+
+def test_version_1_samples_at_0_8_unless_told() -> None:
+    prompt = {"op": "generate", "id": "g", "prompt": "p"}
+    v1 = decode_request(prompt, version=1)
+    assert isinstance(v1, Generate) and v1.sampling.temperature == 0.8
+    told = decode_request({**prompt, "sampling": {"top_k": 5}}, version=1)
+    assert isinstance(told, Generate)
+    assert (told.sampling.temperature, told.sampling.top_k) == (0.8, 5)
+    greedy = decode_request({**prompt, "sampling": {"temperature": 0}}, version=1)
+    assert isinstance(greedy, Generate) and greedy.sampling.temperature == 0
+    today = decode_request(prompt)
+    assert isinstance(today, Generate) and today.sampling.temperature == 0.0
+
+
+def test_what_is_wrong_otherwise_is_left_to_the_decoder() -> None:
+    for frame in ({"op": 3}, {"op": "nope", "id": "x"}, {"id": "x"},
+                  {"op": "generate", "id": "g", "prompt": "p", "sampling": None}):
+        assert check_request(frame, 1) == frame
+    with pytest.raises(BadRequest, match=r"generate\.sampling: expected an object"):
+        decode_request({"op": "generate", "id": "g", "prompt": "p", "sampling": None},
+                       version=1)
+
+
+_V1_ONLY: dict[str, tuple[str, ...]] = {
+    "sampling": ("temperature", "top_k", "top_p", "seed"),
+    "speculative": ("proposer", "draft_max"),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(strategies.requests)
+def test_a_version_1_request_means_what_it_means_today(msg: Any) -> None:
+    """Written out by version 1's rules (every field it knew present), a request
+    decodes the same in both versions."""
+    frame = {k: v for k, v in unstructure(msg).items() if k not in ("ack", "constraint")}
+    for name, keep in _V1_ONLY.items():
+        if name in frame:
+            frame[name] = {k: v for k, v in frame[name].items() if k in keep}
+    assert decode_request(frame, version=1) == decode_request(frame)
+
+
+# ------------------------------------------------------------- the server connection
+
+
+def _opened(version: int) -> ServerConnection:
+    server = ServerConnection()
+    server.receive_data(encode(Hello(id="h", protocol_version=version, client_name="t")))
+    assert isinstance(server.next_event(), Hello)
+    frame = json.loads(server.send(Welcome(id="h", protocol_version=version,
+                                           server_version="t", model=MODEL)))
+    assert frame["protocol_version"] == version and server.version == version
+    assert ("gpu_layers" in frame["model"]) == (version == PROTOCOL_VERSION)
+    return server
+
+
+def test_a_version_1_connection_reads_and_writes_version_1() -> None:
+    server = _opened(1)
+    server.receive_data(b'{"op":"generate","id":"g","prompt":"p"}\n'
+                        b'{"op":"cancel","id":"g","ack":"a"}\n')
+    generate = server.next_event()
+    assert isinstance(generate, Generate) and generate.sampling.temperature == 0.8
+    rejected = server.next_event()
+    assert isinstance(rejected, Rejected) and not rejected.fatal
+    error = json.loads(server.reject(rejected))
+    assert (error["id"], error["code"]) == ("g", "bad_request")
+    assert "unknown field 'ack'" in error["message"]
+    with pytest.raises(LocalProtocolError, match="protocol version 1 has no cancel_reply"):
+        server.send(CancelReply(id="a", cancelled=True))
+    done = json.loads(server.send(Done(id="g", finish_reason=FinishReason.SHUTDOWN, seed=3)))
+    assert "seed" not in done and done["finish_reason"] == "cancelled"
+    refused = json.loads(server.encode(ErrorMessage.from_error(PermissionDenied("no"))))
+    assert refused["code"] == "bad_request"
+    assert server.state is State.OPEN and server.in_flight == 0
+
+
+def test_a_current_connection_is_unchanged() -> None:
+    server = _opened(PROTOCOL_VERSION)
+    server.receive_data(b'{"op":"generate","id":"g","prompt":"p"}\n')
+    assert isinstance(server.next_event(), Generate)
+    done = json.loads(server.send(Done(id="g", finish_reason=FinishReason.SHUTDOWN, seed=3)))
+    assert (done["seed"], done["finish_reason"]) == (3, "shutdown")
+
+
+@pytest.mark.parametrize(("asked", "welcomed"), [
+    (PROTOCOL_VERSION, 1), (1, PROTOCOL_VERSION), (PROTOCOL_VERSION + 1, PROTOCOL_VERSION + 1),
+    (0, 0),
+])
+def test_the_welcome_answers_in_the_hellos_version(asked: int, welcomed: int) -> None:
+    server = ServerConnection()
+    server.receive_data(encode(Hello(id="h", protocol_version=asked, client_name="t")))
+    assert isinstance(server.next_event(), Hello)
+    with pytest.raises(LocalProtocolError, match="welcome in protocol"):
+        server.send(Welcome(id="h", protocol_version=welcomed, server_version="t",
+                            model=MODEL))
+    assert server.state is State.HANDSHAKE
+
+
+@given(st.integers(OLDEST_VERSION, PROTOCOL_VERSION))
+def test_any_spoken_version_opens(version: int) -> None:
+    assert _opened(version).state is State.OPEN
+
+
+def test_protocol_md_shows_what_version_1_is_told() -> None:
+    doc = (Path(versions.__file__).parent / "PROTOCOL.md").read_text(encoding="utf-8")
+    with pytest.raises(BadRequest) as info:
+        decode_request('{"op":"cancel","id":"2","ack":"3"}', version=1)
+    assert f'"message":"{info.value.message}"' in doc
+    assert f'"message":"{unsupported_message(3)}"' in doc

@@ -203,6 +203,12 @@ class HttpSection:
     idle_timeout_s: float = key(_HTTP.idle_timeout_s.default, "seconds a connection may be "
                                 "idle between requests", live=True,
                                 validator=_non_negative_float)
+    api_key: str | None = key(None, "Bearer key the TCP listener asks of every request but "
+                              "/health (the Unix socket checks its peer instead)",
+                              flag="api_key", live=True, example="a-long-random-string")
+    cors_origins: tuple[str, ...] = key((), "web origins whose pages may read the HTTP "
+                                        "answers (CORS; * for any)", flag="cors_origins",
+                                        live=True)
 
 
 @attrs.frozen
@@ -522,7 +528,8 @@ def server_config(config: Config) -> ServerConfig:
         frame_timeout_s=s.frame_timeout, backlog=s.backlog,
         http=HttpConfig(max_header_bytes=h.max_header_bytes, max_body_bytes=h.max_body_bytes,
                         request_timeout_s=h.request_timeout_s,
-                        idle_timeout_s=h.idle_timeout_s),
+                        idle_timeout_s=h.idle_timeout_s, api_key=h.api_key,
+                        cors_origins=h.cors_origins),
     )
 
 

@@ -71,6 +71,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="also serve HTTP (OpenAI API, /health, /metrics) on a loopback TCP "
                         "port or an inherited socket (fd://N); the Unix socket always "
                         "serves HTTP too")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on the TCP listener (not on "
+                        "/health; the Unix socket checks its peer instead); prefer "
+                        "$MESHD_HTTP_API_KEY or the config file, which other users cannot read")
+    p.add_argument("--cors-origins", default=None, metavar="ORIGIN[,ORIGIN...]",
+                   type=lambda text: [o.strip() for o in text.split(",") if o.strip()],
+                   help="web origins whose pages may read the HTTP answers (* for any)")
     p.add_argument("--slots", metavar="N", type=positive, default=opt.DEFAULT_SLOTS,
                    help="generations decoded together (sessions in the shared context)")
     p.add_argument("--prefix-cache-tokens", metavar="N", type=non_negative, default=None,

@@ -22,3 +22,7 @@ class HttpConfig:
     """Larger bodies are answered 413."""
     request_timeout_s: float = 30.0
     idle_timeout_s: float = 60.0
+    api_key: str | None = attrs.field(default=None, repr=False)  # never in a log line
+    """The TCP listener's Bearer key (None: none asked; the Unix socket never asks)."""
+    cors_origins: tuple[str, ...] = ()
+    """Web origins whose pages may read the answers (``*``: any); none by default."""

@@ -31,6 +31,8 @@ from meshd.protocol import FrameWriter, StreamReceiver
 
 from ..hangup import wait_hangup
 from ..service import Service
+from .access import authorized, cors_headers, preflight_headers
+from .openai_api import JSON, ApiError, error_body, json_bytes
 from .routes import Routes
 
 __all__ = ["HttpConnection"]
@@ -72,6 +74,11 @@ class HttpConnection:
         self._writer = FrameWriter(stream, timeout=service.config.send_timeout_s, shield=False)
         self._scope: anyio.CancelScope | None = None
         self._routes = Routes(service, self.log)
+        #: Over TCP (no peer credentials): the API key applies.
+        self._tcp = self._socket is not None and self._socket.family in (socket.AF_INET,
+                                                                           socket.AF_INET6)
+        #: The CORS headers of the current request's answer.
+        self._cors: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -111,6 +118,12 @@ class HttpConnection:
             if got is None:
                 return
             request, body = got
+            if await self._answered_at_the_door(request):
+                if self._h11.our_state is not h11.DONE or \
+                        self._h11.their_state is not h11.DONE:
+                    return
+                self._h11.start_next_cycle()
+                continue
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_peer)
                 try:
@@ -125,6 +138,26 @@ class HttpConnection:
                 return  # Connection: close, HTTP/1.0, or a response we could not finish
             self._h11.start_next_cycle()
             self._on_gone.clear()
+
+    async def _answered_at_the_door(self, request: h11.Request) -> bool:
+        """A CORS preflight, or a TCP request without the API key: answered here."""
+        headers = {k.lower(): v for k, v in request.headers}
+        allowed = self.config.cors_origins
+        origin = headers.get(b"origin")
+        self._cors = cors_headers(origin, allowed)
+        path = request.target.decode("ascii", "replace").partition("?")[0]
+        if request.method == b"OPTIONS" and origin is not None:
+            preflight = preflight_headers(origin, allowed)
+            await self.send(204 if preflight else 403, b"", "text/plain", preflight)
+            return True
+        if self._tcp and not authorized(headers, self.config.api_key, path):
+            self.service.counters["errors_forbidden"] += 1
+            self.log.info("http_unauthorized", path=path)
+            await self.send(401, json_bytes(error_body(ApiError(
+                401, "a valid API key is required (Authorization: Bearer KEY)",
+                code="invalid_api_key"))), JSON, [("WWW-Authenticate", "Bearer")])
+            return True
+        return False
 
     # ------------------------------------------------------------------ reading
 
@@ -272,7 +305,7 @@ class HttpConnection:
     def _headers(self, content_type: str, extra: Sequence[tuple[str, str]]
                  ) -> list[tuple[bytes, bytes]]:
         return [(b"Server", _SERVER_HEADER), (b"Content-Type", content_type.encode()),
-                *((k.encode(), v.encode()) for k, v in extra)]
+                *((k.encode(), v.encode()) for k, v in (*self._cors, *extra))]
 
     # ------------------------------------------------------------------ writing
 

@@ -1,0 +1,80 @@
+"""The TCP listener's API key and CORS: off by default; with ``api_key`` every TCP
+request but ``/health`` needs ``Authorization: Bearer KEY`` (the Unix socket never asks,
+it knows its peer); with ``cors_origins`` a browser's preflight is answered and the
+allowed origin is named on every answer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from meshd.daemon.http.access import authorized, cors_headers
+from meshd.daemon.http.config import HttpConfig
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.server import serving
+from meshd.daemon.service import ServerConfig
+
+from .daemon_helpers import short_tempdir
+
+pytestmark = pytest.mark.anyio
+KEY = "s3cret-key"
+BODY = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def smol() -> Iterator[ModelRuntime]:
+    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=256, calibrate=False, threads=1))
+    yield rt
+    rt.close()
+
+
+def test_key_and_origin_rules() -> None:
+    assert authorized({}, None, "/v1/models")
+    assert authorized({}, KEY, "/health")
+    assert not authorized({}, KEY, "/v1/models")
+    assert not authorized({b"authorization": b"Bearer wrong"}, KEY, "/v1/models")
+    assert authorized({b"authorization": b"bearer " + KEY.encode()}, KEY, "/v1/models")
+    assert cors_headers(b"http://ui.local", ()) == []
+    assert cors_headers(b"http://evil", ("http://ui.local",)) == []
+    assert ("Access-Control-Allow-Origin", "http://ui.local") in \
+        cors_headers(b"http://ui.local", ("http://ui.local",))
+
+
+async def test_tcp_needs_the_key_and_unix_does_not(smol: ModelRuntime) -> None:
+    path = f"{short_tempdir()}/s"
+    config = ServerConfig(http=HttpConfig(api_key=KEY, cors_origins=("http://ui.local",)))
+    async with serving(smol, path, config, http="tcp:127.0.0.1:0") as server:
+        assert server.http_listener is not None
+        port = int(server.http_listener.address.rpartition(":")[2])
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=base, timeout=60) as tcp:
+            r = await tcp.post("/v1/completions", json=BODY)
+            assert r.status_code == 401
+            assert r.json()["error"]["code"] == "invalid_api_key"
+            assert (await tcp.get("/health")).status_code == 200
+            r = await tcp.post("/v1/completions", json=BODY,
+                               headers={"Authorization": f"Bearer {KEY}",
+                                        "Origin": "http://ui.local"})
+            assert r.status_code == 200
+            assert r.headers["access-control-allow-origin"] == "http://ui.local"
+            r = await tcp.options("/v1/chat/completions", headers={
+                "Origin": "http://ui.local", "Access-Control-Request-Method": "POST"})
+            assert r.status_code == 204
+            assert "Authorization" in r.headers["access-control-allow-headers"]
+            r = await tcp.options("/v1/chat/completions", headers={"Origin": "http://evil"})
+            assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+            api = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=KEY, http_client=tcp,
+                                     max_retries=0)
+            got = await api.completions.create(model="m", prompt="Hi", max_tokens=2)
+            assert got.choices[0].text is not None
+        transport = httpx.AsyncHTTPTransport(uds=path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://meshd") as unix:
+            assert (await unix.post("/v1/completions", json=BODY)).status_code == 200

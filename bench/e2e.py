@@ -250,8 +250,8 @@ def _not_applicable(arm: E2eArm, mut: ModelUnderTest, workload: Workload, client
                     ) -> str | None:
     if arm.kind == "generate" and clients > 1:
         return "one request in-process: 1 client only"
-    if arm.kind == "generate" and workload.constrained:
-        return "meshd generate takes no response_format"
+    if arm.kind == "generate" and (workload.constrained or workload.prediction is not None):
+        return "meshd generate takes no response_format or prediction"
     if arm.copies_only and not (workload.copies or workload.constrained):
         return "runs only on workloads that copy their prompt or constrain the answer"
     if arm.kind == "generate" and generate_prompt(mut, workload, "") is None:

@@ -131,6 +131,8 @@ def request_body(mut: ModelUnderTest, workload: Workload, tag: str, tokens: int,
     else:
         body["prompt"] = f"{tag} {workload.plain_text}"
     body.update(constraint_fields(mut, workload))
+    if workload.prediction is not None:  # llama-server ignores it; meshd drafts from it
+        body["prediction"] = {"type": "content", "content": workload.prediction}
     return body
 
 

@@ -46,6 +46,8 @@ class Workload:
     #: OpenAI's ``response_format``, sent verbatim to chat endpoints (None: none sent).
     #: Not hashed: a dict is not hashable, and the name identifies a workload anyway.
     response_format: Mapping[str, Any] | None = attrs.field(default=None, hash=False)
+    #: OpenAI's predicted output (``prediction.content``): the text the client expects.
+    prediction: str | None = None
 
     @property
     def plain_text(self) -> str:
@@ -80,6 +82,9 @@ def _read_workload(path: Path) -> Workload:
         description = str(raw.get("description", ""))
         copies = bool(raw.get("copies", False))
         response_format = raw.get("response_format")
+        prediction = raw.get("prediction")
+        if prediction is not None and not isinstance(prediction, str):
+            raise TypeError("'prediction' must be the expected text (a string)")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BenchError(f"workload file {path}: {exc!r}; expected a JSON object with "
                          "'messages': [{'role': ..., 'content': ...}, ...]") from exc
@@ -89,7 +94,7 @@ def _read_workload(path: Path) -> Workload:
         why = _bad_response_format(response_format)
         if why is not None:
             raise BenchError(f"workload file {path}: 'response_format' {why}")
-    return Workload(name, description, messages, copies, response_format)
+    return Workload(name, description, messages, copies, response_format, prediction)
 
 
 def _bad_response_format(value: object) -> str | None:
@@ -120,8 +125,8 @@ def load_workloads(names: Sequence[str] | None = None) -> list[Workload]:
 
     A name ending in ``.json`` (or containing ``/``) is read as a workload file in the
     shipped format, so users can benchmark their own prompts. With no names, the
-    constrained ones are left out: the in-process benchmarks that run the default set
-    cannot apply a ``response_format``.
+    constrained and predicted ones are left out: the in-process benchmarks that run the
+    default set apply neither a ``response_format`` nor a ``prediction``.
     """
     found: dict[str, Workload] = {}
     for path in sorted(WORKLOAD_DIR.glob("*.json")):
@@ -130,7 +135,7 @@ def load_workloads(names: Sequence[str] | None = None) -> list[Workload]:
     if not found:
         raise BenchError(f"no workloads found in {WORKLOAD_DIR}")
     if not names:
-        return [w for w in found.values() if not w.constrained]
+        return [w for w in found.values() if not w.constrained and w.prediction is None]
     missing = [n for n in names if n not in found and not is_workload_file(n)]
     if missing:
         raise BenchError(f"unknown workload(s) {', '.join(missing)}; available: "

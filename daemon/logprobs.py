@@ -10,25 +10,14 @@ that ask.
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 import numpy.typing as npt
+
+from meshd.protocol.messages import MAX_TOP_LOGPROBS, TokenLogprob
 
 from .sampling import FloatArray
 
 __all__ = ["MAX_TOP_LOGPROBS", "TokenLogprob", "token_logprob"]
-
-#: Most alternatives a request may ask for per token (OpenAI's limit).
-MAX_TOP_LOGPROBS = 20
-
-
-@attrs.frozen
-class TokenLogprob:
-    """One committed token's log-probability and the most likely tokens at its row."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
 
 
 def token_logprob(row: FloatArray, token: int, top_n: int,
@@ -45,4 +34,4 @@ def token_logprob(row: FloatArray, token: int, top_n: int,
         best = np.argpartition(-x, n - 1)[:n]
         best = best[np.lexsort((best, -x[best]))]
         top = tuple((int(t), float(x[t] - logz)) for t in best if np.isfinite(x[t]))
-    return TokenLogprob(token, float(x[token] - logz), top)
+    return TokenLogprob(token=token, logprob=min(0.0, float(x[token] - logz)), top=top)

@@ -52,7 +52,8 @@ def model_info(runtime: ModelRuntime) -> wire.ModelInfo:
 
 def token_message(request_id: str, event: TokenEvent) -> wire.Token:
     """One committed-tokens event as a ``token`` frame."""
-    return wire.Token(id=request_id, text=event.text, token_ids=event.tokens)
+    return wire.Token(id=request_id, text=event.text, token_ids=event.tokens,
+                      logprobs=event.logprobs or None)
 
 
 def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.SpeculationStats:

@@ -400,11 +400,23 @@ class Service:
             raise BadRequest("generate.prompt: tokenizes to no tokens", request_id=rid)
         if len(prompt) + 1 > n_ctx:
             raise ModelError(self.runtime.prompt_too_long(len(prompt)), request_id=rid)
+        options = request.speculative.options
+        if request.prediction and proposer in (None, "auto"):
+            # Predicted Outputs: drafted from by the prediction proposer (a request
+            # that names its proposer keeps it).
+            try:
+                predicted = await anyio.to_thread.run_sync(functools.partial(
+                    self.runtime.model.tokenizer.tokenize, request.prediction,
+                    add_special=False, max_tokens=n_ctx))
+            except TooManyTokens as exc:
+                raise BadRequest.invalid_field("generate.prediction", str(exc)
+                                               ).with_request_id(rid) from exc
+            proposer, options = "prediction", {**(options or {}), "tokens": predicted}
         return GenerationRequest(
             prompt=tuple(prompt), max_tokens=max_tokens, sampling=sampling,
             stop=tuple(request.stop), proposer=proposer,
             draft_max=request.speculative.draft_max,
-            proposer_options=request.speculative.options, grammar=grammar,
+            proposer_options=options, grammar=grammar, logprobs=request.logprobs,
         )
 
     def _prompt_tokens(self, request: Generate) -> list[int]:

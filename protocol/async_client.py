@@ -60,6 +60,7 @@ from .messages import (
     Token,
     Tokenize,
     TokenizeReply,
+    TokenLogprob,
     Welcome,
     error_from_message,
 )
@@ -85,6 +86,8 @@ class Completion:
     text: str
     token_ids: tuple[int, ...]
     done: Done
+    #: One per token, when the request asked for ``logprobs``.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class GenerationStream:
@@ -104,6 +107,7 @@ class GenerationStream:
         self._finished = False
         self._pieces: list[str] = []
         self._token_ids: list[int] = []
+        self._logprobs: list[TokenLogprob] = []
 
     @property
     def id(self) -> str:
@@ -164,6 +168,7 @@ class GenerationStream:
         if isinstance(item, Token):
             self._pieces.append(item.text)
             self._token_ids.extend(item.token_ids)
+            self._logprobs.extend(item.logprobs or ())
             return item
         self._finish()
         if isinstance(item, Done):
@@ -200,7 +205,8 @@ class GenerationStream:
                 pass
         if self.done is None:  # pragma: no cover - the loop only ends on done or raises
             raise InternalError("generation ended without done", request_id=self.id)
-        return Completion(text=self.text, token_ids=self.token_ids, done=self.done)
+        return Completion(text=self.text, token_ids=self.token_ids, done=self.done,
+                          logprobs=tuple(self._logprobs))
 
 
 class Client:
@@ -348,6 +354,7 @@ class Client:
         draft_max: int | None = None,
         request_id: str | None = None,
         constraint: Constraint | None = None,
+        logprobs: int | None = None,
     ) -> GenerationStream:
         """Start a generation; returns the stream of its tokens (not yet sent).
 
@@ -377,6 +384,7 @@ class Client:
                 stop=(stop,) if isinstance(stop, str) else tuple(stop),
                 speculative=speculative,
                 constraint=constraint,
+                logprobs=logprobs,
             )
         except BadRequest as exc:
             raise exc.under("generate") from None

@@ -41,6 +41,7 @@ from .messages import (
     Message,
     Request,
     Response,
+    Token,
 )
 
 __all__ = [
@@ -192,6 +193,9 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook_factory(_is_list, lambda t: _array_factory(t, conv))
     conv.register_structure_hook_factory(_is_dict, lambda t: _object_factory(t, conv))
     conv.register_structure_hook_factory(attrs.has, lambda t: _attrs_factory(t, conv))
+    # The hot frame stays as small as before for the requests that ask no logprobs.
+    conv.register_unstructure_hook(Token, cattrs.gen.make_dict_unstructure_fn(
+        Token, conv, logprobs=cattrs.gen.override(omit_if_default=True)))
     return conv
 
 

@@ -32,9 +32,11 @@ from .validators import MAX_ID_LENGTH as MAX_ID_LENGTH
 from .validators import MAX_LOGIT_BIAS as MAX_LOGIT_BIAS
 from .validators import MAX_LOOKBACK as MAX_LOOKBACK
 from .validators import MAX_MESSAGES as MAX_MESSAGES
+from .validators import MAX_PREDICTION_LENGTH as MAX_PREDICTION_LENGTH
 from .validators import MAX_SEED as MAX_SEED
 from .validators import MAX_STOP_LENGTH as MAX_STOP_LENGTH
 from .validators import MAX_STOP_STRINGS as MAX_STOP_STRINGS
+from .validators import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 
 PROTOCOL_VERSION: Final = 2
 """The protocol version this package speaks; bumped on any incompatible change."""
@@ -315,6 +317,15 @@ class Generate:
         default=None, validator=check.rule("a Constraint", V.instance_of(Constraint),
                                            optional=True))
     """What the text must match (a JSON schema, a grammar); ``None``: free text."""
+    logprobs: int | None = attrs.field(default=None,
+                                       validator=check.integer(0, MAX_TOP_LOGPROBS,
+                                                               optional=True))
+    """Send each token's log-probability with this many alternatives (``token.logprobs``)."""
+    prediction: str | None = attrs.field(default=None, validator=check.rule(
+        f"a string of at most {MAX_PREDICTION_LENGTH} chars", check.STR,
+        V.max_len(MAX_PREDICTION_LENGTH), optional=True))
+    """The text the client expects back (OpenAI's Predicted Outputs), drafted from by
+    the ``prediction`` proposer unless the request names another."""
 
     def __attrs_post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -401,6 +412,18 @@ class Welcome:
 
 
 @attrs.frozen
+class TokenLogprob:
+    """A committed token's log-probability at the row that committed it (under the
+    request's constraint), and the most likely tokens there."""
+
+    token: int = attrs.field(validator=check.integer(0))
+    logprob: float = attrs.field(validator=check.rule("a finite number <= 0", check.NUMBER,
+                                                      V.le(0)))
+    top: tuple[tuple[int, float], ...] = attrs.field(default=())
+    """``[token id, log-probability]`` pairs, most likely first."""
+
+
+@attrs.frozen
 class Token:
     """A streamed piece of a generation.
 
@@ -412,6 +435,10 @@ class Token:
     id: str = attrs.field(validator=check.request_id)
     text: str = attrs.field(validator=check.string)
     token_ids: tuple[int, ...] = attrs.field(validator=check.int_items(0))
+    logprobs: tuple[TokenLogprob, ...] | None = attrs.field(default=None, validator=check.rule(
+        "an array of TokenLogprob", V.instance_of(TokenLogprob), each="a TokenLogprob",
+        container="array", optional=True))
+    """One per token of ``token_ids``, when the ``generate`` asked (``logprobs``)."""
 
 
 @attrs.frozen

@@ -209,6 +209,7 @@ class SyncClient:
         draft_max: int | None = None,
         request_id: str | None = None,
         constraint: Constraint | None = None,
+        logprobs: int | None = None,
     ) -> SyncGenerationStream:
         """Like :meth:`Client.generate`; returns a blocking iterator of tokens."""
         if self._closed:
@@ -226,6 +227,7 @@ class SyncClient:
             proposer=proposer,
             draft_max=draft_max,
             constraint=constraint,
+            logprobs=logprobs,
             request_id=request_id,
         )
         return SyncGenerationStream(self._portal, stream)

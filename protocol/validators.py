@@ -45,6 +45,10 @@ MAX_OPTIONS: Final = 64
 """Most keys in a request's proposer options."""
 MAX_LOOKBACK: Final = 1 << 20
 """Longest ``repeat_last_n`` (llama-server's -1, the whole context, is sent as this)."""
+MAX_PREDICTION_LENGTH: Final = 1 << 20
+"""Longest predicted output (OpenAI's Predicted Outputs), in characters."""
+MAX_TOP_LOGPROBS: Final = 20
+"""Most alternatives a request may ask for with each token's log-probability."""
 MAX_LOGIT_BIAS: Final = 4096
 """Most token ids one request may bias."""
 MAX_GRAMMAR_LENGTH: Final = 256 * 1024

@@ -58,8 +58,9 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
             gen = await service.prepare(req.generate)
             if req.prompt_ids is not None:
                 gen = _with_prompt_ids(service, gen, req.prompt_ids)
-            if req.logprobs is not None:
-                gen = attrs.evolve(gen, logprobs=req.logprobs)
+            predicted = (gen.proposer_options or {}).get("tokens")
+            if gen.proposer == "prediction" and isinstance(predicted, list):
+                req = attrs.evolve(req, predicted=len(predicted))
             if entry.cancelled:
                 return
             handle = service.submit(gen, rid)
@@ -227,7 +228,7 @@ def _closing(req: CompletionRequest, model: str, fp: str, finish: str,
         data += sse.event({"id": req.generate.id, "object": last["object"],
                            "created": req.created, "model": model,
                            "system_fingerprint": fp, "choices": [],
-                           "usage": usage(prompt_tokens, stats)})
+                           "usage": usage(prompt_tokens, stats, req.predicted)})
     return data + sse.DONE
 
 

@@ -153,8 +153,6 @@ class CompletionRequest:
     """The field that set ``max_tokens`` (``max_tokens`` or ``max_completion_tokens``)."""
     tools: ToolSpec | None
     """The functions the model may call, and how (None: no tools)."""
-    logprobs: int | None
-    """Alternatives to report with each token's log-probability (None: not asked)."""
     constraint_param: str
     """The field that constrained the output (``response_format``, llama-server's
     ``json_schema`` or ``grammar``), named in errors about the constraint."""
@@ -162,6 +160,10 @@ class CompletionRequest:
     include_usage: bool
     model: str | None
     created: int
+    logprobs: int | None = None
+    """Alternatives to report with each token's log-probability (None: not asked)."""
+    predicted: int | None = None
+    """Tokens of the request's predicted output (set once it is tokenized; None: none)."""
 
 
 def _bad(param: str, detail: str) -> ApiError:
@@ -299,6 +301,15 @@ def _logit_bias(value: object) -> dict[str, float] | None:
             raise _bad(f"logit_bias[{i}]", "must be a [token id, bias or false] pair")
         out[str(pair[0])] = -100.0 if pair[1] is False else float(pair[1])
     return out
+
+
+def _prediction(value: object) -> str | None:
+    """OpenAI's ``prediction: {"type": "content", "content": text or text parts}``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("type") != "content":
+        raise _bad("prediction", "must be {'type': 'content', 'content': ...}")
+    return _content(value.get("content"), "prediction.content") or None
 
 
 def _stop(value: object) -> tuple[str, ...]:
@@ -443,8 +454,10 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
             max_tokens=max_tokens,
             sampling=sampling,
             stop=_stop(body.get("stop")),
+            prediction=_prediction(body.get("prediction")),
             speculative=_speculative(body.get("speculative")),
             constraint=constraint,
+            logprobs=logprobs,
         )
     except BadRequest as exc:
         raise _from_protocol(exc) from None
@@ -463,11 +476,20 @@ def finish_reason(value: str) -> str:
     return "stop" if value == "eog" else value
 
 
-def usage(prompt_tokens: int, stats: GenerationStats) -> dict[str, Any]:
-    """OpenAI's usage, with the prompt tokens the prefix cache served (not recomputed)."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": stats.emitted,
-            "total_tokens": prompt_tokens + stats.emitted,
-            "prompt_tokens_details": {"cached_tokens": stats.reused_prompt_tokens}}
+def usage(prompt_tokens: int, stats: GenerationStats, predicted: int | None = None
+          ) -> dict[str, Any]:
+    """OpenAI's usage, with the prompt tokens the prefix cache served (not recomputed)
+    and, for a predicted output of ``predicted`` tokens, how many of them the answer
+    took from it (drafted and accepted) and how many it did not."""
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens, "completion_tokens": stats.emitted,
+        "total_tokens": prompt_tokens + stats.emitted,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_prompt_tokens}}
+    if predicted is not None:
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": stats.accepted,
+            "rejected_prediction_tokens": max(0, predicted - stats.accepted)}
+    return out
 
 
 def timings(stats: GenerationStats) -> dict[str, float | int]:
@@ -524,7 +546,7 @@ def completion_response(req: CompletionRequest, model: str, fingerprint: str, te
     return {
         "id": req.generate.id, "object": _object(req, stream=False), "created": req.created,
         "model": model, "system_fingerprint": fingerprint, "choices": [choice],
-        "usage": usage(prompt_tokens, stats),
+        "usage": usage(prompt_tokens, stats, req.predicted),
         "timings": timings(stats), "meshd": meshd_block(stats, proposer, seed),
     }
 

@@ -22,7 +22,7 @@ _HANDLED: Final = frozenset({
     "speculative", "max_tokens", "max_completion_tokens", "n", "response_format",
     "json_schema", "grammar", "presence_penalty", "frequency_penalty", "repeat_penalty",
     "repeat_last_n", "min_p", "typical_p", "logit_bias", "logprobs", "top_logprobs",
-    "tools", "tool_choice", "parallel_tool_calls",
+    "tools", "tool_choice", "parallel_tool_calls", "prediction",
 })
 _PER_ENDPOINT: Final = {True: frozenset({"messages"}), False: frozenset({"prompt"})}
 
@@ -41,7 +41,6 @@ _UNSUPPORTED: Final[dict[str, tuple[object, ...]]] = {
     "functions": ([],),
     "function_call": ("none", "auto"),
     "mirostat": (0,),
-    "prediction": (),
     "audio": (),
     "modalities": (["text"],),
     "reasoning_effort": (),

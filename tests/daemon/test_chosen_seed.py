@@ -61,12 +61,13 @@ def _synthetic(kind: str, corpus: str | None = None) -> ModelRuntime:
 
 
 def _run(rt: ModelRuntime, prompt: list[int], sampling: SamplingParams,
-         proposer: str) -> tuple[list[int], int, dict[str, int]]:
+         proposer: str, options: dict[str, object] | None = None
+         ) -> tuple[list[int], int, dict[str, int]]:
     name = proposer
     if proposer == "draft":
         name = f"draft:{testmodels.test_model_path('llama')}"
     gen = rt.generation(prompt, max_tokens=60, sampling=sampling, proposer=name,
-                        adaptive=False, proposer_options=OPTIONS.get(proposer))
+                        adaptive=False, proposer_options=options or OPTIONS.get(proposer))
     for _ in gen.run():
         pass
     return list(gen.committed), gen.stats.verify_calls, dict(gen.stats.refusals)
@@ -96,7 +97,9 @@ def test_a_chosen_seed_replays_with_and_without_speculation(kind: str,
         assert {"auto", "ngram", "composite", "draft"} <= set(proposers)
         assert ("mtp" in proposers) == (kind != "llama")
         for proposer in proposers:
-            got, verifies, refusals = _run(rt, prompt, sampling, proposer)
+            # A predicted output (the prediction proposer) is the answer the client expects.
+            options = {"tokens": ref} if proposer == "prediction" else None
+            got, verifies, refusals = _run(rt, prompt, sampling, proposer, options)
             assert got == ref, proposer
             assert verifies > 0 and "unseeded_sampling" not in refusals, proposer
     finally:

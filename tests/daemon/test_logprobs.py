@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.protocol import Client
 
 from .daemon_helpers import assert_no_leaks, wait_idle
 from .test_http import http_daemon, openai_client
@@ -103,5 +104,25 @@ async def test_completion_logprobs_and_constraint_mask(smol: ModelRuntime) -> No
                            ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")):
             r = await http.post("/v1/chat/completions", json={"messages": COPY, **bad})
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        await wait_idle(server)
+        assert_no_leaks(server)
+
+
+async def test_native_token_frames_carry_the_same_logprobs(smol: ModelRuntime) -> None:
+    async with http_daemon(smol) as (server, path, http):
+        r = await http.post("/v1/completions", json={
+            "prompt": "The colours are red, green", "max_tokens": 10, "temperature": 0,
+            "logprobs": 2})
+        ref = r.json()["choices"][0]["logprobs"]
+        async with Client.connect(path) as client:
+            done = await client.generate("The colours are red, green", max_tokens=10,
+                                         temperature=0.0, logprobs=2).collect()
+            plain = await client.generate("The colours are red, green", max_tokens=10,
+                                          temperature=0.0).collect()
+        assert [lp.token for lp in done.logprobs] == list(done.token_ids)
+        assert [lp.logprob for lp in done.logprobs][:len(ref["token_logprobs"])] == \
+            pytest.approx(ref["token_logprobs"], abs=1e-4)
+        assert all(len(lp.top) == 2 for lp in done.logprobs)
+        assert plain.logprobs == () and plain.text == done.text
         await wait_idle(server)
         assert_no_leaks(server)

@@ -15,10 +15,11 @@ import anyio
 import anyio.abc
 
 from meshd.clients import ctl
-from meshd.daemon.runtime import ModelRuntime
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import GREEDY, SamplingParams
 from meshd.daemon.server import Server, serving
 from meshd.daemon.service import ServerConfig
+from meshd.native import testmodels
 from meshd.protocol import (
     PROTOCOL_VERSION,
     Client,
@@ -164,3 +165,28 @@ class RawConnection:
 async def meshctl(*argv: str) -> int:
     """Run meshctl with ``argv`` in this process, off the event loop; its exit status."""
     return await anyio.to_thread.run_sync(ctl.main, list(argv))
+
+
+class KindRuntimes:
+    """Runtimes by model kind for one test module, each made on first use: ``smol`` is
+    the default SmolLM2, the others synthetic (``qwen35``, ``mimo2``, ``llama``) at
+    ``acceptance``; a ``-ckpt`` suffix turns in-place rollback off (restore-and-replay)."""
+
+    def __init__(self, *, acceptance: float, **config: Any) -> None:
+        self.acceptance = acceptance
+        self.config = config
+        self._made: dict[str, ModelRuntime] = {}
+
+    def __call__(self, kind: str) -> ModelRuntime:
+        if kind not in self._made:
+            base = kind.removesuffix("-ckpt")
+            path = None if base == "smol" else str(testmodels.test_model_path(
+                base, acceptance=self.acceptance))
+            self._made[kind] = ModelRuntime(RuntimeConfig(
+                model_path=path, in_place_rollback=not kind.endswith("-ckpt"), **self.config))
+        return self._made[kind]
+
+    def close(self) -> None:
+        for rt in self._made.values():
+            rt.close()
+        self._made.clear()

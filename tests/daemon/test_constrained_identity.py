@@ -15,9 +15,10 @@ import jsonschema
 import pytest
 
 from meshd.daemon.constraint import ConstraintError
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.runtime import ModelRuntime
 from meshd.daemon.sampling import SamplingParams
-from meshd.native import testmodels
+
+from .daemon_helpers import KindRuntimes
 
 SCHEMAS: dict[str, dict[str, object]] = {
     "record": {
@@ -57,27 +58,16 @@ SCHEMAS: dict[str, dict[str, object]] = {
 GREEDY = SamplingParams(temperature=0.0)
 SEEDED = SamplingParams(temperature=0.8, seed=11)
 
-_runtimes: dict[str, ModelRuntime] = {}
-
-
-def runtime(kind: str) -> ModelRuntime:
-    """One runtime per model kind (SmolLM2 is the default model); ``qwen35-ckpt`` keeps
-    no rollback snapshots, so its rejected drafts are undone by restore-and-replay."""
-    if kind not in _runtimes:
-        path = None if kind == "smol" else str(testmodels.test_model_path(
-            kind.removesuffix("-ckpt"), acceptance=0.74))
-        _runtimes[kind] = ModelRuntime(RuntimeConfig(
-            model_path=path, n_ctx_seq=512, n_seq_max=1, draft_max=6, calibrate=False,
-            threads=1, in_place_rollback=not kind.endswith("-ckpt")))
-    return _runtimes[kind]
+#: SmolLM2 and the synthetic kinds; ``qwen35-ckpt`` keeps no rollback snapshots, so its
+#: rejected drafts are undone by restore-and-replay.
+runtime = KindRuntimes(acceptance=0.74, n_ctx_seq=512, n_seq_max=1, draft_max=6,
+                       calibrate=False, threads=1)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _close_runtimes() -> Iterator[None]:
     yield
-    for rt in _runtimes.values():
-        rt.close()
-    _runtimes.clear()
+    runtime.close()
 
 
 def prompt_of(rt: ModelRuntime, text: str) -> list[int]:

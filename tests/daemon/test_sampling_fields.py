@@ -12,11 +12,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.runtime import ModelRuntime
 from meshd.daemon.sampling import Sampler, SamplingParams
-from meshd.native import testmodels
 
-from .daemon_helpers import assert_no_leaks, meshctl, wait_idle
+from .daemon_helpers import KindRuntimes, assert_no_leaks, meshctl, wait_idle
 from .test_http import http_daemon
 
 COPY = "Copy this list exactly: apple, banana, apple, cherry, banana, apple, cherry, apple."
@@ -46,25 +45,14 @@ def test_min_p_and_typical_p_keep_only_their_tokens() -> None:
     assert seen_typical == {1}
 
 
-_runtimes: dict[str, ModelRuntime] = {}
-
-
-def runtime(kind: str) -> ModelRuntime:
-    if kind not in _runtimes:
-        path = None if kind == "smol" else str(testmodels.test_model_path(kind,
-                                                                           acceptance=0.9))
-        _runtimes[kind] = ModelRuntime(RuntimeConfig(
-            model_path=path, n_ctx_seq=512, n_seq_max=2, draft_max=6, calibrate=False,
-            threads=1))
-    return _runtimes[kind]
+runtime = KindRuntimes(acceptance=0.9, n_ctx_seq=512, n_seq_max=2, draft_max=6,
+                       calibrate=False, threads=1)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _close_runtimes() -> Iterator[None]:
     yield
-    for rt in _runtimes.values():
-        rt.close()
-    _runtimes.clear()
+    runtime.close()
 
 
 def _prompt(rt: ModelRuntime) -> list[int]:

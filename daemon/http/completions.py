@@ -70,6 +70,9 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
             raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param,
                                          constraint_param=req.constraint_param) from None
         entry.attach(handle)
+        if req.n > 1:
+            await _choices(routes, req, gen, handle, out, entry)
+            return
         prompt_tokens = len(gen.prompt)
         seed = None if gen.sampling.greedy else gen.sampling.seed
         if req.stream:
@@ -250,3 +253,140 @@ def _log_finished(routes: RouteContext, req: CompletionRequest, final: Finished,
         target_forwards=st.decode_forwards,
         prefill_forwards=st.session.prefill_forwards, wall_ms=round(st.wall_ms, 2),
     )
+
+
+# --------------------------------------------------------------------- n > 1 choices
+
+
+@attrs.define
+class _Choice:
+    """One choice's generation while it runs, and what it came to."""
+
+    index: int
+    seed: int | None
+    handle: GenerationHandle
+    parts: list[str] = attrs.field(factory=list)
+    logprobs: list[TokenLogprob] = attrs.field(factory=list)
+    final: Finished | None = None
+
+
+async def _choices(routes: RouteContext, req: CompletionRequest, gen: GenerationRequest,
+                   first: GenerationHandle, out: Responder, entry: InFlightGeneration) -> None:
+    """``n`` > 1: the same request ``n`` times, decoded together (the scheduler batches
+    them; a prompt already prefilled comes from the prefix cache), choice ``i`` sampled
+    with the request's seed plus ``i`` (greedy choices are equal)."""
+    service = routes.service
+    seed = None if gen.sampling.greedy else gen.sampling.seed
+    choices = [_Choice(0, seed, first)]
+    extras: list[InFlightGeneration] = []
+    try:
+        await _run_choices(routes, req, gen, choices, extras, out, entry)
+    finally:
+        for extra in extras:
+            service.unregister(extra)
+
+
+async def _run_choices(routes: RouteContext, req: CompletionRequest, gen: GenerationRequest,
+                       choices: list[_Choice], extras: list[InFlightGeneration],
+                       out: Responder, entry: InFlightGeneration) -> None:
+    """Submit choices 1..n-1 (each tracked in ``extras``) and answer all of them."""
+    service = routes.service
+    seed = choices[0].seed
+    for i in range(1, req.n):
+        sampling = gen.sampling if seed is None else attrs.evolve(
+            gen.sampling, seed=(seed + i) % (1 << 64))
+        try:
+            handle = service.submit(attrs.evolve(gen, sampling=sampling), req.generate.id)
+        except ProtocolError as exc:  # (the queue is full): none of the choices runs
+            for running in (entry, *extras):
+                running.cancel()
+            raise ApiError.from_protocol(exc) from None
+        extra = InFlightGeneration(req.generate.id)
+        service.register(extra)
+        extras.append(extra)
+        extra.attach(handle)
+        out.on_gone(extra.cancel)
+        choices.append(_Choice(i, sampling.seed if seed is not None else None, handle))
+    send, receive = anyio.create_memory_object_stream[tuple[_Choice, object]](1024)
+
+    async def pump(choice: _Choice, sender: Any) -> None:
+        async with sender, choice.handle.events:
+            async for event in choice.handle.events:
+                await sender.send((choice, event))
+
+    async with anyio.create_task_group() as tg:
+        with send:
+            for choice in choices:
+                tg.start_soon(pump, choice, send.clone())
+        async with receive:
+            await _answer_choices(routes, req, choices, receive, out, len(gen.prompt))
+
+
+async def _answer_choices(routes: RouteContext, req: CompletionRequest,
+                          choices: list[_Choice], receive: Any, out: Responder,
+                          prompt_tokens: int) -> None:
+    """Collect (or stream, chunk by chunk with each choice's ``index``) the choices."""
+    model, fp = routes.service.model.name, system_fingerprint(routes.service)
+    live = await out.start(200, _SSE, [("Cache-Control", "no-cache")]) if req.stream else True
+    async for choice, event in receive:
+        data = b""
+        if isinstance(event, TokenEvent):
+            choice.parts.append(event.text)
+            choice.logprobs.extend(event.logprobs)
+            if req.stream and (event.text or event.logprobs):
+                data = sse.event(_indexed(chunk(req, model, fp, text=event.text, logprobs=(
+                    _logprobs(routes, req, list(event.logprobs)))), choice.index))
+        elif isinstance(event, GenerationFailed):
+            if not req.stream:
+                for other in choices:
+                    other.handle.cancel()
+                raise _failure(event)
+            data = sse.event(error_body(_failure(event)))
+        elif isinstance(event, Finished):
+            choice.final = event
+            _log_finished(routes, req, event, event.finish.value, prompt_tokens)
+            if req.stream:
+                last = _indexed(chunk(req, model, fp, finish=event.finish.value), choice.index)
+                last["meshd"] = meshd_block(event.stats, event.proposer, choice.seed)
+                data = sse.event(last)
+        if data and live:
+            live = await out.write(data)
+    done = [c for c in choices if c.final is not None]
+    total = _usage_of(prompt_tokens, done)
+    if req.stream:
+        if live:
+            tail = b""
+            if req.include_usage:
+                tail += sse.event({"id": req.generate.id, "object": "chat.completion.chunk"
+                                   if req.chat else "text_completion", "created": req.created,
+                                   "model": model, "system_fingerprint": fp, "choices": [],
+                                   "usage": total})
+            if await out.write(tail + sse.DONE):
+                await out.end()
+        return
+    first = done[0]
+    assert first.final is not None
+    body = completion_response(req, model, fp, "".join(first.parts), first.final.finish.value,
+                               first.final.stats, first.final.proposer, prompt_tokens,
+                               first.seed)
+    body["choices"] = [_indexed(completion_response(
+        req, model, fp, "".join(c.parts), c.final.finish.value, c.final.stats,
+        c.final.proposer, prompt_tokens, c.seed, _logprobs(routes, req, c.logprobs),
+    ), c.index)["choices"][0] for c in done if c.final is not None]
+    body["usage"] = total
+    body["meshd"]["seeds"] = [c.seed for c in done]
+    await out.send(200, json_bytes(body), JSON)
+
+
+def _indexed(body: dict[str, Any], index: int) -> dict[str, Any]:
+    """``body`` (an answer or chunk of one choice) as choice ``index``'s."""
+    body["choices"][0]["index"] = index
+    return body
+
+
+def _usage_of(prompt_tokens: int, done: list[_Choice]) -> dict[str, Any]:
+    """The prompt once, every choice's completion tokens (as OpenAI counts ``n``)."""
+    emitted = sum(c.final.stats.emitted for c in done if c.final is not None)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": emitted,
+            "total_tokens": prompt_tokens + emitted}
+

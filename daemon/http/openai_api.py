@@ -67,6 +67,8 @@ __all__ = [
 ]
 
 JSON: Final = "application/json"
+#: Most choices (``n``) one request may ask for.
+MAX_CHOICES: Final = 8
 CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
 """OpenAI's roles; ``developer`` is rendered as ``system`` (as llama.cpp does), since
 chat templates predate it."""
@@ -164,6 +166,8 @@ class CompletionRequest:
     """Alternatives to report with each token's log-probability (None: not asked)."""
     predicted: int | None = None
     """Tokens of the request's predicted output (set once it is tokenized; None: none)."""
+    n: int = 1
+    """Choices to generate (each its own sampling seed: the request's, plus its index)."""
 
 
 def _bad(param: str, detail: str) -> ApiError:
@@ -378,8 +382,8 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     if model is not None and not isinstance(model, str):
         raise _bad("model", "must be a string")
     n = body.get("n", 1)
-    if n != 1 or isinstance(n, bool):
-        raise _bad("n", "only n=1 is supported")
+    if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
+        raise _bad("n", f"must be an integer from 1 to {MAX_CHOICES}")
     refused = check_fields(body, chat=chat)
     if refused is not None:
         raise _bad(*refused)
@@ -395,6 +399,8 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
         raise _bad(exc.param, exc.message) from None
     if not chat and body.get("tools"):
         raise _bad("tools", "tools are for /v1/chat/completions")
+    if tools is not None and n > 1:
+        raise _bad("n", "tools are served with n=1 only")
     if tools is not None and constraint is not None and tool_constraint(tools) is not None:
         raise _bad("tool_choice", f"a forced tool call and {constraint_param} cannot both "
                                   "constrain the answer")
@@ -464,7 +470,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     return CompletionRequest(generate=generate, chat=chat, prompt_ids=prompt_ids,
                              max_tokens_param=max_tokens_param,
                              constraint_param=constraint_param, logprobs=logprobs,
-                             tools=tools,
+                             tools=tools, n=n,
                              stream=stream,
                              include_usage=include_usage, model=model,
                              created=int(time.time()))

@@ -44,7 +44,7 @@ def test_fields_map_onto_generate() -> None:
     ({"prompt": "x", "stop": ["s"] * (MAX_STOP_STRINGS + 1)}, "stop"),
     ({"prompt": "x", "stop": ["ok", "a" * (MAX_STOP_LENGTH + 1)]}, "stop[1]"),
     ({"prompt": "x", "stop": [""]}, "stop[0]"),
-    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "n": 9}, "n"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
     ({"prompt": "x", "speculative": {"draft_max": 0}}, "speculative.draft_max"),

@@ -364,6 +364,8 @@ async def _answer_choices(routes: RouteContext, req: CompletionRequest,
             if await out.write(tail + sse.DONE):
                 await out.end()
         return
+    if not done:  # every choice ended without a result (the client left): nothing to send
+        return
     first = done[0]
     assert first.final is not None
     body = completion_response(req, model, fp, "".join(first.parts), first.final.finish.value,

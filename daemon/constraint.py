@@ -8,9 +8,10 @@ any proposer's tokens) and a rollback of consumed tokens.
 :func:`compile_grammar` turns a request's constraint into llguidance's grammar text and
 checks it against the model's vocabulary, raising :class:`ConstraintError` with
 llguidance's own message; :class:`GrammarState` is one request's matcher. Between steps it
-holds exactly the committed tokens; the engine advances it through a verify window row by
-row and brings it back to the committed tokens afterwards, so a trim, an in-place rollback
-and a checkpoint restore all find it where they leave the model.
+holds exactly the committed tokens; the sampler's walk over a verify window advances it
+row by row (``Sampler.match_rows``) and the engine brings it back to the committed tokens
+afterwards, so a trim, an in-place rollback and a checkpoint restore all find it where
+they leave the model.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
+import numpy.typing as npt
 from llguidance import LLMatcher, LLTokenizer
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
@@ -104,18 +106,13 @@ class GrammarState:
         self.masks = 0
         self._forced: list[int] | None = None
 
-    @property
-    def finished(self) -> bool:
-        """The grammar is complete: only an end-of-generation token may follow."""
-        return bool(self._matcher.is_stopped())
-
     def allows(self, token: int) -> bool:
         """May ``token`` come next? (End-of-generation tokens once the grammar accepts.)"""
         if token in self._eog:
             return bool(self._matcher.is_accepting())
         return bool(self._matcher.validate_tokens([token]) == 1)
 
-    def allowed(self) -> np.ndarray:
+    def allowed(self) -> npt.NDArray[np.bool_]:
         """The next token's mask over the model's vocabulary (True: allowed)."""
         self.masks += 1
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
@@ -133,29 +130,7 @@ class GrammarState:
             best = int(np.argmax(row))
             if self.allows(best):
                 return best
-        masked = np.where(self.allowed(), row, -np.inf).astype(np.float32)
-        return sampler.sample(masked)
-
-    def match_rows(self, rows: FloatArray, draft: Sequence[int], sampler: Sampler,
-                   history: Sequence[int] = (), masks: list[np.ndarray] | None = None,
-                   ) -> list[int]:
-        """The target's choices for a verify window, row by row to the first mismatch
-        (as :meth:`Sampler.match_rows`), row ``i`` under the grammar after
-        ``draft[:i]``: the walk consumes the matched drafts, :meth:`settle` then keeps
-        the commits. ``masks`` (for log-probabilities) gets each row's mask."""
-        out: list[int] = []
-        for i in range(rows.shape[0]):
-            row = rows[i]
-            if sampler.params.adjusts:  # bias and penalties first, as without a grammar
-                row = sampler.adjusted(row, sampler.row_history(history, draft, i))
-            if masks is not None:
-                masks.append(self.allowed())
-            token = self.choose(row, sampler)
-            out.append(token)
-            if i >= len(draft) or token != draft[i]:
-                break
-            self.advance(token)
-        return out
+        return sampler.sample(np.where(self.allowed(), row, -np.inf))
 
     def valid_prefix(self, draft: Sequence[int]) -> int:
         """How many leading tokens of ``draft`` the grammar allows from here."""

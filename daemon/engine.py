@@ -266,15 +266,13 @@ class Generation:
         """How many draft tokens this step may use (0 = plain decode), counting refusals."""
         if self.proposer is None:
             return 0
-        remaining = self.max_tokens - len(self.committed)
-        room = self.session.context.config.n_ctx_seq - self.session.n_past - 1
         # Never price a window longer than the proposer can fill: asked for 32, a head
         # that drafts at most 8 makes a 9-row window, which may cost far more than the
         # 8-row one the gate would have chosen within its reach.
         reach = self.proposer.capabilities.max_len
         verdict = self.gate.verdict(StepFacts(
             exact_verifiable=self.sampler.params.exact_verifiable,
-            k_max=min(self.settings.draft_max, remaining - 1, room, reach),
+            k_max=min(self._reach(), reach),
             head=self._head_load() if self.mtp_head is not None else None,
             repair=self._repair_cost() if self.session.recurrent else None,
         ))
@@ -327,9 +325,13 @@ class Generation:
         context's room; 0 without a proposer or for sampling that cannot be verified."""
         if self.proposer is None or not self.sampler.params.exact_verifiable:
             return 0
+        return max(0, self._reach())
+
+    def _reach(self) -> int:
+        """``draft_max``, the tokens left after the target's own one, the context's room:
+        the longest draft this step could verify (may be negative at the end)."""
         room = self.session.context.config.n_ctx_seq - self.session.n_past - 1
-        return max(0, min(self.settings.draft_max,
-                          self.max_tokens - len(self.committed) - 1, room))
+        return min(self.settings.draft_max, self.max_tokens - len(self.committed) - 1, room)
 
     def plan(self, cap: int | None = None) -> Window:
         """Choose this step's window: ask the proposer for up to k drafts (gated), and
@@ -364,8 +366,7 @@ class Generation:
         grammar, gate = self.grammar, self.forced_gate
         if grammar is None or gate is None or self.forced is None or not grammar.forced():
             return ()
-        room = self.session.context.config.n_ctx_seq - self.session.n_past - 1
-        k_max = min(self.settings.draft_max, self.max_tokens - len(self.committed) - 1, room)
+        k_max = self._reach()
         if cap is not None:
             k_max = min(k_max, cap)
         k = gate.verdict(StepFacts(
@@ -423,12 +424,10 @@ class Generation:
         stop matcher (``stop_after``), whose text waits in ``_pending_text`` for
         :meth:`apply`. Call it exactly once per verified window, in order."""
         masks: list[np.ndarray] | None = [] if self.logprobs is not None else None
-        if self.grammar is None:
-            predictions = self.sampler.match_rows(logits, window.draft, self.tokens)
-        else:
-            t0 = time.perf_counter()
-            predictions = self.grammar.match_rows(logits, window.draft, self.sampler,
-                                                  self.tokens, masks=masks)
+        t0 = time.perf_counter()
+        predictions = self.sampler.match_rows(logits, window.draft, self.tokens,
+                                              self.grammar, masks)
+        if self.grammar is not None:
             self.stats.grammar_ms += (time.perf_counter() - t0) * 1e3
         caps = RepairCaps(
             self.session.recurrent, self.session.rollback_window, self.session.has_checkpoint

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 import numpy as np
@@ -80,6 +81,16 @@ class SamplingParams:
 
 
 GREEDY = SamplingParams(temperature=0.0)
+
+
+class RowConstraint(Protocol):
+    """What restricts each row's choice (an output grammar: ``GrammarState``)."""
+
+    def choose(self, row: FloatArray, sampler: Sampler) -> int: ...
+
+    def advance(self, token: int) -> None: ...
+
+    def allowed(self) -> npt.NDArray[np.bool_]: ...
 
 #: Seeds the daemon chooses are below this (the wire allows 0 <= seed <= 2**64 - 1).
 CHOSEN_SEED_BITS = 63
@@ -166,25 +177,35 @@ class Sampler:
         return int(idx[min(pos, len(idx) - 1)])
 
     def match_rows(self, rows: FloatArray, draft: Sequence[int],
-                   history: Sequence[int] = ()) -> list[int]:
+                   history: Sequence[int] = (), constraint: RowConstraint | None = None,
+                   masks: list[npt.NDArray[np.bool_]] | None = None) -> list[int]:
         """Target predictions for a verify window, sampled in order, stopping at a mismatch.
 
-        Greedy without bias or penalties: all rows (argmax is free of side effects).
-        Otherwise rows up to and including the first whose choice differs from the
-        draft; row ``i`` comes after ``history`` (prompt and committed tokens) and
-        ``draft[:i]``.
+        Greedy without bias, penalties or constraint: all rows (argmax is free of side
+        effects). Otherwise rows up to and including the first whose choice differs from
+        the draft; row ``i`` comes after ``history`` (prompt and committed tokens) and
+        ``draft[:i]``: the ``constraint`` chooses under its state after them (it consumes
+        each matched draft; the engine then settles it on the commits), and ``masks``
+        (for log-probabilities) gets each row's mask.
         """
-        if self.params.greedy and not self.params.adjusts:
+        if self.params.greedy and not self.params.adjusts and constraint is None:
             return [int(t) for t in np.asarray(rows).argmax(axis=1)]
         out: list[int] = []
         for i in range(rows.shape[0]):
             row = rows[i]
             if self.params.adjusts:
                 row = self.adjusted(row, self.row_history(history, draft, i))
-            tok = self.sample(row)
+            if constraint is None:
+                tok = self.sample(row)
+            else:
+                if masks is not None:
+                    masks.append(constraint.allowed())
+                tok = constraint.choose(row, self)
             out.append(tok)
             if i >= len(draft) or tok != draft[i]:
                 break
+            if constraint is not None:
+                constraint.advance(tok)
         return out
 
 

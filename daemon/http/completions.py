@@ -34,6 +34,7 @@ from .openai_api import (
     error_body,
     json_bytes,
     meshd_block,
+    object_name,
     timings,
     tool_answer,
     usage,
@@ -226,13 +227,18 @@ def _closing(req: CompletionRequest, model: str, fp: str, finish: str,
     last = chunk(req, model, fp, finish=finish)
     last["timings"] = timings(stats)
     last["meshd"] = meshd_block(stats, proposer, seed)
-    data = sse.event(last)
-    if req.include_usage:
-        data += sse.event({"id": req.generate.id, "object": last["object"],
-                           "created": req.created, "model": model,
-                           "system_fingerprint": fp, "choices": [],
-                           "usage": usage(prompt_tokens, stats, req.predicted)})
-    return data + sse.DONE
+    return sse.event(last) + _usage_chunk(req, model, fp, usage(prompt_tokens, stats,
+                                                                 req.predicted)) + sse.DONE
+
+
+def _usage_chunk(req: CompletionRequest, model: str, fp: str, counts: dict[str, Any]
+                 ) -> bytes:
+    """The stream's usage chunk (no choices), when the request asked for it."""
+    if not req.include_usage:
+        return b""
+    return sse.event({"id": req.generate.id, "object": object_name(req, stream=True),
+                      "created": req.created, "model": model, "system_fingerprint": fp,
+                      "choices": [], "usage": counts})
 
 
 def _finish_reason(final: Finished, entry: InFlightGeneration) -> str:
@@ -354,15 +360,8 @@ async def _answer_choices(routes: RouteContext, req: CompletionRequest,
     done = [c for c in choices if c.final is not None]
     total = _usage_of(prompt_tokens, done)
     if req.stream:
-        if live:
-            tail = b""
-            if req.include_usage:
-                tail += sse.event({"id": req.generate.id, "object": "chat.completion.chunk"
-                                   if req.chat else "text_completion", "created": req.created,
-                                   "model": model, "system_fingerprint": fp, "choices": [],
-                                   "usage": total})
-            if await out.write(tail + sse.DONE):
-                await out.end()
+        if live and await out.write(_usage_chunk(req, model, fp, total) + sse.DONE):
+            await out.end()
         return
     if not done:  # every choice ended without a result (the client left): nothing to send
         return

@@ -528,7 +528,7 @@ def meshd_block(stats: GenerationStats, proposer: str | None, seed: int | None
     return block
 
 
-def _object(req: CompletionRequest, *, stream: bool) -> str:
+def object_name(req: CompletionRequest, *, stream: bool) -> str:
     if req.chat:
         return "chat.completion.chunk" if stream else "chat.completion"
     return "text_completion"
@@ -550,7 +550,7 @@ def completion_response(req: CompletionRequest, model: str, fingerprint: str, te
     else:
         choice["text"] = text
     return {
-        "id": req.generate.id, "object": _object(req, stream=False), "created": req.created,
+        "id": req.generate.id, "object": object_name(req, stream=False), "created": req.created,
         "model": model, "system_fingerprint": fingerprint, "choices": [choice],
         "usage": usage(prompt_tokens, stats, req.predicted),
         "timings": timings(stats), "meshd": meshd_block(stats, proposer, seed),
@@ -585,6 +585,6 @@ def chunk(req: CompletionRequest, model: str, fingerprint: str, *, text: str | N
         choice["delta"] = delta
     else:
         choice["text"] = text or ""
-    return {"id": req.generate.id, "object": _object(req, stream=True),
+    return {"id": req.generate.id, "object": object_name(req, stream=True),
             "created": req.created, "model": model, "system_fingerprint": fingerprint,
             "choices": [choice]}

@@ -53,6 +53,10 @@ MAX_LOGIT_BIAS: Final = 4096
 """Most token ids one request may bias."""
 MAX_GRAMMAR_LENGTH: Final = 256 * 1024
 """Longest output constraint (a grammar, or a JSON schema as JSON text), in characters."""
+MODEL_NAME_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}"
+"""A served model's name (``generate.model``, the config's ``[models.NAME]``, ``-m
+NAME=PATH``): a letter or digit, then letters, digits, ``.``, ``_``, ``:`` or ``-``; at
+most 64 characters (Ollama-style ``qwen2.5:1b`` fits; ``=`` and ``/`` never appear)."""
 
 
 _Check: TypeAlias = Callable[[Any, "attrs.Attribute[Any]", Any], Any]

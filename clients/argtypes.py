@@ -8,6 +8,8 @@ raise ArgumentTypeError so the message says what was expected.
 from __future__ import annotations
 
 import argparse
+import re
+from typing import Final
 
 
 def positive(text: str) -> int:
@@ -70,6 +72,53 @@ def positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text}")
+    return value
+
+
+class BadValue(argparse.ArgumentTypeError, ValueError):
+    """A value that does not parse: argparse reports its message as it is (it is an
+    ArgumentTypeError), a configuration check catches it as the ValueError it also is."""
+
+
+_NUMBER: Final = r"(\d+(?:\.\d*)?|\.\d+)"
+_DURATION_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART: Final = re.compile(_NUMBER + r"(ms|s|m|h)")
+DURATION_HELP: Final = "seconds like 300 or 2.5, or 30s, 5m, 1h, 1h30m; 0 means at once, -1 forever"
+
+
+def duration_seconds(text: str) -> float:
+    """A duration in seconds: ``300``, ``2.5``, ``30s``, ``5m``, ``1h`` (or ``1h30m``,
+    ``500ms``); any negative one means forever and is -1.0 (as Ollama's keep_alive)."""
+    body = text.strip()
+    sign = -1.0 if body.startswith("-") else 1.0
+    body = body[1:] if body[:1] in ("-", "+") else body
+    if re.fullmatch(_NUMBER, body):
+        value = float(body)
+    elif body and re.fullmatch(f"(?:{_DURATION_PART.pattern})+", body):
+        value = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(body))
+    else:
+        raise BadValue(f"expected a duration ({DURATION_HELP}), got {text!r}")
+    return -1.0 if sign < 0 and value > 0 else value
+
+
+_SIZE: Final = re.compile(_NUMBER + r"\s*(?:([KMGT])(i?B)?|B)?", re.IGNORECASE)
+_SIZE_POWERS: Final = {"K": 1, "M": 2, "G": 3, "T": 4}
+SIZE_HELP: Final = ("bytes, or with K, M, G, T, also spelt KiB, MiB, GiB, TiB (powers of "
+                    "1024), or KB, MB, GB, TB (powers of 1000), e.g. 8G")
+
+
+def size_bytes(text: str) -> int:
+    """A size in bytes > 0: ``123``, ``64K``, ``512M``, ``1.5G``, ``2T`` (powers of 1024,
+    as ``MiB``/``GiB``); ``MB``/``GB`` are the SI powers of 1000, as on a disk's label."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise BadValue(f"expected a size ({SIZE_HELP}), got {text!r}")
+    number, unit, suffix = match.groups()
+    base = 1000 if suffix is not None and suffix.lower() == "b" else 1024
+    value = int(float(number) * base ** _SIZE_POWERS[unit.upper()]) if unit \
+        else int(float(number))
+    if value < 1:
+        raise BadValue(f"expected a size of at least 1 byte, got {text!r}")
     return value
 
 

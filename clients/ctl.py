@@ -6,12 +6,15 @@
     meshctl chat "Rewrite with type hints: def add(a, b): return a + b"
     meshctl health | stats | models [--json]      meshctl cancel REQUEST_ID
     meshctl tokenize "some text" [--no-special]    meshctl detokenize 1 2 3
+    meshctl load qwen2.5:1b --keep-alive 10m       meshctl unload qwen2.5:1b
+    meshctl generate "Once upon a time" --model qwen2.5:1b --keep-alive -1
 
 ``generate``/``chat`` stream text to stdout and a stats line to stderr (``--json``: one
 object instead), greedy by default like ``meshd generate``. The socket is found by
 :func:`meshd.clients.socket_path.find_socket`. Exit codes, for scripts: 0 success; 1
-other failure; 2 bad usage or an invalid request; 3 the model failed; 4 busy or shutting
-down, retry later; 5 no daemon at the socket; 130 interrupted (the request is cancelled).
+other failure; 2 bad usage or an invalid request (a model the daemon does not serve
+too); 3 the model failed; 4 busy or shutting down, retry later; 5 no daemon at the
+socket; 130 interrupted (the request is cancelled).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from meshd.protocol import (
+    KEEP_ALIVE_FOREVER,
     BadRequest,
     ChatMessage,
     ConnectionClosed,
@@ -34,16 +38,18 @@ from meshd.protocol import (
     FinishReason,
     HealthStatus,
     ModelError,
+    ModelInfo,
     ProtocolError,
     SamplingParams,
     ServerBusy,
     SyncClient,
+    UnknownModel,
     connect_sync,
     converter,
     unstructure,
 )
 
-from .argtypes import integer, non_negative, positive
+from .argtypes import DURATION_HELP, duration_seconds, integer, non_negative, positive
 from .options import (
     HelpFormatter,
     add_version,
@@ -104,6 +110,8 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
         draft_max=args.draft_max,
         request_id=args.id,
         constraint=args.constraint,
+        model=args.model,
+        keep_alive=args.keep_alive,
     )
     out: TextIO = sys.stdout
     t0 = time.perf_counter()
@@ -148,6 +156,7 @@ def _stats_line(request_id: str, done: Done, elapsed_s: float, ttft_s: float | N
         refusals=sp.refusals,
         extra={"ttft": f"{ttft_s * 1e3:.0f}ms" if ttft_s is not None else "-",
                "total": f"{elapsed_s:.2f}s", "id": request_id,
+               **({"model": done.model} if done.model is not None else {}),
                # The seed sampling drew with (the daemon's choice when none was given):
                # `--seed N` with the same prompt and settings replays the text.
                **({"seed": str(done.seed)} if done.seed is not None else {})},
@@ -184,11 +193,61 @@ def _cmd_models(client: SyncClient, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([converter.unstructure(m) for m in models]))
         return EXIT_OK
-    for m in models:
-        flags = [f for f, on in (("mtp", m.has_mtp), ("chat", m.has_chat_template)) if on]
-        print(f"{m.name} arch={m.architecture or '-'} n_ctx={m.n_ctx} n_vocab={m.n_vocab} "
-              f"params={format_count(m.n_params) if m.n_params else '-'} "
-              f"{' '.join(flags)}".rstrip())
+    print("\n".join(models_table(models)))
+    return EXIT_OK
+
+
+MODEL_COLUMNS: Final = ("NAME", "STATE", "DEFAULT", "SIZE", "N_CTX", "MTP", "PROPOSERS",
+                        "KEEP-ALIVE")
+
+
+def models_table(models: Sequence[ModelInfo]) -> list[str]:
+    """``meshctl models``: a header and one row per model, columns aligned, no cell empty
+    (``-`` for unknown) so ``awk`` can pick a column."""
+    rows = [MODEL_COLUMNS, *(
+        (m.name, m.state or ("loaded" if m.loaded else "unloaded"),
+         "yes" if m.default else "no",
+         f"{format_count(m.size_bytes)}B" if m.size_bytes is not None else "-",
+         str(m.n_ctx) if m.n_ctx else "-", "yes" if m.has_mtp else "no",
+         ",".join(m.proposers) or "-", format_keep_alive(m.keep_alive_s))
+        for m in models)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(MODEL_COLUMNS))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows]
+
+
+def format_keep_alive(seconds: float | None) -> str:
+    """A keep-alive as ``--keep-alive`` takes it back: ``forever``, ``5m``, ``90s``."""
+    if seconds is None:
+        return "-"
+    if seconds == KEEP_ALIVE_FOREVER:
+        return "forever"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _cmd_load(client: SyncClient, args: argparse.Namespace) -> int:
+    model = client.load(args.name, keep_alive=args.keep_alive)
+    if args.json:
+        print(json.dumps(converter.unstructure(model)))
+    else:
+        print(f"loaded {model.name} (keep-alive {format_keep_alive(model.keep_alive_s)})",
+              file=sys.stderr)
+    return EXIT_OK
+
+
+def _cmd_unload(client: SyncClient, args: argparse.Namespace) -> int:
+    reply = client.unload(args.name)
+    if args.json:
+        print(json.dumps({"unloaded": reply.unloaded,
+                          "model": converter.unstructure(reply.model)}))
+    elif reply.unloaded:
+        print(f"unloaded {reply.model.name}", file=sys.stderr)
+    else:
+        print(f"unloading {reply.model.name}: it is unloaded once its running requests "
+              "end", file=sys.stderr)
     return EXIT_OK
 
 
@@ -275,6 +334,10 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                         "daemon's --draft-max)")
     p.add_argument("--id", default=None, help="request id (for meshctl cancel; default: "
                                               "one chosen by meshctl)")
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="the model to use (`meshctl models` lists them; default: the "
+                        "daemon's default model)")
+    _add_keep_alive(p, "the model's current setting")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: text, token ids and the done frame")
     p.add_argument("--explain", action="store_true",
@@ -290,6 +353,12 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     shape.add_argument("--lark", metavar="FILE", help="the output matches this Lark grammar")
     shape.add_argument("--regex", metavar="PATTERN",
                        help="the output matches this regular expression")
+
+
+def _add_keep_alive(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--keep-alive", type=duration_seconds, default=None, metavar="DURATION",
+                   help=f"how long the model stays loaded once idle: {DURATION_HELP} "
+                        f"(default: {default})")
 
 
 def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
@@ -350,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (("health", "status, load and the proposers offered (exit 1 "
                                        "unless ok)"),
                             ("stats", "daemon-wide counters and proposer acceptance"),
-                            ("models", "the loaded model")):
+                            ("models", "the models the daemon serves, loaded or not")):
         p = command(name, help_text)
         p.add_argument("--json", action="store_true", help="print the reply as JSON")
     p = command("tokenize", "token ids of a text under the daemon's model")
@@ -360,6 +429,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("detokenize", "text of token ids")
     p.add_argument("tokens", type=integer, nargs="+", help="token ids")
     p.add_argument("--json", action="store_true", help="print a JSON string")
+    p = command("load", "load a model (or set how long it stays loaded)")
+    p.add_argument("name", help="the model's name, as `meshctl models` lists it")
+    _add_keep_alive(p, "the daemon's setting for the model")
+    p.add_argument("--json", action="store_true", help="print the loaded model as JSON")
+    p = command("unload", "unload a model (once its running requests end)")
+    p.add_argument("name", help="the model's name, as `meshctl models` lists it")
+    p.add_argument("--json", action="store_true", help="print the reply as JSON")
     p = command("cancel", "cancel a running generate by its request id")
     p.add_argument("request_id", help="the id shown by generate/chat (id=...) or given "
                                       "with --id")
@@ -375,6 +451,8 @@ COMMANDS: Final[dict[str, Command]] = {
     "tokenize": _cmd_tokenize,
     "detokenize": _cmd_detokenize,
     "cancel": _cmd_cancel,
+    "load": _cmd_load,
+    "unload": _cmd_unload,
 }
 
 
@@ -403,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _unavailable(path, f"no answer within {args.timeout:g}s")
     except ProtocolError as exc:
         print(f"meshctl: {exc.code.value}: {exc.message}", file=sys.stderr)
-        if isinstance(exc, BadRequest):
+        if isinstance(exc, BadRequest | UnknownModel):
             return EXIT_USAGE
         if isinstance(exc, ModelError):
             return EXIT_MODEL

@@ -128,7 +128,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     """``config example`` prints the example file; ``config check`` loads the
     configuration and checks what ``serve`` would check before loading the model."""
     from . import config
-    from .config_text import render, render_example
+    from .config_text import render, render_example, render_models
+    from .model_specs import model_specs
     from .serve_checks import StartupProblem, check_before_start
 
     if args.config_command == "example":
@@ -136,6 +137,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         return 0
     try:
         loaded = config.load(args.config)
+        models = model_specs(loaded)
     except config.ConfigError as exc:
         print(f"meshd config check: {exc}", file=sys.stderr)
         return 2
@@ -147,6 +149,7 @@ def cmd_config(args: argparse.Namespace) -> int:
               f"{problem.message}", file=sys.stderr)
         return 2
     print(render(loaded))
+    print(render_models(models))
     return 0
 
 

@@ -8,24 +8,22 @@ environment variable (``MESHD_SERVE_MAX_QUEUE``), the flag, the type check, ``me
 config check``'s listing and SIGHUP's live/restart split. Precedence: flag > environment
 > file > default. Values are strictly typed, and a bad value or unknown key is an error
 naming the key and its source. Proposer plugins' ``[speculation.plugins.NAME]`` tables
-are checked by :mod:`meshd.plugins.config`. Adding a key: add a :func:`key` field to its
-section, use it in :mod:`.serve`, and regenerate ``systemd/meshd.toml`` with ``meshd
-config example`` (a test compares them).
+are checked by :mod:`meshd.plugins.config`, ``[models.NAME]`` ones by :mod:`.model_specs`.
+Adding a key: add a :func:`key` field to its section, use it in :mod:`.serve`, and
+regenerate ``systemd/meshd.toml`` with ``meshd config example`` (a test compares them).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import tomllib
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Final, Union
+from typing import Annotated, Any, Final, Union
 
 import attrs
-import cattrs
 from attrs import validators as v
 
 from meshd.native.context import CACHE_TYPES_K, DEFAULT_DRAFT_MAX
@@ -34,10 +32,19 @@ from meshd.native.rpc import parse_endpoints
 from meshd.plugins.config import PluginConfig, PluginConfigError, parse_plugin_tables
 
 from . import options as opt
+from .config_values import (
+    DURATION,
+    converter,
+    duration,
+    first_error,
+    model_name,
+    size,
+    split_model_arg,
+)
 from .http.config import HttpConfig
 from .logs import DEFAULT_LLAMA_LOG_LEVEL, FORMATS, LEVELS, LLAMA_LEVELS
 from .peercred import PeerPolicy
-from .service import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
+from .server_config import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -186,6 +193,21 @@ class ServeSection:
                                           "slot's context; 0: off)",
                                           flag="prefix_cache_tokens",
                                           validator=v.optional(_non_negative), example=0)
+    keep_alive: Annotated[str, DURATION] = key(
+        opt.DEFAULT_KEEP_ALIVE, "how long a model stays loaded after its last "
+        "request: seconds, or 30s, 5m, 1h; 0 unloads it after each request, -1 keeps it (the "
+        "file may give a number of seconds; a [models.NAME] table its own)",
+        flag="keep_alive", live=True, validator=duration)
+    max_loaded: int | None = key(None, "most models loaded at once (default: no limit)",
+                                 flag="max_loaded", live=True, validator=_positive, example=2)
+    memory_limit: str | None = key(None, "most bytes of model files loaded at once, e.g. 8G "
+                                   "(K, M, G, T and KiB, MiB, GiB, TiB are powers of 1024; KB, "
+                                   "MB, GB, TB of 1000; default: no limit)",
+                                   flag="memory_limit", live=True, validator=size, example="8G")
+    default_model: str | None = key(None, "the model of requests that name none, among the "
+                                    "[models.NAME] tables and -m NAME=PATH models (default: "
+                                    "the first -m, else the first table)", flag="default_model",
+                                    validator=model_name, example="chat")
 
 
 _HTTP = attrs.fields(HttpConfig)
@@ -253,51 +275,11 @@ def _flag_dest(section: str, field: attrs.Attribute[Any]) -> str:
 
 # ---------------------------------------------------------------------- strict converter
 
-_converter = cattrs.Converter(forbid_extra_keys=True)
-
-
-def _strict(kind: type[Any], check: Any, expected: str) -> None:
-    def structure(value: Any, _type: Any) -> Any:
-        if not check(value):
-            raise ValueError(f"expected {expected}, got {value!r}")
-        return kind(value)
-
-    _converter.register_structure_hook(kind, structure)
-
-
-_strict(int, lambda x: type(x) is int, "an integer")
-_strict(float, lambda x: type(x) in (int, float), "a number")
-_strict(str, lambda x: type(x) is str, "a string")
-_strict(bool, lambda x: type(x) is bool, "true or false")
-
-
 def _structure(data: Mapping[str, Any]) -> Config:
     try:
-        return _converter.structure(dict(data), Config)
+        return converter.structure(dict(data), Config)
     except Exception as exc:  # cattrs groups errors; report the first, by key
-        raise ConfigError(_first_error(exc)) from None
-
-
-def _first_error(exc: BaseException, path: str = "") -> str:
-    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
-        extra = sorted(exc.extra_fields)
-        where = f"{path}." if path else ""
-        allowed = ", ".join(f.name for f in attrs.fields(exc.cl)) if exc.cl else ""
-        return f"unknown key {where}{extra[0]} (known: {allowed})"
-    if isinstance(exc, BaseExceptionGroup):
-        for sub in exc.exceptions:
-            note = next((n for n in getattr(sub, "__notes__", []) if "attribute" in n), "")
-            name = note.rsplit(" ", 1)[-1] if note else ""
-            sub_path = f"{path}.{name}" if name and path else (name or path)
-            return _first_error(sub, sub_path)
-    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
-    rule = re.match(r"'(\w+)' must be (.*?)(?:: (.*))?$", message)
-    if rule:  # an attrs validator: "'slots' must be >= 1: 0"
-        name, what, got = rule.groups()
-        if not path.endswith("." + name):
-            path = f"{path}.{name}" if path else name
-        message = f"must be {what}" + (f" (got {got})" if got is not None else "")
-    return f"{path}: {message}" if path else message
+        raise ConfigError(first_error(exc)) from None
 
 
 # ---------------------------------------------------------------------- sources
@@ -315,9 +297,15 @@ class Loaded:
     flags: dict[str, Any] = attrs.field(factory=dict)
     plugins: dict[str, PluginConfig] = attrs.field(factory=dict)
     """The file's ``[speculation.plugins.NAME]`` tables (see :mod:`meshd.plugins.config`)."""
+    models: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    """The file's ``[models.NAME]`` tables as written, in file order; checked, with
+    ``[model]`` under them, by :func:`meshd.daemon.model_specs.model_specs`."""
+    command_line_models: tuple[str, ...] = ()
+    """``serve``'s ``-m`` values (``PATH`` or ``NAME=PATH``) in order: ``flags["models"]``."""
 
 
-def _read_file(path: str) -> tuple[dict[str, Any], dict[str, PluginConfig]]:
+def _read_file(path: str) -> tuple[dict[str, Any], dict[str, PluginConfig],
+                                   dict[str, dict[str, Any]]]:
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -327,6 +315,7 @@ def _read_file(path: str) -> tuple[dict[str, Any], dict[str, PluginConfig]]:
         raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    models = _model_tables(path, data)
     for section, body in data.items():
         if section not in SECTIONS:
             raise ConfigError(f"{path}: unknown section [{section}] "
@@ -338,7 +327,20 @@ def _read_file(path: str) -> tuple[dict[str, Any], dict[str, PluginConfig]]:
         _structure(data)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return data, plugins
+    return data, plugins, models
+
+
+def _model_tables(path: str, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Take the ``[models.NAME]`` tables out of ``data``: their keys are checked later,
+    over ``[model]`` as the environment and flags leave it."""
+    tables = data.pop("models", {})
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{path}: models must be tables ([models.NAME])")
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: models.{name} must be a table ([models.{name}] "
+                              "with the model's keys)")
+    return tables
 
 
 def _plugin_tables(path: str, data: dict[str, Any]) -> dict[str, PluginConfig]:
@@ -433,7 +435,7 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None,
     env = os.environ if environ is None else environ
     chosen = path if path is not None else (
         default_path if default_path and os.path.exists(default_path) else None)
-    file_data, plugins = _read_file(chosen) if chosen is not None else ({}, {})
+    file_data, plugins, models = _read_file(chosen) if chosen is not None else ({}, {}, {})
     env_data, env_names = _read_env(env)
     flag_values = dict(flags or {})
     merged: dict[str, dict[str, Any]] = {s: dict(file_data.get(s, {})) for s in SECTIONS}
@@ -450,7 +452,8 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None,
             value = flag_values[dest]
             merged[section][f.name] = list(value) if isinstance(value, list | tuple) else value
             sources[dotted] = "--" + dest.replace("_", "-")
-    return Loaded(_structure(merged), sources, chosen, flag_values, plugins)
+    return Loaded(_structure(merged), sources, chosen, flag_values, plugins, models,
+                  tuple(flag_values.get("models", ())))
 
 
 # ---------------------------------------------------------------------- flags
@@ -501,11 +504,21 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def explicit_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The configuration flags given on the command line (argparse dest -> value)."""
+    """The configuration flags given on the command line (argparse dest -> value).
+
+    ``serve``'s repeatable ``-m`` (a list) comes back as ``models``, every value in order;
+    one plain ``-m PATH`` is also ``model`` (``[model] path``), as before several models."""
     out: dict[str, Any] = {}
+    models = getattr(args, "model", None)
+    if isinstance(models, list) and models:
+        out["models"] = list(models)
+        if len(models) == 1 and split_model_arg(models[0])[0] is None:
+            out["model"] = models[0]
     for section, f, _ in _keys():
         dest = _flag_dest(section, f)
         value = getattr(args, dest, None)
+        if dest == "model" and isinstance(value, list):
+            continue
         if value is None or value is False or value == [] or isinstance(value, ShownDefault):
             continue
         out[dest] = value

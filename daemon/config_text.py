@@ -16,8 +16,9 @@ from typing import Any, Final
 import attrs
 
 from .config import SECTIONS, Loaded
+from .model_specs import ModelSpec
 
-__all__ = ["SERVICE_SETTINGS", "render", "render_example", "toml_value"]
+__all__ = ["SERVICE_SETTINGS", "render", "render_example", "render_models", "toml_value"]
 
 SERVICE_SETTINGS: Final[dict[str, tuple[Any, str]]] = {
     "serve.allow_groups": (("meshd",), "the service lets the group meshd in "
@@ -52,6 +53,23 @@ _PLUGINS: Final = """\
 # allow_prompt_text = false         # token ids only
 """
 
+_MODELS: Final = """\
+# Several models (docs/configuration.md): one table each, named as requests name the
+# model; a key not set in it is [model]'s, and path is required. Besides [model]'s keys:
+# proposer (default: [speculation] proposer) and keep_alive (default: [serve]
+# keep_alive). The first table is the default model unless [serve] default_model names
+# another; meshd serve -m NAME=PATH models come first and replace a table of their name.
+# Read at start.
+# [models.chat]
+# path = "/srv/models/chat.gguf"
+# ctx = 8192
+# keep_alive = -1                   # never unloaded
+# [models.code]
+# path = "/srv/models/code.gguf"
+# proposer = "ngram"
+# keep_alive = "30m"
+"""
+
 _WIDTH: Final = 88
 
 
@@ -63,6 +81,8 @@ def render_example() -> str:
         parts.extend(_key(section, field) for field in attrs.fields(cls))
         if section == "speculation":
             parts.append("\n" + _PLUGINS)
+        if section == "model":
+            parts.append("\n" + _MODELS)
     return "".join(parts)
 
 
@@ -116,6 +136,20 @@ def render(loaded: Loaded) -> str:
                  "uid": plugin.uid, "gid": plugin.gid, **plugin.options}
         lines.extend(f"{k} = {toml_value(v)}" for k, v in table.items() if v is not None)
         lines.append("")
+    for name, own in loaded.models.items():
+        lines.append(f"{'[models.' + name + ']':<48} # {loaded.path}, restart to change")
+        lines.extend(f"{k} = {toml_value(v)}" for k, v in own.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render_models(specs: list[ModelSpec]) -> str:
+    """The models ``serve`` would serve, default first, as comments (so that ``config
+    check``'s output stays a configuration file)."""
+    lines = ["# models served (requests that name none get the first):"]
+    for spec in specs:
+        path = spec.model.path or "the embedded default model"
+        lines.append(f"#   {spec.name} = {path}  ({spec.source})")
     return "\n".join(lines)
 
 

@@ -40,6 +40,7 @@ from meshd.protocol import (
     Health,
     Hello,
     InternalError,
+    Load,
     LocalProtocolError,
     ModelError,
     Models,
@@ -53,6 +54,7 @@ from meshd.protocol import (
     Stats,
     StreamReceiver,
     Tokenize,
+    Unload,
     UnsupportedVersion,
     Welcome,
     error_message,
@@ -296,13 +298,13 @@ class Connection:
         elif isinstance(item, Stats):
             await self._send(self.service.stats(item))
         elif isinstance(item, Models):
-            await self._send(self.service.models(item))
-        elif isinstance(item, Tokenize | Detokenize):
+            await self._send(self.service.list_models(item))
+        elif isinstance(item, Tokenize | Detokenize | Load | Unload):
             if self._busy():
                 await self._reject(self._too_many(item.id))
             else:
                 self._helpers += 1
-                tg.start_soon(self._tokenizer_request, item)
+                tg.start_soon(self._helper_request, item)
         else:  # pragma: no cover - the connection only yields the request types above
             await self._reject(InternalError(f"unhandled {item.OP}", request_id=item.id))
 
@@ -318,13 +320,18 @@ class Connection:
 
     # ------------------------------------------------------------------ requests
 
-    async def _tokenizer_request(self, item: Tokenize | Detokenize) -> None:
+    async def _helper_request(self, item: Tokenize | Detokenize | Load | Unload) -> None:
+        """A request answered off the connection's loop (it may wait for a model)."""
         try:
             reply: Response
             if isinstance(item, Tokenize):
                 reply = await self.service.tokenize(item)
-            else:
+            elif isinstance(item, Detokenize):
                 reply = await self.service.detokenize(item)
+            elif isinstance(item, Load):
+                reply = await self.service.load(item)
+            else:
+                reply = await self.service.unload(item)
         except ProtocolError as exc:
             await self._reject(exc.with_request_id(item.id))
         except ValueError as exc:
@@ -342,11 +349,11 @@ class Connection:
         """Serve one ``generate``: prepare, submit, stream, finish. Never raises."""
         try:
             try:
-                gen = await self.service.prepare(request)
+                gen = await self.service.prepare(request, entry)
                 if entry.cancelled:
                     await self._finish_early(request.id, gen, entry)
                     return
-                handle = self.service.submit(gen, request.id)
+                handle = self.service.submit(gen, entry)
             except ProtocolError as exc:
                 await self._reject(exc.with_request_id(request.id))
                 return
@@ -367,7 +374,8 @@ class Connection:
         stats = GenerationStats(prompt_tokens=len(gen.prompt))
         finish = _finish_reason(FinishReason.CANCELLED, entry)
         await self._send(done_message(request_id, finish, stats, None,
-                                      prompt_tokens=len(gen.prompt), sampling=gen.sampling))
+                                      prompt_tokens=len(gen.prompt), sampling=gen.sampling,
+                                      model=_model_name(entry)))
         self._log_finished(request_id, finish.value, stats, None, gen)
 
     async def _stream(self, request_id: str, gen: GenerationRequest, handle: GenerationHandle,
@@ -412,7 +420,8 @@ class Connection:
             finish = _finish_reason(final.finish, entry)
             self._log_finished(request_id, finish.value, final.stats, final.proposer, gen)
             return done_message(request_id, finish, final.stats, final.proposer,
-                                prompt_tokens=len(gen.prompt), sampling=gen.sampling)
+                                prompt_tokens=len(gen.prompt), sampling=gen.sampling,
+                                model=_model_name(entry))
         error: ProtocolError = (
             BadRequest(f"generate: {final.message}", request_id=request_id)
             if final.kind == "request"
@@ -429,7 +438,7 @@ class Connection:
         return done_message(request_id, FinishReason.ERROR, stats, ran,
                             prompt_tokens=len(gen.prompt),
                             error_message=final.message or "generation failed",
-                            sampling=gen.sampling)
+                            sampling=gen.sampling, model=_model_name(entry))
 
     def _log_finished(self, request_id: str, finish: str, stats: GenerationStats,
                       proposer: str | None, gen: GenerationRequest) -> None:
@@ -504,6 +513,11 @@ class Connection:
             self.log.info("connection_lost", reason=type(failure).__name__)
             self.close()
         return False
+
+
+def _model_name(entry: InFlightGeneration) -> str | None:
+    """The name of the model that served the request (``done`` says it)."""
+    return entry.model.name if entry.model is not None else None
 
 
 def _finish_reason(finish: FinishReason, entry: InFlightGeneration) -> FinishReason:

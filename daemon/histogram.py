@@ -31,6 +31,15 @@ class HistogramSnapshot:
     sum: float
     count: int
 
+    def plus(self, other: HistogramSnapshot) -> HistogramSnapshot:
+        """Both histograms' observations together (the same bounds: one daemon's
+        models, each counted apart)."""
+        assert [b for b, _ in self.buckets] == [b for b, _ in other.buckets]
+        return HistogramSnapshot(
+            tuple((b, n + m) for (b, n), (_, m) in zip(self.buckets, other.buckets,
+                                                        strict=True)),
+            self.sum + other.sum, self.count + other.count)
+
 
 class Histogram:
     """Counts of observations per bucket; thread-safe."""

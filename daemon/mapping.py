@@ -34,11 +34,12 @@ def sampling_params(params: wire.SamplingParams) -> SamplingParams:
     )
 
 
-def model_info(runtime: ModelRuntime) -> wire.ModelInfo:
-    """What ``welcome`` and ``models`` say about the served model."""
+def model_info(runtime: ModelRuntime, *, name: str | None = None) -> wire.ModelInfo:
+    """What ``welcome`` and ``models`` say about a loaded model (``name``: the name it
+    is served by; default its file's stem)."""
     info = runtime.model.info
     return wire.ModelInfo(
-        name=Path(info.path).stem or "model",
+        name=name or Path(info.path).stem or "model",
         architecture=info.architecture or None,
         n_ctx=runtime.context.config.n_ctx_seq,
         n_vocab=info.n_vocab,
@@ -105,9 +106,11 @@ def done_message(
     prompt_tokens: int,
     error_message: str | None = None,
     sampling: SamplingParams | None = None,
+    model: str | None = None,
 ) -> wire.Done:
     """The final ``done`` frame of a generation; it reports the seed ``sampling`` drew
-    with (none for greedy decoding, where no seed plays a part)."""
+    with (none for greedy decoding, where no seed plays a part) and the model that
+    served it."""
     return wire.Done(
         id=request_id,
         finish_reason=finish,
@@ -115,4 +118,5 @@ def done_message(
         speculation=speculation_stats(stats, proposer),
         error_message=error_message or None,
         seed=None if sampling is None or sampling.greedy else sampling.seed,
+        model=model,
     )

@@ -5,13 +5,15 @@ Why a collector and not prometheus_client's Counter objects: the scheduler's sta
 one source of truth that the ``stats`` op also reads; a collector turns them into metric
 families at scrape time, so the two can never disagree and nothing is counted twice.
 Names follow vLLM's ``spec_decode_*`` counters with the ``meshd_`` prefix; label
-``proposer`` where it applies.
+``model`` on every figure of a model (a model's counters outlive its unloads, so they
+never go backwards), ``proposer`` where it applies; ``meshd_model_state`` says which
+models are loaded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -25,7 +27,8 @@ from prometheus_client.registry import Collector
 from meshd.protocol import Stats
 
 from .histogram import HistogramSnapshot
-from .statistics import ProposerStatistics
+from .model_set import ModelState
+from .statistics import SchedulerStatistics
 
 if TYPE_CHECKING:
     from .service import Service
@@ -47,25 +50,26 @@ class DaemonCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         svc = self.service
-        st = svc.scheduler.statistics()
-        yield from self._speculation(st.proposers)
-        forwards = CounterMetricFamily(
-            "meshd_target_forwards", "Forwards of the target model (prefill and decode).")
-        forwards.add_metric([], st.forwards)
-        yield forwards
-        tokens = CounterMetricFamily("meshd_generation_tokens", "Tokens generated.")
-        tokens.add_metric([], st.tokens)
-        yield tokens
-        prompt = CounterMetricFamily(
-            "meshd_prompt_tokens",
-            "Prompt tokens of admitted requests (prefix-cache hits included).")
-        prompt.add_metric([], st.prompt_tokens)
-        yield prompt
+        models = [(m.name, m.statistics()) for m in svc.models]
+        state = GaugeMetricFamily(
+            "meshd_model_state", "Each configured model's state (1 for the current one).",
+            labels=["model", "state"])
+        for served in svc.models:
+            for each in ModelState:
+                state.add_metric([served.name, each.value], float(served.state is each))
+        yield state
+        yield from _speculation(models)
+        for name, doc, figure in _COUNTERS:
+            counted = CounterMetricFamily(name, doc, labels=["model"])
+            for model, st in models:
+                counted.add_metric([model], figure(st))
+            yield counted
         finished = CounterMetricFamily(
             "meshd_requests", "Requests that ended, by finish reason.",
-            labels=["finish_reason"])
-        for reason, n in sorted(st.finish_reasons.items()):
-            finished.add_metric([reason], n)
+            labels=["model", "finish_reason"])
+        for model, st in models:
+            for reason, n in sorted(st.finish_reasons.items()):
+                finished.add_metric([model, reason], n)
         yield finished
         errors = CounterMetricFamily(
             "meshd_protocol_errors", "Requests refused with an error, by error code.",
@@ -78,58 +82,77 @@ class DaemonCollector(Collector):
             errors.add_metric([code], count)
         yield errors
         yield from _plugin_faults(counters)
-        yield _histogram("meshd_verify_seconds",
-                         "One batched target forward over windows with drafts.",
-                         st.verify_seconds)
-        yield _histogram("meshd_decode_seconds",
-                         "One batched plain decode forward (one row per sequence).",
-                         st.decode_seconds)
-        yield _histogram("meshd_request_seconds",
-                         "From a request's submission to its end, queue wait included.",
-                         st.request_seconds)
-        yield _histogram("meshd_step_host_seconds",
-                         "One decode step's time on the compute thread outside its "
-                         "forwards (the host gap between forwards).",
-                         st.step_host_seconds)
-        yield _histogram("meshd_time_to_first_token_seconds",
-                         "From a request's submission to its first token.",
-                         st.time_to_first_token_seconds)
-        yield _histogram("meshd_inter_token_latency_seconds",
-                         "Between tokens handed to a request's caller.",
-                         st.inter_token_latency_seconds)
-        for name, doc, value in (
-            ("meshd_requests_active", "Requests decoding now.", st.active),
-            ("meshd_requests_queued", "Requests waiting for a slot.", st.queued),
-            ("meshd_prefix_cache_tokens", "Tokens held by the prefix cache.",
-             st.runtime.prefix_cache_tokens),
-            ("meshd_checkpoint_bytes", "State checkpoints held by active sessions.",
-             st.runtime.checkpoint_bytes),
-        ):
-            gauge = GaugeMetricFamily(name, doc)
-            gauge.add_metric([], value)
+        for name, doc, snapshot in _HISTOGRAMS:
+            histogram = HistogramMetricFamily(name, doc, labels=["model"])
+            for model, st in models:
+                snap = snapshot(st)
+                histogram.add_metric([model], [(_bound(le), n) for le, n in snap.buckets],
+                                     sum_value=snap.sum)
+            yield histogram
+        for name, doc, figure in _GAUGES:
+            gauge = GaugeMetricFamily(name, doc, labels=["model"])
+            for model, st in models:
+                gauge.add_metric([model], figure(st))
             yield gauge
 
-    def _speculation(self, proposers: Mapping[str, ProposerStatistics]) -> Iterator[Metric]:
-        drafts = CounterMetricFamily(
-            "meshd_spec_decode_num_drafts", "Verify windows that carried a draft.",
-            labels=["proposer"])
-        draft_tokens = CounterMetricFamily(
-            "meshd_spec_decode_num_draft_tokens", "Drafted tokens verified.",
-            labels=["proposer"])
-        accepted = CounterMetricFamily(
-            "meshd_spec_decode_num_accepted_tokens", "Drafted tokens accepted.",
-            labels=["proposer"])
-        per_pos = CounterMetricFamily(
-            "meshd_spec_decode_num_accepted_tokens_per_pos",
-            "Drafted tokens accepted at each draft position (0 is the first).",
-            labels=["proposer", "position"])
-        for name, tot in sorted(proposers.items()):
-            drafts.add_metric([name], tot.drafts)
-            draft_tokens.add_metric([name], tot.drafted)
-            accepted.add_metric([name], tot.accepted)
+
+_Figure = Callable[[SchedulerStatistics], float]
+_COUNTERS: Final[tuple[tuple[str, str, _Figure], ...]] = (
+    ("meshd_target_forwards", "Forwards of the target model (prefill and decode).",
+     lambda st: st.forwards),
+    ("meshd_generation_tokens", "Tokens generated.", lambda st: st.tokens),
+    ("meshd_prompt_tokens", "Prompt tokens of admitted requests (prefix-cache hits "
+     "included).", lambda st: st.prompt_tokens),
+)
+_GAUGES: Final[tuple[tuple[str, str, _Figure], ...]] = (
+    ("meshd_requests_active", "Requests decoding now.", lambda st: st.active),
+    ("meshd_requests_queued", "Requests waiting for a slot.", lambda st: st.queued),
+    ("meshd_prefix_cache_tokens", "Tokens held by the prefix cache.",
+     lambda st: st.runtime.prefix_cache_tokens),
+    ("meshd_checkpoint_bytes", "State checkpoints held by active sessions.",
+     lambda st: st.runtime.checkpoint_bytes),
+)
+
+
+_HISTOGRAMS: Final[tuple[tuple[str, str, Callable[[SchedulerStatistics],
+                                                  HistogramSnapshot]], ...]] = (
+    ("meshd_verify_seconds", "One batched target forward over windows with drafts.",
+     lambda st: st.verify_seconds),
+    ("meshd_decode_seconds", "One batched plain decode forward (one row per sequence).",
+     lambda st: st.decode_seconds),
+    ("meshd_request_seconds", "From a request's submission to its end, queue wait included.",
+     lambda st: st.request_seconds),
+    ("meshd_step_host_seconds", "One decode step's time on the compute thread outside its "
+     "forwards (the host gap between forwards).", lambda st: st.step_host_seconds),
+    ("meshd_time_to_first_token_seconds", "From a request's submission to its first token.",
+     lambda st: st.time_to_first_token_seconds),
+    ("meshd_inter_token_latency_seconds", "Between tokens handed to a request's caller.",
+     lambda st: st.inter_token_latency_seconds),
+)
+
+
+def _speculation(models: list[tuple[str, SchedulerStatistics]]) -> Iterator[Metric]:
+    drafts = CounterMetricFamily(
+        "meshd_spec_decode_num_drafts", "Verify windows that carried a draft.",
+        labels=["model", "proposer"])
+    draft_tokens = CounterMetricFamily(
+        "meshd_spec_decode_num_draft_tokens", "Drafted tokens verified.",
+        labels=["model", "proposer"])
+    accepted = CounterMetricFamily(
+        "meshd_spec_decode_num_accepted_tokens", "Drafted tokens accepted.",
+        labels=["model", "proposer"])
+    per_pos = CounterMetricFamily(
+        "meshd_spec_decode_num_accepted_tokens_per_pos",
+        "Drafted tokens accepted at each draft position (0 is the first).",
+        labels=["model", "proposer", "position"])
+    for model, st in models:
+        for name, tot in sorted(st.proposers.items()):
+            drafts.add_metric([model, name], tot.drafts)
+            draft_tokens.add_metric([model, name], tot.drafted)
+            accepted.add_metric([model, name], tot.accepted)
             for pos, n in enumerate(tot.accepted_per_position):
-                per_pos.add_metric([name, str(pos)], n)
-        yield from (drafts, draft_tokens, accepted, per_pos)
+                per_pos.add_metric([model, name, str(pos)], n)
+    yield from (drafts, draft_tokens, accepted, per_pos)
 
 
 def _plugin_faults(counters: Mapping[str, float]) -> Iterator[Metric]:
@@ -143,13 +166,6 @@ def _plugin_faults(counters: Mapping[str, float]) -> Iterator[Metric]:
         if key.startswith(_PLUGIN_PREFIX) and sep:
             faults.add_metric([name, kind], n)
     yield faults
-
-
-def _histogram(name: str, doc: str, snap: HistogramSnapshot) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, doc)
-    family.add_metric(
-        [], [(_bound(le), n) for le, n in snap.buckets], sum_value=snap.sum)
-    return family
 
 
 def _bound(le: float) -> str:

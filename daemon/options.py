@@ -17,12 +17,14 @@ import argparse
 from typing import Final
 
 from meshd.clients.argtypes import (
+    duration_seconds,
     gpu_layers,
     integer,
     non_negative,
     non_negative_float,
     positive,
     probability,
+    size_bytes,
     weights,
 )
 from meshd.clients.options import (
@@ -46,6 +48,7 @@ __all__ = [
     "HelpFormatter",
     "add_version",
     "daemon_options",
+    "duration_text",
     "generation_options",
     "integer",
     "model_options",
@@ -58,6 +61,7 @@ __all__ = [
     "sampling_argv",
     "sampling_extras",
     "sampling_options",
+    "size_text",
     "speculation_options",
     "subparser",
     "version_string",
@@ -74,6 +78,8 @@ DEFAULT_MAX_QUEUE: Final = 64
 """Requests waiting for a slot before new ones are answered ``busy``."""
 DEFAULT_STREAM_INTERVAL_MS: Final = 100
 """Tokens are streamed in batches at most this far apart (after the first token)."""
+DEFAULT_KEEP_ALIVE: Final = "5m"
+"""How long ``serve`` keeps an idle model loaded after its last request (Ollama's default)."""
 DEFAULT_BACKEND: Final = "asyncio"
 DEFAULT_LOG_LEVEL: Final = "info"
 
@@ -86,6 +92,18 @@ def workers(text: str) -> tuple[str, ...]:
         return tuple(str(ep) for ep in parse_endpoints(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def duration_text(text: str) -> str:
+    """A duration (``5m``, ``300``, ``-1``), checked and kept as written."""
+    duration_seconds(text)
+    return text.strip()
+
+
+def size_text(text: str) -> str:
+    """A size (``8G``), checked and kept as written."""
+    size_bytes(text)
+    return text.strip()
 
 
 def proposer_name(text: str) -> str:
@@ -120,12 +138,19 @@ def _parent() -> argparse.ArgumentParser:
 # parsers built from it, so one parent per subcommand keeps their defaults independent.
 
 
-def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True) -> argparse.ArgumentParser:
-    """``-m/--model`` (unless ``model=False``), ``-c/--ctx``, ``-t/--threads``,
-    ``--cache-type-k``."""
+def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True,
+                  several: bool = False) -> argparse.ArgumentParser:
+    """``-m/--model`` (unless ``model=False``; repeatable, ``PATH`` or ``NAME=PATH``, with
+    ``several=True``: ``serve``), ``-c/--ctx``, ``-t/--threads``, ``--cache-type-k``."""
     p = _parent()
     g = p.add_argument_group("model")
-    if model:
+    if model and several:
+        g.add_argument("-m", "--model", metavar="PATH", action="append",
+                       help="GGUF model file (default: the embedded SmolLM2-135M-Instruct); "
+                            "repeatable, each PATH or NAME=PATH (the file served as the "
+                            "model NAME; a plain PATH is named by its file): the first -m is "
+                            "the default model, a NAME=PATH replaces a [models.NAME] table")
+    elif model:
         g.add_argument("-m", "--model", metavar="PATH",
                        help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("-c", "--ctx", type=positive, default=ctx, metavar="N",

@@ -140,7 +140,10 @@ class Scheduler:
 
     def __init__(self, runtime: ModelRuntime, *, max_queue: int = DEFAULT_MAX_QUEUE,
                  step_budget_s: float = DEFAULT_STREAM_INTERVAL_MS / 1000,
-                 compute: ComputeThread | None = None) -> None:
+                 compute: ComputeThread | None = None,
+                 counters: SchedulerCounters | None = None) -> None:
+        """``counters``: where to count (a model served again after an unload keeps
+        counting where it left off)."""
         self.runtime = runtime
         self.max_queue = max_queue
         #: Hand the tokens of steps run back to back to the event loop at most this
@@ -155,7 +158,7 @@ class Scheduler:
         self._waiting: collections.deque[GenerationHandle] = collections.deque()
         self._active: list[GenerationHandle] = []
         self._wakeup = anyio.Event()
-        self._counters = SchedulerCounters()
+        self._counters = counters if counters is not None else SchedulerCounters()
         self._figures = self._runtime_figures()
         self.started = time.monotonic()
         self._native_since: float | None = None

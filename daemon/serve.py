@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import anyio
@@ -37,12 +38,14 @@ from .compute import ComputeThread
 from .http.tcp import open_http_listener
 from .listener import ListenerError, default_socket_path, open_listener
 from .logs import DEFAULT_LLAMA_LOG_LEVEL, FORMATS, configure_logging, get_logger, set_levels
+from .model_plans import model_plans, residency
+from .model_set import ModelPlan, ModelSet
 from .notify import Notifier
 from .request_errors import RequestError
-from .runtime import ModelRuntime, RuntimeConfig
+from .runtime import ModelRuntime
 from .serve_checks import StartupProblem, check_before_start
 from .server import Server
-from .service import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
+from .server_config import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
 from .supervise import Reload, Supervisor, notifying_progress, pinging_while_starting
 
 HTTP_FD_NAME: Final = "http"
@@ -60,8 +63,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         sub, "serve", help="run the daemon on a Unix socket until SIGINT/SIGTERM",
         description="Load the model, listen on a Unix socket and serve requests (talk to "
                     "it with meshctl) until SIGINT/SIGTERM.",
-        parents=[opt.model_options(), opt.speculation_options(), opt.daemon_options(),
-                 opt.placement_options()],
+        parents=[opt.model_options(several=True), opt.speculation_options(),
+                 opt.daemon_options(), opt.placement_options()],
     )
     p.add_argument("-s", "--socket", default=None, metavar="PATH",
                    help="socket path, unix:PATH or fd://N (default: $MESHD_SERVE_SOCKET "
@@ -123,6 +126,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "of --allow-group; root and the daemon's own user always may")
     p.add_argument("--allow-group", action="append", default=[], metavar="GROUP",
                    help="serve members of this group (name or gid; repeatable)")
+    p.add_argument("--default-model", metavar="NAME", default=None,
+                   help="the model of requests that name none, among the -m NAME=PATH and "
+                        "[models.NAME] models (default: the first -m, else the first table)")
+    p.add_argument("--keep-alive", metavar="DURATION", type=opt.duration_text,
+                   default=opt.DEFAULT_KEEP_ALIVE,
+                   help="how long a model stays loaded after its last request: seconds, or "
+                        "30s, 5m, 1h; 0 unloads it after each request, -1 keeps it")
+    p.add_argument("--max-loaded", metavar="N", type=positive, default=None,
+                   help="most models loaded at once (default: no limit)")
+    p.add_argument("--memory-limit", metavar="SIZE", type=opt.size_text, default=None,
+                   help="most bytes of model files loaded at once (default: no limit): "
+                        "8G, 512M; K, M, G, T and KiB, MiB, GiB, TiB are powers of 1024, "
+                        "KB, MB, GB, TB powers of 1000")
     p.add_argument("--log-format", choices=FORMATS, default="auto",
                    help="auto: journal under journald (priority prefixes), console on a "
                         "terminal, JSON lines otherwise")
@@ -157,58 +173,52 @@ def run(args: argparse.Namespace) -> int:
     # serve.socket (flag, $MESHD_SERVE_SOCKET or $MESHD_SOCKET, file), else systemd's.
     bind = c.serve.socket or _activated_bind(inherited) or default_socket_path()
     http = c.serve.http or _activated_http(inherited)
-    drafts = list(c.model.draft_models)
     try:
         checked = check_before_start(loaded, bind=bind, http=http)
     except StartupProblem as refused:
         where = {"address": bind} if refused.event == "listen_failed" else {}
         log.error(refused.event, error=refused.message, **where)
         return refused.exit_code
-    proposer, server_config = checked.proposer, checked.server_config
-    config = RuntimeConfig(
-        model_path=c.model.path, n_ctx_seq=c.model.ctx, n_seq_max=c.serve.slots,
-        draft_max=c.speculation.draft_max, threads=c.model.threads,
-        calibrate=not c.speculation.fixed_k, default_proposer=proposer,
-        in_place_rollback=c.speculation.rollback_snapshots != "never",
-        adaptive_rollback=c.speculation.rollback_snapshots == "auto",
-        allowed_drafts=tuple(drafts),
-        rpc_workers=c.model.rpc, tensor_split=c.model.tensor_split,
-        gpu_layers=c.model.gpu_layers, prefix_cache_tokens=c.serve.prefix_cache_tokens,
-        cache_type_k=c.model.cache_type_k,
-        plugins=loaded.plugins,
-    )
-    log.info("loading_model", model=c.model.path or "embedded default",
-             workers=list(c.model.rpc))
+    server_config = checked.server_config
+    try:
+        plans = model_plans(loaded, checked.proposer)
+        models = ModelSet(plans, _loader(log), **residency(c), max_queue=c.serve.max_queue,
+                          step_budget_s=server_config.stream_interval_s, events=log.info)
+    except cfg.ConfigError as exc:
+        log.error("bad_config", error=str(exc))
+        return 2
+    default = plans[0]
+    log.info("loading_model", model=default.config.model_path or "embedded default",
+             name=default.name, workers=list(default.config.rpc_workers),
+             models=[p.name for p in plans])
     t0 = time.monotonic()
-
-    def note(event: str, message: str) -> None:
-        # Routine adaptation is information; everything else asks for attention.
-        (log.info if event in ROUTINE_NOTES else log.warning)(event, message=message)
-
-    # Every llama.cpp call for the model, from its load to its close, runs on this one
-    # thread, so exactly one OpenMP team exists (see meshd.daemon.compute).
-    compute = ComputeThread("meshd-compute")
+    # Every llama.cpp call for a model, from its load to its close, runs on its one
+    # thread, so exactly one OpenMP team exists per model (see meshd.daemon.compute).
+    # The default model loads now, so a client that can connect can be served at once.
+    compute = ComputeThread(f"meshd-{default.name}")
     try:
         with pinging_while_starting(notifier):
             runtime = compute.call(lambda: ModelRuntime(
-                config, notes=note, progress=notifying_progress(notifier, Progress),
-                events=log.info))
+                default.config, notes=_notes(log),
+                progress=notifying_progress(notifier, Progress), events=log.info))
     except (NativeError, RequestError, OSError, ValueError) as exc:
         compute.close()
         log.error("model_load_failed", error=str(exc))
         return 3
+    models.adopt(models.default, runtime, compute)
     try:
-        log.info("model_loaded", path=runtime.model.info.path,
+        log.info("model_loaded", path=runtime.model.info.path, name=default.name,
                  seconds=round(time.monotonic() - t0, 2),
                  cache_type_k=runtime.context.config.cache_type_k,
                  proposers=runtime.usable_proposers(),
                  unavailable=runtime.unavailable_proposers())
-        problem = runtime.proposer_problem(proposer)
+        problem = runtime.proposer_problem(default.config.default_proposer)
         if problem is not None:
             log.error("bad_usage", error=f"proposer: {problem}")
             return 2
-        server = Server(runtime, server_config, compute=compute)
-        supervisor = Supervisor(server, notifier, reload=_reloader(loaded))
+        server = Server(models, server_config)
+        supervisor = Supervisor(server, notifier,
+                                reload=_reloader(loaded, models, checked.proposer))
         server.ready_hooks = (supervisor.on_ready,)
         options: dict[str, Any] = {}
         if c.serve.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
@@ -228,26 +238,64 @@ def run(args: argparse.Namespace) -> int:
             notifier.stopping("stopped")
             notifier.close()
     finally:
-        compute.call(runtime.close)
-        compute.close()
+        models.close()
     return 130 if supervisor.forced else 0
 
 
-def _reloader(loaded: cfg.Loaded) -> Reload:
+_RELOADS_MODELS: Final = frozenset(
+    {f"model.{k}" for k in ("path", "ctx", "threads", "cache_type_k", "draft_models",
+                            "gpu_layers", "rpc", "tensor_split")}
+    | {f"speculation.{k}" for k in ("proposer", "draft_max", "fixed_k", "rollback_snapshots")}
+    | {"serve.slots", "serve.prefix_cache_tokens"})
+"""Keys that go into a model's plan: a change reloads the model once idle (SIGHUP)."""
+
+
+def _notes(log: Any) -> Callable[[str, str], None]:
+    def note(event: str, message: str) -> None:
+        # Routine adaptation is information; everything else asks for attention.
+        (log.info if event in ROUTINE_NOTES else log.warning)(event, message=message)
+
+    return note
+
+
+def _loader(log: Any) -> Callable[[ModelPlan], ModelRuntime]:
+    """How a model other than the first loads, on first use (on its compute thread)."""
+    def load(plan: ModelPlan) -> ModelRuntime:
+        runtime = ModelRuntime(plan.config, notes=_notes(log), events=log.info)
+        problem = runtime.proposer_problem(plan.config.default_proposer)
+        if problem is not None:
+            runtime.close()
+            raise ValueError(f"proposer: {problem}")
+        return runtime
+
+    return load
+
+
+def _reloader(loaded: cfg.Loaded, models: ModelSet, proposer: str) -> Reload:
     """SIGHUP: read the file and environment again (the command line's flags still win),
-    apply what can change live, say which changed keys need a restart."""
+    apply what can change live (limits, the models), say which changed keys need a
+    restart."""
     current = [loaded.config]
 
     def reload() -> tuple[ServerConfig, list[str]]:
-        new = cfg.load(loaded.path, flags=loaded.flags).config
+        again = cfg.load(loaded.path, flags=loaded.flags)
+        new = again.config
         server_config = cfg.server_config(new)  # raises before anything is applied
-        needs_restart = cfg.restart_needed(current[0], new)
+        plans = model_plans(again, proposer)  # so does a bad [models] table
+        limits = residency(new)
+        needs_restart = [k for k in cfg.restart_needed(current[0], new)
+                         if k not in _RELOADS_MODELS]  # those reload the models they change
         if needs_restart:
             get_logger("meshd.serve").warning("restart_needed", keys=needs_restart)
         set_levels(new.log.level, new.log.llama_level)  # every logger, from the next event
         changed = cfg.live_changes(current[0], new)
+        models.keep_alive_s = limits["keep_alive_s"]
+        models.max_loaded, models.memory_limit = limits["max_loaded"], limits["memory_limit"]
+        moved = models.update(plans)
+        if any(moved.values()):
+            get_logger("meshd.serve").info("models_changed", **moved)
         current[0] = new
-        return server_config, changed
+        return server_config, changed + [f"models.{n}" for v in moved.values() for n in v]
 
     return reload
 

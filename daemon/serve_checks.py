@@ -24,7 +24,7 @@ from .checks import check_model_args
 from .http.tcp import HttpAddressError, check_http_address
 from .listener import ListenerError, preflight
 from .peercred import PeerPolicy
-from .service import ServerConfig
+from .server_config import ServerConfig
 
 __all__ = ["Checked", "StartupProblem", "check_before_start"]
 

@@ -33,9 +33,12 @@ from .http.sniff import Kind, sniff
 from .http.tcp import open_http_listener
 from .listener import BindSpec, Listener, open_listener
 from .logs import get_logger
+from .mapping import model_info
+from .model_set import ModelSet
 from .runtime import ModelRuntime
 from .scheduler import Scheduler
-from .service import ServerConfig, Service
+from .server_config import ServerConfig
+from .service import Service
 
 __all__ = ["Server", "serving"]
 
@@ -44,18 +47,22 @@ ReadyHook = Callable[[str], None]
 
 
 class Server:
-    """Serves one ModelRuntime over the protocol; run it with :meth:`serve`."""
+    """Serves a ModelSet (or one ModelRuntime) over the protocol; run it with
+    :meth:`serve`."""
 
-    def __init__(self, runtime: ModelRuntime, config: ServerConfig | None = None, *,
+    def __init__(self, models: ModelSet | ModelRuntime, config: ServerConfig | None = None, *,
                  ready_hooks: tuple[ReadyHook, ...] = (),
                  compute: ComputeThread | None = None) -> None:
-        """``compute``: the thread the runtime was loaded on, which then makes every
-        llama.cpp call (else the scheduler starts one of its own)."""
-        self.runtime = runtime
+        """``models``: the set of models served, or one runtime its caller loaded and
+        closes (named after its file; ``compute``: the thread it was loaded on, which
+        then makes every llama.cpp call, else a thread of its own)."""
         self.config = config = config if config is not None else ServerConfig()
-        self.scheduler = Scheduler(runtime, max_queue=config.max_queue,
-                                   step_budget_s=config.stream_interval_s, compute=compute)
-        self.service = Service(runtime, self.scheduler, config)
+        if isinstance(models, ModelRuntime):
+            models = ModelSet.single(models, model_info(models).name, compute=compute,
+                                     max_queue=config.max_queue,
+                                     step_budget_s=config.stream_interval_s)
+        self.models = models
+        self.service = Service(models, config)
         self.ready_hooks = ready_hooks
         self.log = get_logger("meshd.server")
         self.listener: Listener | None = None
@@ -79,14 +86,24 @@ class Server:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def runtime(self) -> ModelRuntime:
+        """The default model's runtime (while loaded)."""
+        return self.service.runtime
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The default model's scheduler (while loaded)."""
+        return self.service.scheduler
+
     def reconfigure(self, config: ServerConfig) -> None:
         """Apply settings that can change while serving (SIGHUP): limits, timeouts,
         the stream interval and the peer allow-list. New connections use them at once;
         open ones keep the allow-list they were admitted under."""
         self.config = config
         self.service.config = config
-        self.scheduler.max_queue = config.max_queue
-        self.scheduler.step_budget_s = config.stream_interval_s
+        self.models.reconfigure(max_queue=config.max_queue,
+                                step_budget_s=config.stream_interval_s)
         self._warn_if_tcp_bypasses_allow_list()
 
     def _warn_if_tcp_bypasses_allow_list(self) -> None:
@@ -129,8 +146,8 @@ class Server:
     async def _run(self, listener: Listener, http_listener: Listener | None,
                    task_status: anyio.abc.TaskStatus[str]) -> None:
         async with anyio.create_task_group() as engine:
-            await engine.start(self.scheduler.run)
-            if self.runtime.remote is not None:
+            await engine.start(self.models.run)
+            if any(m.plan.config.rpc_workers for m in self.models):
                 engine.start_soon(self._recover_workers)
             async with anyio.create_task_group() as conns:
                 async with anyio.create_task_group() as accepting:
@@ -148,37 +165,43 @@ class Server:
         self.log.info("stopped")
 
     async def _recover_workers(self) -> None:
-        """While a remote worker is lost, probe it; once every worker answers, load the
-        model again (on the model's worker thread, between forwards) so health goes
-        back from ``degraded`` to ``ok``."""
-        remote = self.runtime.remote
-        assert remote is not None
-        reported = False
+        """While a loaded model's remote worker is lost, probe it; once every worker
+        answers, load that model again (on its compute thread, between forwards) so
+        health goes back from ``degraded`` to ``ok``."""
+        reported: set[str] = set()
         while True:
             await anyio.sleep(self.config.worker_probe_s)
-            if not self.runtime.degraded:
-                continue
-            if not reported:
-                self.log.error("worker_lost", workers=[a for a, _ in remote.lost],
-                               reasons=[r for _, r in remote.lost])
-                reported = True
-            if not await anyio.to_thread.run_sync(remote.all_answer):
-                continue
-            try:
-                reloaded = await self.scheduler.run_sync(self.runtime.reload)
-            except Exception as exc:  # still failing: keep probing
-                self.log.warning("worker_reload_failed", error=str(exc))
-                continue
-            if reloaded:
-                self.log.info("workers_back", workers=[str(e) for e in remote.endpoints])
-                reported = False
+            for served in self.models.loaded():
+                runtime, scheduler = served.runtime, served.scheduler
+                remote = runtime.remote if runtime is not None else None
+                if remote is None or scheduler is None or runtime is None \
+                        or not runtime.degraded:
+                    continue
+                if served.name not in reported:
+                    self.log.error("worker_lost", model=served.name,
+                                   workers=[a for a, _ in remote.lost],
+                                   reasons=[r for _, r in remote.lost])
+                    reported.add(served.name)
+                if not await anyio.to_thread.run_sync(remote.all_answer):
+                    continue
+                try:
+                    reloaded = await scheduler.run_sync(runtime.reload)
+                except Exception as exc:  # still failing: keep probing
+                    self.log.warning("worker_reload_failed", model=served.name,
+                                     error=str(exc))
+                    continue
+                if reloaded:
+                    self.log.info("workers_back", model=served.name,
+                                  workers=[str(e) for e in remote.endpoints])
+                    reported.discard(served.name)
 
     def _ready(self, address: str) -> None:
         m = self.service.model
         http = self.http_listener.address if self.http_listener is not None else None
         self.log.info("ready", address=address, http=http, model=m.name, n_ctx=m.n_ctx,
-                      slots=self.runtime.context.config.n_seq_max,
-                      proposers=list(self.service.proposers()))
+                      slots=self.models.default.plan.config.n_seq_max,
+                      proposers=list(self.service.proposers()),
+                      models=[s.name for s in self.models])
         for hook in self.ready_hooks:
             hook(address)
 
@@ -266,14 +289,15 @@ class Server:
 
 @asynccontextmanager
 async def serving(
-    runtime: ModelRuntime, bind: BindSpec | str, config: ServerConfig | None = None, *,
-    http: str | None = None,
+    models: ModelRuntime | ModelSet, bind: BindSpec | str, config: ServerConfig | None = None,
+    *, http: str | None = None,
 ) -> AsyncIterator[Server]:
     """Run a daemon in the current task group's event loop for the ``async with`` body.
 
-    For tests, benchmarks and embedding. On exit the daemon shuts down gracefully.
+    For tests, benchmarks and embedding. On exit the daemon shuts down gracefully (a
+    ModelSet's models stay loaded: close them with :meth:`ModelSet.close`).
     """
-    server = Server(runtime, config)
+    server = Server(models, config)
     body_error: Exception | None = None
     async with anyio.create_task_group() as tg:
         await tg.start(partial(server.serve, http=http), bind)

@@ -11,12 +11,12 @@ flight (for shutdown and for cancelling a request from another connection).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import importlib.metadata
 import socket
 import time
-from collections.abc import Iterator
-from typing import Final
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import anyio.to_thread
@@ -27,7 +27,6 @@ from meshd.native.tokenizer import TooManyTokens
 from meshd.plugins.host import PluginRefused
 from meshd.plugins.hosts import is_plugin_hello
 from meshd.protocol import (
-    DEFAULT_MAX_FRAME_SIZE,
     PROPOSER_OFF,
     PROTOCOL_VERSION,
     BadRequest,
@@ -39,6 +38,8 @@ from meshd.protocol import (
     HealthReply,
     HealthStatus,
     Hello,
+    Load,
+    LoadReply,
     ModelError,
     ModelInfo,
     Models,
@@ -49,28 +50,29 @@ from meshd.protocol import (
     StatsReply,
     Tokenize,
     TokenizeReply,
+    UnknownModel,
+    Unload,
+    UnloadReply,
     UnsupportedVersion,
     Welcome,
 )
 
 from .constraint import ConstraintError
-from .http.config import HttpConfig
-from .mapping import model_info, sampling_params
-from .options import DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS, DEFAULT_STREAM_INTERVAL_MS
-from .peercred import PeerPolicy, peer_credentials
+from .mapping import sampling_params
+from .model_set import LoadFailed, ModelSet, ModelState, NoRoom, NoSuchModel, ServedModel
+from .options import DEFAULT_MAX_TOKENS
+from .peercred import peer_credentials
 from .prompt_fit import PromptTooLong, prompt_tokens
 from .request_errors import RequestError
 from .runtime import ModelRuntime
 from .sampling import with_chosen_seed
 from .scheduler import Busy, GenerationHandle, GenerationRequest, Scheduler
+from .server_config import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
+from .statistics import SchedulerStatistics
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SHUTDOWN_GRACE_S", "InFlightGeneration", "ServerConfig",
            "Service", "server_version"]
 
-
-
-DEFAULT_SHUTDOWN_GRACE_S: Final = 30.0
-"""Seconds running generations may go on after SIGTERM (systemd's stop timeout is 90)."""
 
 
 def server_version() -> str:
@@ -79,47 +81,6 @@ def server_version() -> str:
         return importlib.metadata.version("meshd")
     except importlib.metadata.PackageNotFoundError:
         return "0+unknown"
-
-
-@attrs.frozen
-class ServerConfig:
-    """Per-daemon limits and timeouts (the model side is ``RuntimeConfig``)."""
-
-    max_tokens_default: int = DEFAULT_MAX_TOKENS
-    max_tokens_limit: int | None = None
-    """Largest ``max_tokens`` accepted; ``None`` means the per-session context length."""
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_queue: int = DEFAULT_MAX_QUEUE
-    """Generations waiting for a slot before new ones are answered ``busy``."""
-    stream_interval_s: float = DEFAULT_STREAM_INTERVAL_MS / 1000
-    """Tokens are streamed in batches at most this far apart (after the first token)."""
-    max_requests_per_connection: int = 256
-    """Concurrent requests one connection may have in flight before ``busy``."""
-    hello_timeout_s: float = 10.0
-    """A connection that does not say ``hello`` within this is closed."""
-    idle_timeout_s: float = 300.0
-    """After the handshake, a connection with no request in flight that sends no frame
-    for this long is closed (each connection holds a file descriptor)."""
-    frame_timeout_s: float = 30.0
-    """A frame that has begun must be complete (newline) within this; else the client
-    gets a ``bad_request`` error and the connection is closed."""
-    max_connections: int = 1024
-    """Open connections at once; one more is answered ``busy`` and closed."""
-    backlog: int | None = None
-    """Listen backlog; ``None`` takes the system's maximum (``net.core.somaxconn``)."""
-    send_timeout_s: float = 60.0
-    """A client that takes longer than this to accept one write is disconnected."""
-    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
-    """On shutdown, how long running generations may go on to finish normally; those
-    still running then end with ``done`` and ``finish_reason: shutdown``."""
-    drain_timeout_s: float = 10.0
-    """On shutdown, how long cancelled generations get to end with ``done``."""
-    worker_probe_s: float = 1.0
-    """While a remote worker is lost, how often it is probed to reload the model."""
-    peers: PeerPolicy = attrs.field(factory=PeerPolicy)
-    """Which peers (by uid/gid from the socket's credentials) are served."""
-    http: HttpConfig = attrs.field(factory=HttpConfig)
-    """Limits and timeouts of HTTP connections (Unix socket and ``--http``)."""
 
 
 class InFlightGeneration:
@@ -132,6 +93,12 @@ class InFlightGeneration:
     def __init__(self, request_id: str) -> None:
         self.id = request_id
         self.handle: GenerationHandle | None = None
+        #: The model serving it (set by ``Service.prepare``).
+        self.model: ServedModel | None = None
+        #: Whether it holds that model (released by ``Service.unregister``).
+        self.holds = False
+        #: The keep-alive the request asked for (None: the model's own).
+        self.keep_alive: float | None = None
         self.cancelled = False
         #: Cancelled because the daemon is shutting down (``done`` says ``shutdown``).
         self.shutdown = False
@@ -151,17 +118,14 @@ class InFlightGeneration:
 class Service:
     """What the daemon answers; one per daemon, used by all its connections."""
 
-    def __init__(self, runtime: ModelRuntime, scheduler: Scheduler,
-                 config: ServerConfig = ServerConfig()) -> None:
-        self.runtime = runtime
-        self.scheduler = scheduler
-        self.config = config
+    def __init__(self, models: ModelSet, config: ServerConfig | None = None) -> None:
+        self.models = models
+        self.config = config if config is not None else ServerConfig()
         self.started = time.monotonic()
         self.started_at = time.time()
         self.draining = False
         self.counters: collections.Counter[str] = collections.Counter()
         self.open_connections = 0
-        self._model_info = model_info(runtime)
         self._inflight: dict[str, list[InFlightGeneration]] = {}
         self._n_inflight = 0
         self._idle = anyio.Event()
@@ -170,9 +134,23 @@ class Service:
     # ------------------------------------------------------------------ limits
 
     @property
-    def max_tokens_limit(self) -> int:
+    def runtime(self) -> ModelRuntime:
+        """The default model's runtime, while it is loaded (out-of-process plugins
+        connect to it)."""
+        runtime = self.models.default.runtime
+        assert runtime is not None, "the default model is not loaded"
+        return runtime
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The default model's scheduler, while it is loaded."""
+        scheduler = self.models.default.scheduler
+        assert scheduler is not None, "the default model is not loaded"
+        return scheduler
+
+    def max_tokens_limit(self, runtime: ModelRuntime) -> int:
         limit = self.config.max_tokens_limit
-        return limit if limit is not None else self.runtime.context.config.n_ctx_seq
+        return limit if limit is not None else runtime.context.config.n_ctx_seq
 
     @property
     def uptime_s(self) -> float:
@@ -187,30 +165,45 @@ class Service:
                 f"server speaks protocol {PROTOCOL_VERSION}, not {hello.protocol_version}",
                 request_id=hello.id,
             )
-        capabilities = ["speculation", "tokenize"]
-        if self._model_info.has_chat_template:
+        capabilities = ["speculation", "tokenize", "models"]
+        info = self.model
+        if info.has_chat_template:
             capabilities.insert(0, "chat")
         return Welcome(
             id=hello.id,
             protocol_version=PROTOCOL_VERSION,
             server_version=server_version(),
-            model=self._model_info,
+            model=info,
             capabilities=tuple(capabilities),
             proposers=self.proposers(),
             max_frame_size=self.config.max_frame_size,
         )
 
     def proposers(self) -> tuple[str, ...]:
-        """Names ``generate.speculative.proposer`` may use on this model (``off`` is
-        always allowed); installed ones that cannot serve it are left out."""
-        return tuple(self.runtime.usable_proposers())
+        """Names ``generate.speculative.proposer`` may use on the default model (``off``
+        is always allowed); installed ones that cannot serve it are left out."""
+        return self.model.proposers
 
-    def models(self, request: Models) -> ModelsReply:
-        return ModelsReply(id=request.id, models=(self._model_info,))
+    def list_models(self, request: Models) -> ModelsReply:
+        return ModelsReply(id=request.id, models=tuple(self.info(m) for m in self.models))
 
     @property
     def model(self) -> ModelInfo:
-        return self._model_info
+        """The default model."""
+        return self.info(self.models.default)
+
+    def info(self, served: ServedModel) -> ModelInfo:
+        """What ``welcome`` and ``models`` say of a model: measured while it is loaded,
+        remembered after, configured before its first load."""
+        base = served.info or ModelInfo(name=served.name,
+                                        n_ctx=served.plan.config.n_ctx_seq,
+                                        size_bytes=served.plan.size_bytes or None)
+        rt = served.runtime
+        if rt is not None and served.state is ModelState.LOADED:  # (plugins come and go)
+            base = attrs.evolve(base, proposers=tuple(rt.usable_proposers()))
+        return attrs.evolve(base, loaded=served.state is ModelState.LOADED,
+                            state=served.state.value, default=served is self.models.default,
+                            keep_alive_s=self.models.keep_alive_of(served))
 
     def admits_peer(self, sock: socket.socket | None, log: FilteringBoundLogger) -> bool:
         """Whether the allow-list serves this connection's peer (SO_PEERCRED); a refused
@@ -227,18 +220,25 @@ class Service:
         return False
 
     def health(self, request: Health) -> HealthReply:
-        """Answered from counters only: never waits for the model."""
+        """Answered from counters only: never waits for a model."""
+        loaded = [m for m in self.models.loaded() if m.runtime is not None]
+        degraded = any(m.runtime.degraded for m in loaded if m.runtime is not None)
         return HealthReply(
             id=request.id,
             status=(HealthStatus.DRAINING if self.draining
-                    else HealthStatus.DEGRADED if self.runtime.degraded else HealthStatus.OK),
+                    else HealthStatus.DEGRADED if degraded else HealthStatus.OK),
             uptime_s=self.uptime_s,
-            active_requests=self.scheduler.active,
-            queued_requests=self.scheduler.queued,
+            active_requests=sum(m.scheduler.active for m in loaded if m.scheduler),
+            queued_requests=sum(m.scheduler.queued for m in loaded if m.scheduler),
         )
 
+    def statistics(self) -> SchedulerStatistics:
+        """Every model's figures together."""
+        return functools.reduce(SchedulerStatistics.plus,
+                                (m.statistics() for m in self.models))
+
     def stats(self, request: Stats) -> StatsReply:
-        st = self.scheduler.statistics()
+        st = self.statistics()
         counters: dict[str, float] = {
             "requests_total": st.requests,
             "requests_completed": st.completed,
@@ -271,7 +271,10 @@ class Service:
             counters[f"{name}_sum"] = snap.sum
         for key, value in sorted(self.counters.items()):
             counters[key] = counters.get(key, 0) + value
-        counters.update(self.runtime.plugin_counters())
+        for served in self.models.loaded():
+            if served.runtime is not None:
+                for key, value in served.runtime.plugin_counters().items():
+                    counters[key] = counters.get(key, 0) + value
         proposers = {
             name: ProposerStats(
                 requests=tot.requests, drafted=tot.drafted, accepted=tot.accepted,
@@ -287,17 +290,18 @@ class Service:
 
     async def plugin_ingress(self, first_frame: bytes, sock: socket.socket) -> bool:
         """Whether ``first_frame`` opened a proposer plugin's connection; if so, the
-        plugin host takes over a duplicate of the socket (set-up on a worker thread,
-        the link then lives in the host) and the connection ends here. The peer's
-        SO_PEERCRED credentials go with it (a table may pin the plugin's uid/gid)."""
-        plugins = self.runtime.plugins
+        default model's plugin host (loading the model if need be) takes over a duplicate
+        of the socket (set-up on a worker thread, the link then lives in the host) and
+        the connection ends here. The peer's SO_PEERCRED credentials go with it (a table
+        may pin the plugin's uid/gid)."""
         if not is_plugin_hello(first_frame):
             return False
         peer = peer_credentials(sock)
         try:
-            await anyio.to_thread.run_sync(
-                functools.partial(plugins.adopt, sock.dup(), first_frame, peer=peer))
-        except PluginRefused:
+            async with self.holding(None, None) as rt:  # the default model's
+                await anyio.to_thread.run_sync(
+                    functools.partial(rt.plugins.adopt, sock.dup(), first_frame, peer=peer))
+        except (PluginRefused, ModelError, ServerBusy):  # (no model to attach to)
             self.counters["plugins_refused"] += 1
         return True
 
@@ -307,11 +311,12 @@ class Service:
         """Tokenize on a worker thread: the vocabulary is read-only and needs no
         context lock, and a multi-megabyte text must not stall the event loop. No more
         ids are stored than a reply frame could carry (each takes 2 bytes or more)."""
-        tok = self.runtime.model.tokenizer
         most = self.config.max_frame_size // 2
         try:
-            tokens = await anyio.to_thread.run_sync(lambda: tok.tokenize(
-                request.text, add_special=request.add_special, max_tokens=most))
+            async with self.holding(None, request.id) as rt:
+                tok = rt.model.tokenizer
+                tokens = await anyio.to_thread.run_sync(lambda: tok.tokenize(
+                    request.text, add_special=request.add_special, max_tokens=most))
         except TooManyTokens as exc:
             raise FrameTooLarge(
                 f"tokenize: the text is {exc.n_tokens} tokens; a reply of more than {most} "
@@ -320,14 +325,18 @@ class Service:
         return TokenizeReply(id=request.id, tokens=tuple(tokens))
 
     async def detokenize(self, request: Detokenize) -> DetokenizeReply:
-        n_vocab = self._model_info.n_vocab
+        async with self.holding(None, request.id) as rt:
+            return await self._detokenize(request, rt)
+
+    async def _detokenize(self, request: Detokenize, rt: ModelRuntime) -> DetokenizeReply:
+        n_vocab = rt.model.info.n_vocab
         for i, token in enumerate(request.tokens):
             if token >= n_vocab:
                 raise BadRequest.invalid_field(
                     f"detokenize.tokens[{i}]",
                     f"must be a token id below the vocabulary size {n_vocab} (got {token})",
                 ).with_request_id(request.id)
-        tok = self.runtime.model.tokenizer
+        tok = rt.model.tokenizer
         limit = self.config.max_frame_size
 
         def detokenize() -> str:
@@ -344,15 +353,71 @@ class Service:
 
     # ------------------------------------------------------------------ generate
 
-    async def prepare(self, request: Generate) -> GenerationRequest:
-        """Check a ``generate`` and turn it into an engine request.
+    # ------------------------------------------------------------------ models
 
-        Raises BadRequest (limits, unknown proposer, no chat template) or ModelError
-        (the prompt does not fit the context), attributed to the request's id.
+    async def hold(self, name: str | None, request_id: str | None) -> ServedModel:
+        """Hold the model ``name`` (None: the default), loading it first if need be,
+        until :meth:`ModelSet.release`. Raises UnknownModel, ServerBusy or ModelError."""
+        try:
+            return await self.models.acquire(name)
+        except NoSuchModel:
+            known = ", ".join(self.models.models)
+            raise UnknownModel(f"no model named {name!r}; this daemon serves: {known}",
+                               request_id=request_id) from None
+        except NoRoom as exc:
+            raise ServerBusy(str(exc), request_id=request_id) from None
+        except LoadFailed as exc:
+            raise ModelError(f"model {name or self.models.default.name!r} did not load: "
+                             f"{exc}", request_id=request_id) from None
+
+    @contextlib.asynccontextmanager
+    async def holding(self, name: str | None, request_id: str | None
+                      ) -> AsyncIterator[ModelRuntime]:
+        """The runtime of model ``name`` (None: the default), held for the block."""
+        served = await self.hold(name, request_id)
+        try:
+            assert served.runtime is not None
+            yield served.runtime
+        finally:
+            self.models.release(served)
+
+    async def load(self, request: Load) -> LoadReply:
+        """Load a model now (``meshctl load``); it then stays for its keep-alive."""
+        served = await self.hold(request.model, request.id)
+        self.models.release(served, request.keep_alive)
+        return LoadReply(id=request.id, model=self.info(served))
+
+    async def unload(self, request: Unload) -> UnloadReply:
+        """Unload a model now (``meshctl unload``); a busy one goes as soon as its last
+        request ends (its keep-alive becomes 0). Unloading an unloaded model is no error."""
+        try:
+            served = self.models.get(request.model)
+        except NoSuchModel:
+            raise UnknownModel(f"no model named {request.model!r}; this daemon serves: "
+                               f"{', '.join(self.models.models)}",
+                               request_id=request.id) from None
+        if not await self.models.unload(served, reason="request"):
+            self.models.unload_when_idle(served)
+        return UnloadReply(id=request.id, model=self.info(served),
+                           unloaded=served.state is ModelState.UNLOADED)
+
+    # ------------------------------------------------------------------ generate
+
+    async def prepare(self, request: Generate, entry: InFlightGeneration) -> GenerationRequest:
+        """Check a ``generate`` and turn it into an engine request for its model, which
+        ``entry`` then holds until :meth:`unregister`.
+
+        Raises BadRequest (limits, unknown proposer, no chat template), UnknownModel,
+        ServerBusy (no room for the model), or ModelError (the prompt does not fit the
+        context, the model did not load), attributed to the request's id.
         """
         rid = request.id
+        served = await self.hold(request.model, rid)
+        entry.model, entry.holds, entry.keep_alive = served, True, request.keep_alive
+        rt, scheduler = served.runtime, served.scheduler
+        assert rt is not None and scheduler is not None
         max_tokens = request.max_tokens or self.config.max_tokens_default
-        limit = self.max_tokens_limit
+        limit = self.max_tokens_limit(rt)
         if request.max_tokens is not None and request.max_tokens > limit:
             raise BadRequest.invalid_field(
                 "generate.max_tokens", f"must be at most {limit} (got {request.max_tokens})"
@@ -360,11 +425,11 @@ class Service:
         max_tokens = min(max_tokens, limit)
         proposer = request.speculative.proposer
         if proposer is not None and proposer != PROPOSER_OFF:
-            problem = self.runtime.proposer_problem(proposer)
+            problem = rt.proposer_problem(proposer)
             if problem is not None:
                 raise BadRequest.invalid_field(
                     "generate.speculative.proposer", problem).with_request_id(rid)
-        n_vocab = self.runtime.model.info.n_vocab
+        n_vocab = rt.model.info.n_vocab
         for key in request.sampling.logit_bias or {}:
             if int(key) >= n_vocab:
                 raise BadRequest.invalid_field(
@@ -378,8 +443,8 @@ class Service:
         except ValueError as exc:
             raise BadRequest(f"generate.sampling: {exc}", request_id=rid) from exc
         try:
-            with self.scheduler.preparing():  # admissions wait a moment for it
-                prompt = await anyio.to_thread.run_sync(self._prompt_tokens, request)
+            with scheduler.preparing():  # admissions wait a moment for it
+                prompt = await anyio.to_thread.run_sync(_prompt_tokens, rt, request)
         except PromptTooLong as exc:
             raise ModelError(str(exc), request_id=rid) from exc
         except (RequestError, ValueError) as exc:
@@ -390,23 +455,23 @@ class Service:
             constraint = request.constraint
             try:
                 grammar = await anyio.to_thread.run_sync(
-                    self.runtime.compile_constraint, constraint.kind, constraint.value)
+                    rt.compile_constraint, constraint.kind, constraint.value)
             except ConstraintError as exc:
                 raise BadRequest.invalid_field(
                     "generate.constraint", f"the {constraint.kind} does not compile: {exc}"
                 ).with_request_id(rid) from exc
-        n_ctx = self.runtime.context.config.n_ctx_seq
+        n_ctx = rt.context.config.n_ctx_seq
         if not prompt:
             raise BadRequest("generate.prompt: tokenizes to no tokens", request_id=rid)
         if len(prompt) + 1 > n_ctx:
-            raise ModelError(self.runtime.prompt_too_long(len(prompt)), request_id=rid)
+            raise ModelError(rt.prompt_too_long(len(prompt)), request_id=rid)
         options = request.speculative.options
         if request.prediction and proposer in (None, "auto"):
             # Predicted Outputs: drafted from by the prediction proposer (a request
             # that names its proposer keeps it).
             try:
                 predicted = await anyio.to_thread.run_sync(functools.partial(
-                    self.runtime.model.tokenizer.tokenize, request.prediction,
+                    rt.model.tokenizer.tokenize, request.prediction,
                     add_special=False, max_tokens=n_ctx))
             except TooManyTokens as exc:
                 raise BadRequest.invalid_field("generate.prediction", str(exc)
@@ -419,23 +484,16 @@ class Service:
             proposer_options=options, grammar=grammar, logprobs=request.logprobs,
         )
 
-    def _prompt_tokens(self, request: Generate) -> list[int]:
-        """Render (chat) and tokenize, exactly as ``meshd generate`` does; blocking.
-        Raises PromptTooLong before tokenizing more than the context holds."""
-        rt = self.runtime
-        if request.messages is not None:
-            text = rt.render_chat([{"role": m.role, "content": m.content}
-                                   for m in request.messages])
-            return prompt_tokens(rt, text, chat=True)
-        assert request.prompt is not None
-        return prompt_tokens(rt, request.prompt, chat=False)
-
-    def submit(self, request: GenerationRequest, request_id: str) -> GenerationHandle:
-        """Queue an engine request; raises ServerBusy when draining or the queue is full."""
+    def submit(self, request: GenerationRequest, entry: InFlightGeneration,
+               request_id: str | None = None) -> GenerationHandle:
+        """Queue an engine request on ``entry``'s model (held since :meth:`prepare`);
+        raises ServerBusy when draining or the queue is full."""
+        request_id = request_id or entry.id
         if self.draining:
             raise ServerBusy("the server is shutting down", request_id=request_id)
+        assert entry.model is not None and entry.model.scheduler is not None
         try:
-            return self.scheduler.submit(request)
+            return entry.model.scheduler.submit(request)
         except Busy as exc:
             raise ServerBusy(f"queue full ({exc})", request_id=request_id) from exc
 
@@ -449,6 +507,9 @@ class Service:
             self._idle = anyio.Event()
 
     def unregister(self, entry: InFlightGeneration) -> None:
+        if entry.holds and entry.model is not None:
+            entry.holds = False
+            self.models.release(entry.model, entry.keep_alive)
         entries = self._inflight.get(entry.id, [])
         if entry in entries:
             entries.remove(entry)
@@ -493,3 +554,14 @@ class Service:
         with anyio.move_on_after(timeout_s):
             await self._idle.wait()
         return self._n_inflight == 0
+
+
+def _prompt_tokens(rt: ModelRuntime, request: Generate) -> list[int]:
+    """Render (chat) and tokenize, exactly as ``meshd generate`` does; blocking.
+    Raises PromptTooLong before tokenizing more than the context holds."""
+    if request.messages is not None:
+        text = rt.render_chat([{"role": m.role, "content": m.content}
+                               for m in request.messages])
+        return prompt_tokens(rt, text, chat=True)
+    assert request.prompt is not None
+    return prompt_tokens(rt, request.prompt, chat=False)

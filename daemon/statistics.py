@@ -40,6 +40,16 @@ class ProposerStatistics:
     accepted: int = 0
     accepted_per_position: tuple[int, ...] = ()
 
+    def merged(self, other: ProposerStatistics) -> ProposerStatistics:
+        """Both totals together (one proposer's figures on two models)."""
+        n = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        a = [*self.accepted_per_position, *[0] * (n - len(self.accepted_per_position))]
+        b = [*other.accepted_per_position, *[0] * (n - len(other.accepted_per_position))]
+        return ProposerStatistics(
+            requests=self.requests + other.requests, drafts=self.drafts + other.drafts,
+            drafted=self.drafted + other.drafted, accepted=self.accepted + other.accepted,
+            accepted_per_position=tuple(x + y for x, y in zip(a, b, strict=True)))
+
     def plus(self, st: GenerationStats) -> ProposerStatistics:
         """These totals with one more finished request's figures added."""
         per_position = list(self.accepted_per_position)
@@ -126,6 +136,24 @@ class SchedulerStatistics:
     inter_token_latency_seconds: HistogramSnapshot
     runtime: RuntimeFigures
 
+    def plus(self, other: SchedulerStatistics) -> SchedulerStatistics:
+        """Two models' figures as one daemon's (the ``stats`` op's totals)."""
+        proposers = dict(self.proposers)
+        for name, tot in other.proposers.items():
+            proposers[name] = proposers[name].merged(tot) if name in proposers else tot
+        reasons = collections.Counter(self.finish_reasons)
+        reasons.update(other.finish_reasons)
+        a, b = self.runtime, other.runtime
+        counts = {f: getattr(self, f) + getattr(other, f) for f in _SUMMED}
+        hists = {f: getattr(self, f).plus(getattr(other, f)) for f in _HISTOGRAMS}
+        return SchedulerStatistics(
+            **counts, **hists, proposers=proposers, finish_reasons=dict(reasons),
+            runtime=RuntimeFigures(
+                idle_slots=a.idle_slots + b.idle_slots,
+                cached_sessions=a.cached_sessions + b.cached_sessions,
+                prefix_cache_tokens=a.prefix_cache_tokens + b.prefix_cache_tokens,
+                checkpoint_bytes=a.checkpoint_bytes + b.checkpoint_bytes))
+
     @classmethod
     def of(cls, counters: SchedulerCounters, *, active: int, queued: int,
            runtime: RuntimeFigures) -> SchedulerStatistics:
@@ -144,3 +172,9 @@ class SchedulerStatistics:
             inter_token_latency_seconds=c.inter_token_latency_seconds.snapshot(),
             runtime=runtime,
         )
+
+
+_SUMMED = ("requests", "completed", "cancelled", "failed", "rejected_busy", "tokens",
+           "prompt_tokens", "forwards", "steps", "active", "queued")
+_HISTOGRAMS = ("verify_seconds", "decode_seconds", "request_seconds", "step_host_seconds",
+               "time_to_first_token_seconds", "inter_token_latency_seconds")

@@ -32,7 +32,7 @@ import anyio.abc
 from .logs import get_logger
 from .notify import Notifier, watchdog_interval
 from .server import Server
-from .service import ServerConfig
+from .server_config import ServerConfig
 from .timed_steps import ProgressFactory, StepProgress
 
 __all__ = [
@@ -192,7 +192,8 @@ class Supervisor:
 
     def _watchdog(self) -> None:
         assert self.watchdog_s is not None
-        busy = self.server.scheduler.native_busy_s()
+        busy = max((m.scheduler.native_busy_s() for m in self.server.models.loaded()
+                    if m.scheduler is not None), default=0.0)
         if busy < 2 * self.watchdog_s:  # WATCHDOG_USEC; we ping at half of it
             self._wedged_logged = False
             self.notifier.watchdog()
@@ -202,10 +203,12 @@ class Supervisor:
                            watchdog_s=round(2 * self.watchdog_s, 1))
 
     def _serving_status(self) -> str:
-        sched = self.server.scheduler
+        st = self.server.service.statistics()
         now = time.monotonic()
-        tokens = sched.statistics().tokens
-        rate = (tokens - self._tokens) / max(now - self._tokens_at, 1e-9)
-        self._tokens, self._tokens_at = tokens, now
-        return (f"serving: {sched.active} active, {sched.queued} queued, "
-                f"{rate:.1f} tok/s")
+        rate = (st.tokens - self._tokens) / max(now - self._tokens_at, 1e-9)
+        self._tokens, self._tokens_at = st.tokens, now
+        loaded = len(self.server.models.loaded())
+        models = f", {loaded} of {len(self.server.models.models)} models loaded" \
+            if len(self.server.models.models) > 1 else ""
+        return (f"serving: {st.active} active, {st.queued} queued, "
+                f"{rate:.1f} tok/s{models}")

@@ -85,6 +85,11 @@ class PluginHosts:
                 raise
             raise refused from exc
 
+    def connected(self) -> bool:
+        """Whether a plugin that connected to the daemon is linked now (it would not
+        come back by itself if its model were unloaded)."""
+        return any(h.link is not None and h.config.connect for h in self.hosts.values())
+
     def counters(self) -> Mapping[str, int]:
         out: dict[str, int] = {}
         for name, host in sorted(self.hosts.items()):

@@ -48,9 +48,6 @@ from .messages import (
     Health,
     HealthReply,
     Hello,
-    ModelInfo,
-    Models,
-    ModelsReply,
     Request,
     Response,
     SamplingParams,
@@ -64,6 +61,7 @@ from .messages import (
     Welcome,
     error_from_message,
 )
+from .model_messages import Load, LoadReply, ModelInfo, Models, ModelsReply, Unload, UnloadReply
 from .transport import TRANSPORT_ERRORS, FrameWriter, StreamReceiver
 
 __all__ = ["DEFAULT_CLIENT_NAME", "Client", "Completion", "GenerationStream", "connect_unix"]
@@ -355,6 +353,8 @@ class Client:
         request_id: str | None = None,
         constraint: Constraint | None = None,
         logprobs: int | None = None,
+        model: str | None = None,
+        keep_alive: float | None = None,
     ) -> GenerationStream:
         """Start a generation; returns the stream of its tokens (not yet sent).
 
@@ -362,8 +362,9 @@ class Client:
         Sampling keywords override ``sampling`` (default: SamplingParams()); ``stop`` is
         a list of strings (a lone string counts as one); ``proposer`` (a name, or
         ``"off"``) and ``draft_max`` override speculative decoding; ``constraint`` holds
-        the text to a JSON schema or a grammar.
-        Invalid values raise BadRequest here, before anything is sent.
+        the text to a JSON schema or a grammar; ``model`` names the model (default: the
+        daemon's), ``keep_alive`` how long it stays loaded after (seconds; -1: until
+        unloaded). Invalid values raise BadRequest here, before anything is sent.
         """
         # Errors name the field's path as the server's do: generate.sampling.top_p: ...
         try:
@@ -385,6 +386,8 @@ class Client:
                 speculative=speculative,
                 constraint=constraint,
                 logprobs=logprobs,
+                model=model,
+                keep_alive=keep_alive,
             )
         except BadRequest as exc:
             raise exc.under("generate") from None
@@ -410,8 +413,17 @@ class Client:
         return await self._call(Health(id=self.new_id()), HealthReply)
 
     async def models(self) -> tuple[ModelInfo, ...]:
-        """The loaded models."""
+        """The models the daemon serves, loaded or not."""
         return (await self._call(Models(id=self.new_id()), ModelsReply)).models
+
+    async def load(self, name: str, *, keep_alive: float | None = None) -> ModelInfo:
+        """Load model ``name`` (or set how long it stays loaded); returns it once loaded."""
+        request = build(Load, id=self.new_id(), model=name, keep_alive=keep_alive)
+        return (await self._call(request, LoadReply)).model
+
+    async def unload(self, name: str) -> UnloadReply:
+        """Unload model ``name``: at once if idle, else once its requests end."""
+        return await self._call(build(Unload, id=self.new_id(), model=name), UnloadReply)
 
     async def tokenize(self, text: str, *, add_special: bool = True) -> tuple[int, ...]:
         """Token ids of ``text`` under the server's model."""

@@ -29,7 +29,14 @@ import cattrs.gen
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
 from . import versions
-from .errors import BadRequest, ErrorCode, FrameTooLarge, ProtocolError, unknown_fields
+from .errors import (
+    BadRequest,
+    ErrorCode,
+    FrameTooLarge,
+    ProtocolError,
+    unknown_fields,
+    unknown_op,
+)
 from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
     MAX_ID_LENGTH,
@@ -314,9 +321,7 @@ def _structure(
         raise BadRequest(f"'op' must be a string, got {_json_type(op)}", request_id=rid)
     cls = table.get(op)
     if cls is None:
-        allowed = ", ".join(sorted(table))
-        reason = f"{op!r} is not a {side} op" if op in other else f"unknown op {op[:40]!r}"
-        raise BadRequest(f"{reason} (expected one of: {allowed})", request_id=rid)
+        raise BadRequest(unknown_op(op, table, other, side), request_id=rid)
     body = {k: v for k, v in obj.items() if k != "op"}
     try:
         return converter.structure(body, cls)

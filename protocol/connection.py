@@ -36,12 +36,14 @@ from .messages import (
     Generate,
     HealthReply,
     Hello,
+    LoadReply,
     ModelsReply,
     Request,
     Response,
     StatsReply,
     Token,
     TokenizeReply,
+    UnloadReply,
     Welcome,
     error_from_message,
 )
@@ -61,7 +63,8 @@ __all__ = [
 ]
 
 _SINGLE_REPLIES: Final = (
-    StatsReply, HealthReply, ModelsReply, TokenizeReply, DetokenizeReply, CancelReply
+    StatsReply, HealthReply, ModelsReply, TokenizeReply, DetokenizeReply, CancelReply,
+    LoadReply, UnloadReply,
 )
 """Frames that answer a request in one go (the request is over once one is sent)."""
 

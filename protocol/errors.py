@@ -38,6 +38,8 @@ class ErrorCode(enum.StrEnum):
     """A bug or unexpected condition on the answering side."""
     FORBIDDEN = "forbidden"
     """The peer is not allowed to use this daemon (its uid/gid is not on the allow-list)."""
+    UNKNOWN_MODEL = "unknown_model"
+    """The request names a model the daemon does not serve."""
 
 
 class ProtocolError(Exception):
@@ -128,6 +130,14 @@ def unknown_fields(extra: Iterable[str], allowed: Iterable[str]) -> str:
     return f"unknown {noun} {', '.join(repr(k) for k in names)} (allowed: {', '.join(allowed)})"
 
 
+def unknown_op(op: str, allowed: Iterable[str], other: Iterable[str], side: str) -> str:
+    """How ``bad_request`` names an ``op`` the receiver does not take, written one way by
+    the decoder and by an older version's check: ``allowed`` are the ops of this
+    direction, ``other`` those of the opposite one (``'welcome' is not a request op``)."""
+    reason = f"{op!r} is not a {side} op" if op in set(other) else f"unknown op {op[:40]!r}"
+    return f"{reason} (expected one of: {', '.join(sorted(allowed))})"
+
+
 class UnsupportedVersion(ProtocolError):
     """The peers do not share a protocol version; the server closes the connection."""
 
@@ -175,6 +185,13 @@ class PermissionDenied(ProtocolError, PermissionError):
     code = ErrorCode.FORBIDDEN
 
 
+class UnknownModel(ProtocolError):
+    """The request names a model the daemon does not serve (``generate.model``, ``load``,
+    ``unload``); ``models`` lists those it does."""
+
+    code = ErrorCode.UNKNOWN_MODEL
+
+
 class ConnectionClosed(ProtocolError, ConnectionError):
     """The connection ended (EOF, reset, or the client was closed) while a request was
     pending. Client-side only: it never travels as a frame, and its wire code is
@@ -192,6 +209,7 @@ _BY_CODE: dict[ErrorCode, type[ProtocolError]] = {
     ErrorCode.CANCELLED: RequestCancelled,
     ErrorCode.INTERNAL: InternalError,
     ErrorCode.FORBIDDEN: PermissionDenied,
+    ErrorCode.UNKNOWN_MODEL: UnknownModel,
 }
 
 

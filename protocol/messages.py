@@ -12,7 +12,9 @@ what the server sends (``RESPONSE_TYPES``); the codec keeps the two directions a
 neither side accepts a frame that only the other may send.
 
 Messages are frozen; :class:`SpeculationStats` is the exception, because the server fills
-it in step by step while a generation runs and sends it in the final ``done``.
+it in step by step while a generation runs and sends it in the final ``done``. The
+messages about models (``ModelInfo``, ``models``, ``load``, ``unload``) are in
+``model_messages.py`` and re-exported here.
 """
 
 from __future__ import annotations
@@ -27,8 +29,18 @@ from meshd.policy.decision import FinishReason as FinishReason
 
 from . import validators as check
 from .errors import BadRequest, ErrorCode, ProtocolError, error_from_code
+from .model_messages import MODEL_STATES as MODEL_STATES
+from .model_messages import Load as Load
+from .model_messages import LoadReply as LoadReply
+from .model_messages import ModelInfo as ModelInfo
+from .model_messages import Models as Models
+from .model_messages import ModelsReply as ModelsReply
+from .model_messages import Unload as Unload
+from .model_messages import UnloadReply as UnloadReply
+from .validators import KEEP_ALIVE_FOREVER as KEEP_ALIVE_FOREVER
 from .validators import MAX_GRAMMAR_LENGTH as MAX_GRAMMAR_LENGTH
 from .validators import MAX_ID_LENGTH as MAX_ID_LENGTH
+from .validators import MAX_KEEP_ALIVE_S as MAX_KEEP_ALIVE_S
 from .validators import MAX_LOGIT_BIAS as MAX_LOGIT_BIAS
 from .validators import MAX_LOOKBACK as MAX_LOOKBACK
 from .validators import MAX_MESSAGES as MAX_MESSAGES
@@ -38,7 +50,7 @@ from .validators import MAX_STOP_LENGTH as MAX_STOP_LENGTH
 from .validators import MAX_STOP_STRINGS as MAX_STOP_STRINGS
 from .validators import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 """The protocol version this package speaks; bumped on any incompatible change."""
 
 DEFAULT_MAX_FRAME_SIZE: Final = 4 * 1024 * 1024
@@ -241,25 +253,6 @@ class SpeculationStats:
 
 
 @attrs.frozen
-class ModelInfo:
-    """Describes a loaded model."""
-
-    name: str = attrs.field(validator=check.non_empty_string)
-    architecture: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
-    n_ctx: int = attrs.field(default=0, validator=check.integer(0))
-    """Context window the server runs with (tokens)."""
-    n_vocab: int = attrs.field(default=0, validator=check.integer(0))
-    n_params: int | None = attrs.field(default=None, validator=check.integer(0, optional=True))
-    size_bytes: int | None = attrs.field(default=None, validator=check.integer(0, optional=True))
-    has_mtp: bool = attrs.field(default=False, validator=check.boolean)
-    """Whether the model carries a multi-token-prediction head usable for drafting."""
-    has_chat_template: bool = attrs.field(default=False, validator=check.boolean)
-    """Whether ``generate`` accepts ``messages`` for this model."""
-    gpu_layers: int = attrs.field(default=0, validator=check.integer(0))
-    """Layers offloaded to accelerators or remote workers (0: all run on this CPU)."""
-
-
-@attrs.frozen
 class ProposerStats:
     """Daemon-wide acceptance figures of one proposer (in ``stats_reply``)."""
 
@@ -326,6 +319,11 @@ class Generate:
         V.max_len(MAX_PREDICTION_LENGTH), optional=True))
     """The text the client expects back (OpenAI's Predicted Outputs), drafted from by
     the ``prediction`` proposer unless the request names another."""
+    model: str | None = attrs.field(default=None, validator=check.optional_model_name)
+    """The model that serves the request, by name; ``None``: the daemon's default."""
+    keep_alive: float | None = attrs.field(default=None, validator=check.keep_alive)
+    """Seconds the model stays loaded once idle after this request (-1: until unloaded,
+    0: unloaded after it); ``None`` keeps the model's current setting."""
 
     def __attrs_post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -364,14 +362,6 @@ class Health:
 
 
 @attrs.frozen
-class Models:
-    """Ask which models are loaded; answered by ``models_reply``."""
-
-    OP: ClassVar[str] = "models"
-    id: str = attrs.field(validator=check.request_id)
-
-
-@attrs.frozen
 class Tokenize:
     """Tokenize ``text`` with the model's tokenizer; answered by ``tokenize_reply``."""
 
@@ -403,6 +393,7 @@ class Welcome:
     protocol_version: int = attrs.field(validator=check.integer(0))
     server_version: str = attrs.field(validator=check.non_empty_string)
     model: ModelInfo = attrs.field(validator=check.instance(ModelInfo))
+    """The default model: the one a ``generate`` naming no model uses."""
     capabilities: tuple[str, ...] = attrs.field(default=(), validator=check.string_items)
     """Optional features the server offers (e.g. ``"chat"``, ``"speculation"``)."""
     proposers: tuple[str, ...] = attrs.field(default=(), validator=check.string_items)
@@ -457,6 +448,8 @@ class Done:
     seed: int | None = attrs.field(default=None, validator=check.seed)
     """The seed the tokens were sampled with (the request's, or one the daemon chose for
     an unseeded sampled request, so it can be replayed); ``None`` for greedy decoding."""
+    model: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
+    """The name of the model that served the request."""
 
 
 @attrs.frozen
@@ -519,17 +512,6 @@ class HealthReply:
 
 
 @attrs.frozen
-class ModelsReply:
-    """The loaded models."""
-
-    OP: ClassVar[str] = "models_reply"
-    id: str = attrs.field(validator=check.request_id)
-    models: tuple[ModelInfo, ...] = attrs.field(validator=check.rule(
-        "an array of model infos", V.instance_of(ModelInfo), each="a ModelInfo", container="array"
-    ))
-
-
-@attrs.frozen
 class TokenizeReply:
     """The token ids of a ``tokenize`` request."""
 
@@ -557,7 +539,9 @@ class CancelReply:
     """Whether a request with that id was in flight and is now told to stop."""
 
 
-Request: TypeAlias = Hello | Generate | Cancel | Stats | Health | Models | Tokenize | Detokenize
+Request: TypeAlias = (
+    Hello | Generate | Cancel | Stats | Health | Models | Tokenize | Detokenize | Load | Unload
+)
 """Any frame a client may send."""
 
 Response: TypeAlias = (
@@ -571,13 +555,16 @@ Response: TypeAlias = (
     | TokenizeReply
     | DetokenizeReply
     | CancelReply
+    | LoadReply
+    | UnloadReply
 )
 """Any frame a server may send."""
 
 Message: TypeAlias = Request | Response
 
 REQUEST_TYPES: Final[dict[str, type[Request]]] = {
-    cls.OP: cls for cls in (Hello, Generate, Cancel, Stats, Health, Models, Tokenize, Detokenize)
+    cls.OP: cls for cls in (Hello, Generate, Cancel, Stats, Health, Models, Tokenize, Detokenize,
+                            Load, Unload)
 }
 """Request classes by ``op``."""
 
@@ -594,6 +581,8 @@ RESPONSE_TYPES: Final[dict[str, type[Response]]] = {
         TokenizeReply,
         DetokenizeReply,
         CancelReply,
+        LoadReply,
+        UnloadReply,
     )
 }
 """Response classes by ``op``."""

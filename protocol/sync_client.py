@@ -32,6 +32,7 @@ from .messages import (
     SamplingParams,
     StatsReply,
     Token,
+    UnloadReply,
     Welcome,
 )
 
@@ -210,6 +211,8 @@ class SyncClient:
         request_id: str | None = None,
         constraint: Constraint | None = None,
         logprobs: int | None = None,
+        model: str | None = None,
+        keep_alive: float | None = None,
     ) -> SyncGenerationStream:
         """Like :meth:`Client.generate`; returns a blocking iterator of tokens."""
         if self._closed:
@@ -228,6 +231,8 @@ class SyncClient:
             draft_max=draft_max,
             constraint=constraint,
             logprobs=logprobs,
+            model=model,
+            keep_alive=keep_alive,
             request_id=request_id,
         )
         return SyncGenerationStream(self._portal, stream)
@@ -249,8 +254,16 @@ class SyncClient:
         return self._call(self._client.health)
 
     def models(self) -> tuple[ModelInfo, ...]:
-        """The loaded models."""
+        """The models the daemon serves, loaded or not."""
         return self._call(self._client.models)
+
+    def load(self, name: str, *, keep_alive: float | None = None) -> ModelInfo:
+        """Load model ``name`` (or set how long it stays loaded); returns it once loaded."""
+        return self._call(functools.partial(self._client.load, keep_alive=keep_alive), name)
+
+    def unload(self, name: str) -> UnloadReply:
+        """Unload model ``name``: at once if idle, else once its requests end."""
+        return self._call(self._client.unload, name)
 
     def tokenize(self, text: str, *, add_special: bool = True) -> tuple[int, ...]:
         """Token ids of ``text`` under the server's model."""

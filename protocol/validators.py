@@ -57,6 +57,10 @@ MODEL_NAME_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}"
 """A served model's name (``generate.model``, the config's ``[models.NAME]``, ``-m
 NAME=PATH``): a letter or digit, then letters, digits, ``.``, ``_``, ``:`` or ``-``; at
 most 64 characters (Ollama-style ``qwen2.5:1b`` fits; ``=`` and ``/`` never appear)."""
+KEEP_ALIVE_FOREVER: Final = -1
+"""A ``keep_alive`` that keeps the model loaded until it is unloaded (Ollama's -1)."""
+MAX_KEEP_ALIVE_S: Final = 10 * 365 * 24 * 3600
+"""Longest finite ``keep_alive``, in seconds (ten years: longer is a typo, not a plan)."""
 
 
 _Check: TypeAlias = Callable[[Any, "attrs.Attribute[Any]", Any], Any]
@@ -207,6 +211,22 @@ optional_non_empty_string: Final = rule(
     "a non-empty string", STR, V.min_len(1), optional=True
 )
 seed: Final = integer(0, MAX_SEED, optional=True)
+model_name: Final = rule(
+    "a model name: a letter or digit, then letters, digits, '.', '_', ':' or '-', at most "
+    "64 characters", STR, V.matches_re(MODEL_NAME_PATTERN))
+optional_model_name: Final = rule(
+    "a model name: a letter or digit, then letters, digits, '.', '_', ':' or '-', at most "
+    "64 characters", STR, V.matches_re(MODEL_NAME_PATTERN), optional=True)
+
+
+def _keep_alive_seconds(_inst: object, _attribute: attrs.Attribute[Any], value: float) -> None:
+    if value != KEEP_ALIVE_FOREVER and not 0 <= value <= MAX_KEEP_ALIVE_S:
+        raise ValueError("out of range")
+
+
+keep_alive: Final = rule(
+    f"-1 (stay loaded) or a number of seconds in [0, {MAX_KEEP_ALIVE_S}]", NUMBER,
+    _keep_alive_seconds, optional=True)
 boolean: Final = rule("a boolean", V.instance_of(bool))
 non_negative_number: Final = rule("a finite number >= 0", NUMBER, V.ge(0))
 def number_in(low: float, high: float, *, low_open: bool = False) -> Any:

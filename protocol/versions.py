@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from .errors import BadRequest, unknown_fields
+from .errors import BadRequest, unknown_fields, unknown_op
 from .messages import PROTOCOL_VERSION
 
 __all__ = [
@@ -104,9 +104,11 @@ V1: Final = Schema(
                              "speculation": ("object", _V1_SPECULATION)},
                      # What version 1 sent for a request its daemon's shutdown stopped.
                      values={"finish_reason": {"shutdown": "cancelled"}}),
-        # A peer refused is told its request cannot be served as sent: retrying is
+        # A peer refused, or a model it cannot have named (version 1 had no
+        # generate.model), is told its request cannot be served as sent: retrying is
         # no use (not busy) and nothing broke (not internal).
-        "error": _ids("code", "message", values={"code": {"forbidden": "bad_request"}}),
+        "error": _ids("code", "message", values={"code": {"forbidden": "bad_request",
+                                                          "unknown_model": "bad_request"}}),
         "stats_reply": _ids("uptime_s", "counters", "proposers", nested={"proposers": (
             "map", Shape(("requests", "drafted", "accepted", "accepted_per_position")))}),
         "health_reply": _ids("status", "uptime_s", "active_requests", "queued_requests"),
@@ -117,7 +119,55 @@ V1: Final = Schema(
 )
 """Version 1, as the first release defined it (``git show f2bc852^:protocol/messages.py``)."""
 
-SCHEMAS: Final[Mapping[int, Schema]] = {1: V1}
+_V2_MODEL: Final = Shape(("name", "architecture", "n_ctx", "n_vocab", "n_params",
+                          "size_bytes", "has_mtp", "has_chat_template", "gpu_layers"))
+# Version 2's speculation figures are version 1's (``_V1_SPECULATION``), unchanged.
+
+V2: Final = Schema(
+    requests={
+        "hello": _ids("protocol_version", "client_name"),
+        "generate": _ids(
+            "prompt", "messages", "max_tokens", "sampling", "stop", "speculative",
+            "constraint", "logprobs", "prediction",
+            nested={
+                "messages": ("array", Shape(("role", "content"))),
+                "sampling": ("object", Shape((
+                    "temperature", "top_k", "top_p", "seed", "min_p", "typical_p",
+                    "repeat_penalty", "repeat_last_n", "presence_penalty",
+                    "frequency_penalty", "logit_bias"))),
+                "speculative": ("object", Shape(("proposer", "draft_max", "options"))),
+                "constraint": ("object", Shape(("kind", "schema", "grammar"))),
+            }),
+        "cancel": _ids("ack"),
+        "stats": _ids(),
+        "health": _ids(),
+        "models": _ids(),
+        "tokenize": _ids("text", "add_special"),
+        "detokenize": _ids("tokens"),
+    },
+    responses={
+        "welcome": _ids("protocol_version", "server_version", "model", "capabilities",
+                        "proposers", "max_frame_size", nested={"model": ("object", _V2_MODEL)}),
+        "token": _ids("text", "token_ids", "logprobs", nested={
+            "logprobs": ("array", Shape(("token", "logprob", "top")))}),
+        "done": _ids("finish_reason", "usage", "speculation", "error_message", "seed",
+                     nested={"usage": ("object", Shape(("prompt_tokens", "completion_tokens"))),
+                             "speculation": ("object", _V1_SPECULATION)}),
+        # Version 2 had no generate.model, load or unload, so its client names no model;
+        # should it get unknown_model all the same, the request cannot be served as sent.
+        "error": _ids("code", "message", values={"code": {"unknown_model": "bad_request"}}),
+        "stats_reply": _ids("uptime_s", "counters", "proposers", nested={"proposers": (
+            "map", Shape(("requests", "drafted", "accepted", "accepted_per_position")))}),
+        "health_reply": _ids("status", "uptime_s", "active_requests", "queued_requests"),
+        "models_reply": _ids("models", nested={"models": ("array", _V2_MODEL)}),
+        "tokenize_reply": _ids("tokens"),
+        "detokenize_reply": _ids("text"),
+        "cancel_reply": _ids("cancelled"),
+    },
+)
+"""Version 2, as its last release defined it (``git show 405622d:protocol/messages.py``)."""
+
+SCHEMAS: Final[Mapping[int, Schema]] = {1: V1, 2: V2}
 """Every version the server speaks besides the current one."""
 
 
@@ -133,17 +183,20 @@ def unsupported_message(version: int) -> str:
 
 
 def check_request(obj: Mapping[str, Any], version: int) -> Mapping[str, Any]:
-    """A client's parsed frame as today's decoder should read it: a field its version
-    lacks is refused as that version refused any unknown field (``BadRequest`` naming
-    it), and a field omitted gets that version's default. Anything else wrong is left
-    for the decoder to report."""
+    """A client's parsed frame as today's decoder should read it: an ``op`` or a field
+    its version lacks is refused as that version refused any unknown one (``BadRequest``
+    naming it, with that version's list of ops), and a field omitted gets that version's
+    default. Anything else wrong is left for the decoder to report."""
     if version == PROTOCOL_VERSION:
         return obj
     op = obj.get("op")
-    shape = SCHEMAS[version].requests.get(op) if isinstance(op, str) else None
-    if shape is None:
+    if not isinstance(op, str):
         return obj
-    return _checked(obj, shape, str(op), top=True)
+    schema = SCHEMAS[version]
+    shape = schema.requests.get(op)
+    if shape is None:
+        raise BadRequest(unknown_op(op, schema.requests, schema.responses, "request"))
+    return _checked(obj, shape, op, top=True)
 
 
 def _checked(obj: Mapping[str, Any], shape: Shape, path: str, *, top: bool = False

@@ -20,6 +20,7 @@ from meshd.protocol import ModelError, ProtocolError
 from ..engine import TokenEvent
 from ..generation_stats import GenerationStats
 from ..logprobs import TokenLogprob
+from ..runtime import ModelRuntime
 from ..scheduler import Finished, GenerationFailed, GenerationHandle, GenerationRequest
 from ..service import InFlightGeneration, Service
 from . import sse
@@ -41,7 +42,7 @@ from .openai_api import (
 )
 from .responder import Responder, RouteContext
 
-__all__ = ["serve_completion"]
+__all__ = ["serve_completion", "served_name"]
 
 _MAX_EVENTS_PER_WRITE: Final = 256
 _SSE: Final = "text/event-stream"
@@ -56,15 +57,18 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
     out.on_gone(entry.cancel)
     try:
         try:
-            gen = await service.prepare(req.generate)
+            asked = attrs.evolve(req.generate, model=served_name(service, req.model))
+            gen = await service.prepare(asked, entry)
+            assert entry.model is not None and entry.model.runtime is not None
+            req = attrs.evolve(req, model=entry.model.name)  # the answers name it
             if req.prompt_ids is not None:
-                gen = _with_prompt_ids(service, gen, req.prompt_ids)
+                gen = _with_prompt_ids(entry.model.runtime, gen, req.prompt_ids)
             predicted = (gen.proposer_options or {}).get("tokens")
             if gen.proposer == "prediction" and isinstance(predicted, list):
                 req = attrs.evolve(req, predicted=len(predicted))
             if entry.cancelled:
                 return
-            handle = service.submit(gen, rid)
+            handle = service.submit(gen, entry)
         except ModelError as exc:  # (prepare raises it for a prompt over the context only)
             raise _too_long(req, exc.message) from None
         except ProtocolError as exc:
@@ -90,17 +94,30 @@ def _too_long(req: CompletionRequest, message: str) -> ApiError:
                     code="context_length_exceeded")
 
 
-def _with_prompt_ids(service: Service, gen: GenerationRequest, ids: tuple[int, ...]
+def served_name(service: Service, asked: str | None) -> str | None:
+    """The model an OpenAI request names (None: the default). A daemon serving one model
+    answers any name with it, as llama-server does, so clients that send a fixed name
+    keep working; with several, an unknown name is OpenAI's 404."""
+    models = service.models.models
+    if asked is None or len(models) == 1:
+        return None
+    if asked in models:
+        return asked
+    raise ApiError(404, f"The model {asked!r} does not exist; this daemon serves "
+                        f"{', '.join(models)}", param="model", code="model_not_found")
+
+
+def _with_prompt_ids(rt: ModelRuntime, gen: GenerationRequest, ids: tuple[int, ...]
                      ) -> GenerationRequest:
     """``gen`` (checked by ``prepare`` on a placeholder prompt) with the request's token
     ids as its prompt, once they are known to be in the vocabulary and fit the context."""
-    n_vocab = service.model.n_vocab
+    n_vocab = rt.model.info.n_vocab
     for i, token in enumerate(ids):
         if token >= n_vocab:
             raise ApiError(400, f"prompt[{i}]: must be a token id below the vocabulary "
                                 f"size {n_vocab} (got {token})", param="prompt")
-    if len(ids) + 1 > service.runtime.context.config.n_ctx_seq:
-        raise ModelError(service.runtime.prompt_too_long(len(ids)))
+    if len(ids) + 1 > rt.context.config.n_ctx_seq:
+        raise ModelError(rt.prompt_too_long(len(ids)))
     return attrs.evolve(gen, prompt=ids)
 
 
@@ -128,7 +145,7 @@ async def _collect(routes: RouteContext, req: CompletionRequest, handle: Generat
                 finish = _finish_reason(event, entry)
                 _log_finished(routes, req, event, finish, prompt_tokens)
                 body = completion_response(
-                    req, routes.service.model.name, system_fingerprint(routes.service),
+                    req, _name(req), system_fingerprint(routes.service, req.model),
                     "".join(parts), finish, event.stats, event.proposer, prompt_tokens, seed,
                     _logprobs(routes, req, lps))
                 await out.send(200, json_bytes(body), JSON)
@@ -142,8 +159,8 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
                   entry: InFlightGeneration) -> None:
     """SSE: a chunk per batch of committed text, the finish chunk (with ``timings`` and
     ``meshd``), the usage chunk if asked, then ``data: [DONE]``."""
-    model = routes.service.model.name
-    fp = system_fingerprint(routes.service)
+    model = _name(req)
+    fp = system_fingerprint(routes.service, req.model)
     started = False
     live = True  # the client still reads
     offset = 0  # characters streamed so far (completions' logprobs.text_offset)
@@ -214,7 +231,9 @@ def _logprobs(routes: RouteContext, req: CompletionRequest, lps: list[TokenLogpr
     an end-of-generation token, whose text the answer does not show, is left out too."""
     if req.logprobs is None:
         return None
-    model = routes.service.runtime.model
+    runtime = routes.service.models.get(req.model).runtime
+    assert runtime is not None  # (held by the request)
+    model = runtime.model
     eog = model.info.eog_tokens
     return logprobs_block([lp for lp in lps if lp.token not in eog],
                           lambda t: model.tokenizer.piece(t, special=True), chat=req.chat,
@@ -302,7 +321,8 @@ async def _run_choices(routes: RouteContext, req: CompletionRequest, gen: Genera
         sampling = gen.sampling if seed is None else attrs.evolve(
             gen.sampling, seed=(seed + i) % (1 << 64))
         try:
-            handle = service.submit(attrs.evolve(gen, sampling=sampling), req.generate.id)
+            handle = service.submit(attrs.evolve(gen, sampling=sampling), entry,
+                                    req.generate.id)
         except ProtocolError as exc:  # (the queue is full): none of the choices runs
             for running in (entry, *extras):
                 running.cancel()
@@ -332,7 +352,7 @@ async def _answer_choices(routes: RouteContext, req: CompletionRequest,
                           choices: list[_Choice], receive: Any, out: Responder,
                           prompt_tokens: int) -> None:
     """Collect (or stream, chunk by chunk with each choice's ``index``) the choices."""
-    model, fp = routes.service.model.name, system_fingerprint(routes.service)
+    model, fp = _name(req), system_fingerprint(routes.service, req.model)
     live = await out.start(200, _SSE, [("Cache-Control", "no-cache")]) if req.stream else True
     async for choice, event in receive:
         data = b""
@@ -377,6 +397,12 @@ async def _answer_choices(routes: RouteContext, req: CompletionRequest,
     body["usage"] = total
     body["meshd"]["seeds"] = [c.seed for c in done]
     await out.send(200, json_bytes(body), JSON)
+
+
+def _name(req: CompletionRequest) -> str:
+    """The name of the model serving ``req`` (set once ``prepare`` chose it)."""
+    assert req.model is not None
+    return req.model
 
 
 def _indexed(body: dict[str, Any], index: int) -> dict[str, Any]:

@@ -24,9 +24,12 @@ def build_info() -> str:
     return f"meshd {server_version()}"
 
 
-def system_fingerprint(service: Service) -> str:
-    """``fp_`` and 12 hex digits of meshd's version, the model file's name and size."""
-    info = service.runtime.model.info
+def system_fingerprint(service: Service, model: str | None = None) -> str:
+    """``fp_`` and 12 hex digits of meshd's version, the model file's name and size
+    (``model``: the name of the model, loaded, that answers; None: the default)."""
+    runtime = service.models.get(model).runtime
+    assert runtime is not None
+    info = runtime.model.info
     return _fingerprint(server_version(), os.path.basename(info.path), info.size_bytes)
 
 

@@ -19,6 +19,7 @@ import anyio.to_thread
 from meshd.native.tokenizer import TooManyTokens
 
 from ..request_errors import RequestError
+from ..runtime import ModelRuntime
 from ..service import Service
 from .identity import build_info
 from .openai_api import JSON, ApiError, json_bytes, json_object, parse_messages
@@ -52,7 +53,6 @@ async def tokenize(service: Service, raw: bytes, out: Responder) -> None:
     add_special = _flag(body, "add_special", False)
     parse_special = _flag(body, "parse_special", True)
     with_pieces = _flag(body, "with_pieces", False)
-    tok = service.runtime.model.tokenizer
     most = service.config.max_frame_size // 2
 
     def run() -> list[Any]:
@@ -63,7 +63,9 @@ async def tokenize(service: Service, raw: bytes, out: Responder) -> None:
         return [{"id": t, "piece": _piece(tok.piece(t, special=True))} for t in ids]
 
     try:
-        tokens = await anyio.to_thread.run_sync(run)
+        async with service.holding(None, None) as rt:
+            tok = rt.model.tokenizer
+            tokens = await anyio.to_thread.run_sync(run)
     except TooManyTokens as exc:
         raise ApiError(413, f"content: the text is {exc.n_tokens} tokens; at most {most} "
                             "are answered", param="content", code="too_large") from None
@@ -76,13 +78,18 @@ async def detokenize(service: Service, raw: bytes, out: Responder) -> None:
     tokens = json_object(raw).get("tokens")
     if not isinstance(tokens, list):
         raise ApiError(400, "tokens: must be an array of token ids", param="tokens")
-    n_vocab = service.model.n_vocab
+    async with service.holding(None, None) as rt:
+        await _detokenize(rt, service.config.max_frame_size, tokens, out)
+
+
+async def _detokenize(rt: ModelRuntime, limit: int, tokens: list[Any], out: Responder
+                      ) -> None:
+    n_vocab = rt.model.info.n_vocab
     for i, t in enumerate(tokens):
         if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < n_vocab:
             raise ApiError(400, f"tokens[{i}]: must be a token id from 0 to {n_vocab - 1} "
                                 f"(got {t!r})", param=f"tokens[{i}]")
-    tok = service.runtime.model.tokenizer
-    limit = service.config.max_frame_size
+    tok = rt.model.tokenizer
 
     def run() -> str:
         # The pieces' sizes first: a reply larger than a frame is never built.
@@ -99,12 +106,13 @@ async def detokenize(service: Service, raw: bytes, out: Responder) -> None:
 async def apply_template(service: Service, raw: bytes, out: Responder) -> None:
     """``{"messages": [...]}`` -> ``{"prompt"}``: the text ``/v1/chat/completions`` would
     generate from, rendered by the model's own chat template."""
-    if not service.model.has_chat_template:
-        raise ApiError(400, "this model has no chat template", param="messages")
     messages = [{"role": m.role, "content": m.content}
                 for m in parse_messages(json_object(raw).get("messages"))]
     try:
-        prompt = await anyio.to_thread.run_sync(service.runtime.render_chat, messages)
+        async with service.holding(None, None) as rt:
+            if rt.model.chat_template is None:
+                raise ApiError(400, "this model has no chat template", param="messages")
+            prompt = await anyio.to_thread.run_sync(rt.render_chat, messages)
     except RequestError as exc:
         raise ApiError(400, f"messages: {exc}", param="messages") from None
     await out.send(200, json_bytes({"prompt": prompt}), JSON)
@@ -113,7 +121,11 @@ async def apply_template(service: Service, raw: bytes, out: Responder) -> None:
 async def props(service: Service, _raw: bytes, out: Responder) -> None:
     """The part of llama-server's ``GET /props`` that holds for meshd: the context per
     slot, the default ``max_tokens``, the slots, the model file and its template."""
-    rt = service.runtime
+    async with service.holding(None, None) as rt:
+        await _props(service, rt, out)
+
+
+async def _props(service: Service, rt: ModelRuntime, out: Responder) -> None:
     config = rt.context.config
     await out.send(200, json_bytes({
         "default_generation_settings": {

@@ -37,7 +37,7 @@ from ..generation_stats import GenerationStats
 from ..mapping import speculation_stats
 from .logprobs_format import requested_logprobs
 from .output_format import FormatError, output_constraint
-from .request_fields import check_fields
+from .request_fields import check_fields, keep_alive_seconds
 from .tool_calls import (
     ToolError,
     ToolSpec,
@@ -107,6 +107,8 @@ class ApiError(Exception):
         kind = "invalid_request_error"
         if code == "model_error":
             status = 400 if before_generation else 500
+        if code == "unknown_model":
+            return cls(404, error.message, param="model", code="model_not_found")
         if status >= 500:
             kind = "server_error"
         message, param = error.message, None
@@ -453,6 +455,10 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     prompt, prompt_ids = (None, None) if chat else _prompt(body.get("prompt"))
     max_tokens, max_tokens_param = _max_tokens(body)
     try:
+        keep_alive = keep_alive_seconds(body)
+    except ValueError as exc:
+        raise _bad("keep_alive", str(exc)) from None
+    try:
         generate = Generate(
             id=rid,
             prompt=prompt,
@@ -464,6 +470,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
             speculative=_speculative(body.get("speculative")),
             constraint=constraint,
             logprobs=logprobs,
+            keep_alive=keep_alive,
         )
     except BadRequest as exc:
         raise _from_protocol(exc) from None

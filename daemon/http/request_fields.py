@@ -15,14 +15,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["check_fields"]
+from meshd.clients.argtypes import duration_seconds
+
+__all__ = ["check_fields", "keep_alive_seconds"]
 
 _HANDLED: Final = frozenset({
     "model", "stream", "stream_options", "seed", "top_k", "top_p", "temperature", "stop",
     "speculative", "max_tokens", "max_completion_tokens", "n", "response_format",
     "json_schema", "grammar", "presence_penalty", "frequency_penalty", "repeat_penalty",
     "repeat_last_n", "min_p", "typical_p", "logit_bias", "logprobs", "top_logprobs",
-    "tools", "tool_choice", "parallel_tool_calls", "prediction",
+    "tools", "tool_choice", "parallel_tool_calls", "prediction", "keep_alive",
 })
 _PER_ENDPOINT: Final = {True: frozenset({"messages"}), False: frozenset({"prompt"})}
 
@@ -76,3 +78,19 @@ def check_fields(body: Mapping[str, Any], *, chat: bool) -> tuple[str, str] | No
         if not _is_default(value, defaults):
             return key, "is not supported by meshd"
     return None
+
+
+def keep_alive_seconds(body: Mapping[str, Any]) -> float | None:
+    """Ollama's ``keep_alive``: how long the model stays loaded after this request, in
+    seconds or as a duration (``"5m"``); negative keeps it, 0 unloads it after the
+    request. Raises ValueError saying what it must be."""
+    value = body.get("keep_alive")
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        text = str(value)
+    elif isinstance(value, str):
+        text = value
+    else:
+        raise ValueError('must be a number of seconds or a duration like "5m"')
+    return duration_seconds(text)

@@ -19,13 +19,14 @@ from typing import Final
 import attrs
 from structlog.typing import FilteringBoundLogger
 
-from meshd.protocol import HealthStatus
+from meshd.protocol import Health, ProtocolError
 
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import render_metrics
+from ..model_set import ServedModel
 from ..service import Service
 from . import llama_extras
-from .completions import serve_completion
+from .completions import serve_completion, served_name
 from .openai_api import JSON, ApiError, error_body, json_bytes, parse_request
 from .responder import Responder
 
@@ -61,6 +62,10 @@ class Routes:
         except ApiError as exc:
             status = exc.status
             await self.error(out, exc, allow=allowed if status == 405 else None)
+        except ProtocolError as exc:  # a model that could not be held (llama-server's extras)
+            api = ApiError.from_protocol(exc)
+            status = api.status
+            await self.error(out, api)
         except Exception:
             # A bug must cost this request only; once a stream has begun the error
             # cannot be sent and the connection closes instead.
@@ -85,27 +90,31 @@ class Routes:
         await serve_completion(self, parse_request(body, chat=False), out)
 
     async def _chat(self, body: bytes, out: Responder) -> None:
-        if not self.service.model.has_chat_template:
+        req = parse_request(body, chat=True)
+        # Known once the model has been loaded (else its template is checked as it renders).
+        info = self.service.models.get(served_name(self.service, req.model)).info
+        if info is not None and not info.has_chat_template:
             raise ApiError(400, "this model has no chat template; use /v1/completions",
                            param="messages")
-        await serve_completion(self, parse_request(body, chat=True), out)
+        await serve_completion(self, req, out)
 
-    def _model_object(self) -> dict[str, object]:
-        info = self.service.model
+    def _model_object(self, served: ServedModel) -> dict[str, object]:
+        info = self.service.info(served)
         return {"id": info.name, "object": "model", "created": int(self.service.started_at),
                 "owned_by": "meshd", "meta": attrs.asdict(info)}
 
     async def _models(self, _body: bytes, out: Responder) -> None:
-        await out.send(200, json_bytes({"object": "list", "data": [self._model_object()]}),
-                       JSON)
+        data = [self._model_object(m) for m in self.service.models]
+        await out.send(200, json_bytes({"object": "list", "data": data}), JSON)
 
     async def _model(self, _body: bytes, out: Responder, *, model_id: str) -> None:
-        """``GET /v1/models/{id}``: the served model, or OpenAI's 404 for another id."""
-        if model_id != self.service.model.name:
+        """``GET /v1/models/{id}``: a served model, or OpenAI's 404 for another id."""
+        models = self.service.models.models
+        if model_id not in models:
             raise ApiError(404, f"The model {model_id!r} does not exist; this daemon serves "
-                                f"{self.service.model.name!r}", param="model",
+                                f"{', '.join(map(repr, models))}", param="model",
                            code="model_not_found")
-        await out.send(200, json_bytes(self._model_object()), JSON)
+        await out.send(200, json_bytes(self._model_object(models[model_id])), JSON)
 
     async def _tokenize(self, body: bytes, out: Responder) -> None:
         await llama_extras.tokenize(self.service, body, out)
@@ -121,11 +130,12 @@ class Routes:
 
     async def _health(self, _body: bytes, out: Responder) -> None:
         svc = self.service
-        draining = svc.draining
-        await out.send(503 if draining else 200, json_bytes({
-            "status": (HealthStatus.DRAINING if draining else HealthStatus.OK).value,
-            "uptime_s": svc.uptime_s, "active_requests": svc.scheduler.active,
-            "queued_requests": svc.scheduler.queued,
+        health = svc.health(Health(id="http"))
+        await out.send(503 if svc.draining else 200, json_bytes({
+            "status": health.status.value, "uptime_s": health.uptime_s,
+            "active_requests": health.active_requests,
+            "queued_requests": health.queued_requests,
+            "models": {m.name: m.state.value for m in svc.models},
         }), JSON)
 
     async def _metrics(self, _body: bytes, out: Responder) -> None:
@@ -134,9 +144,10 @@ class Routes:
 
 _PROTOCOL_CODES: Final = frozenset(
     {"bad_request", "unsupported_version", "too_large", "busy", "model_error", "cancelled",
-     "internal"})
+     "internal", "unknown_model"})
 
-_COUNTED_AS: Final = {"context_length_exceeded": "model_error"}
+_COUNTED_AS: Final = {"context_length_exceeded": "model_error",
+                      "model_not_found": "unknown_model"}
 """OpenAI's codes that the native protocol names otherwise (for the error counters)."""
 
 _ROUTES: Final[dict[str, tuple[str, _Handler]]] = {

@@ -15,6 +15,7 @@ import anyio
 import anyio.abc
 
 from meshd.clients import ctl
+from meshd.daemon.model_set import ModelSet
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import GREEDY, SamplingParams
 from meshd.daemon.server import Server, serving
@@ -43,7 +44,7 @@ def short_tempdir() -> str:
 
 @asynccontextmanager
 async def running_daemon(
-    runtime: ModelRuntime, config: ServerConfig | None = None
+    runtime: ModelRuntime | ModelSet, config: ServerConfig | None = None
 ) -> AsyncIterator[tuple[Server, str]]:
     """A daemon on a fresh socket in the current event loop; yields (server, path)."""
     directory = short_tempdir()

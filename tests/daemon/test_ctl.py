@@ -13,10 +13,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from meshd.clients import ctl
+from meshd.clients.argtypes import duration_seconds
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.native import testmodels
-from meshd.protocol import Client, FinishReason
+from meshd.protocol import Client, FinishReason, Generate, ModelInfo, UnloadReply
 
+from ..protocol.fake_server import running_server
 from .daemon_helpers import meshctl, reference, running_daemon, short_tempdir, wait_idle
 
 pytestmark = pytest.mark.anyio
@@ -74,7 +76,9 @@ async def test_other_commands(runtime: ModelRuntime, capsys: pytest.CaptureFixtu
         assert await meshctl("stats", "--json") == 0
         assert "counters" in json.loads(capsys.readouterr().out)
         assert await meshctl("models") == 0
-        assert "arch=llama" in capsys.readouterr().out
+        header, row = capsys.readouterr().out.splitlines()
+        assert header.split() == list(ctl.MODEL_COLUMNS)
+        assert row.split()[1:3] == ["loaded", "yes"]  # the one model is the default
         assert await meshctl("models", "--json") == 0
         assert json.loads(capsys.readouterr().out)[0]["architecture"] == "llama"
         assert await meshctl("tokenize", "hello", "--no-special", "--json") == 0
@@ -133,3 +137,127 @@ def test_demo_runs_the_daemon_end_to_end() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "finish=length" in result.stderr and "tokens=16" in result.stderr
+
+
+# ------------------------------------------------- several models: parsing and printing
+# (The daemon's side of load/unload/--model is tested with the daemon; these need none.)
+
+
+def test_load_unload_and_models_parse() -> None:
+    parse = ctl.build_parser().parse_args
+    load = parse(["load", "qwen2.5:1b", "--keep-alive", "5m", "--json"])
+    assert (load.command, load.name, load.keep_alive, load.json) == \
+        ("load", "qwen2.5:1b", 300.0, True)
+    assert parse(["load", "m", "--keep-alive", "-1"]).keep_alive == -1.0
+    assert parse(["load", "m"]).keep_alive is None
+    unload = parse(["unload", "m", "--socket", "/tmp/s"])
+    assert (unload.command, unload.name, unload.socket, unload.json) == \
+        ("unload", "m", "/tmp/s", False)
+    assert parse(["models", "--json"]).json
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_generate_and_chat_take_a_model_and_a_keep_alive(command: str) -> None:
+    parse = ctl.build_parser().parse_args
+    args = parse([command, "hi", "--model", "qwen2.5:1b", "--keep-alive", "0"])
+    assert (args.model, args.keep_alive) == ("qwen2.5:1b", 0.0)
+    args = parse([command, "hi", "--keep-alive", "1h"])
+    assert (args.model, args.keep_alive) == (None, 3600.0)
+
+
+def test_a_bad_duration_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert ctl.main(["load", "m", "--keep-alive", "soon"]) == ctl.EXIT_USAGE
+    assert "--keep-alive" in capsys.readouterr().err
+    assert ctl.main(["load"]) == ctl.EXIT_USAGE  # the name is required
+    assert "name" in capsys.readouterr().err
+
+
+def test_the_models_table() -> None:
+    models = [
+        ModelInfo(name="qwen3-8b", n_ctx=8192, size_bytes=5_027_783_488, has_mtp=True,
+                  state="loaded", default=True, proposers=("mtp", "ngram"), keep_alive_s=-1),
+        ModelInfo(name="qwen2.5:1b", n_ctx=4096, size_bytes=986_046_272, loaded=False,
+                  state="unloaded", keep_alive_s=300),
+        ModelInfo(name="old-daemon"),  # a daemon that says no state: loaded, unknown rest
+    ]
+    header, *rows = ctl.models_table(models)
+    assert header.split() == list(ctl.MODEL_COLUMNS)
+    assert [row.split() for row in rows] == [
+        ["qwen3-8b", "loaded", "yes", "5.0GB", "8192", "yes", "mtp,ngram", "forever"],
+        ["qwen2.5:1b", "unloaded", "no", "986.0MB", "4096", "no", "-", "5m"],
+        ["old-daemon", "loaded", "no", "-", "-", "no", "-", "-"],
+    ]
+    assert rows[1].index("unloaded") == header.index("STATE")  # aligned columns
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [
+    (None, "-"), (-1, "forever"), (0, "0s"), (30, "30s"), (2.5, "2.5s"), (300, "5m"),
+    (5400, "90m"), (7200, "2h"),
+])
+def test_keep_alive_is_shown_as_meshctl_takes_it(seconds: float | None, shown: str) -> None:
+    assert ctl.format_keep_alive(seconds) == shown
+    if seconds is not None and seconds >= 0:
+        assert duration_seconds(shown) == seconds
+
+
+class _ModelClient:
+    """What ``meshctl load``/``unload`` call on a client, answering as a daemon would."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, float | None]] = []
+
+    def load(self, name: str, *, keep_alive: float | None = None) -> ModelInfo:
+        self.calls.append(("load", name, keep_alive))
+        return ModelInfo(name=name, state="loaded", keep_alive_s=keep_alive)
+
+    def unload(self, name: str) -> UnloadReply:
+        self.calls.append(("unload", name, None))
+        busy = name == "busy"
+        return UnloadReply(id="u", unloaded=not busy, model=ModelInfo(
+            name=name, loaded=False, state="unloading" if busy else "unloaded"))
+
+
+def test_load_and_unload_print(capsys: pytest.CaptureFixture[str]) -> None:
+    client = _ModelClient()
+    parse = ctl.build_parser().parse_args
+
+    def run(*argv: str) -> tuple[str, str]:
+        args = parse(list(argv))
+        assert ctl.COMMANDS[args.command](client, args) == ctl.EXIT_OK  # type: ignore[arg-type]
+        captured = capsys.readouterr()
+        return captured.out, captured.err
+
+    assert run("load", "m", "--keep-alive", "10m") == ("", "loaded m (keep-alive 10m)\n")
+    out, _ = run("load", "m", "--json")
+    assert json.loads(out)["name"] == "m" and json.loads(out)["keep_alive_s"] is None
+    assert run("unload", "m") == ("", "unloaded m\n")
+    assert "unloading busy: it is unloaded once its running requests end" in \
+        run("unload", "busy")[1]
+    out, _ = run("unload", "busy", "--json")
+    assert json.loads(out)["unloaded"] is False
+    assert json.loads(out)["model"]["state"] == "unloading"
+    assert client.calls[:2] == [("load", "m", 600.0), ("load", "m", None)]
+
+
+async def test_the_model_commands_end_to_end_against_a_stand_in(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the socket to the protocol tests' stand-in server (no model, no daemon)."""
+    async with running_server() as (server, path):
+        assert await meshctl("--socket", path, "load", "m", "--keep-alive", "5m") == 0
+        assert capsys.readouterr().err == "loaded m (keep-alive 5m)\n"
+        assert await meshctl("--socket", path, "load", "nosuch") == ctl.EXIT_USAGE
+        assert "meshctl: unknown_model: load.model: no model 'nosuch'" in \
+            capsys.readouterr().err
+        assert await meshctl("--socket", path, "unload", "busy") == 0
+        assert capsys.readouterr().err.startswith("unloading busy")
+        assert await meshctl("--socket", path, "generate", "hi", "--model", "m2",
+                             "--keep-alive", "-1", "--json") == 0
+        assert json.loads(capsys.readouterr().out)["done"]["model"] == "m2"
+        assert await meshctl("--socket", path, "chat", "hi", "--model", "m3") == 0
+        assert "model=m3" in capsys.readouterr().err
+        assert await meshctl("--socket", path, "generate", "hi", "--model", "a/b") == \
+            ctl.EXIT_USAGE
+        assert "bad_request: generate.model: must be a model name" in \
+            capsys.readouterr().err
+    sent = [(m.model, m.keep_alive) for m in server.received if isinstance(m, Generate)]
+    assert sent == [("m2", -1.0), ("m3", None)]

@@ -206,8 +206,11 @@ async def test_metrics_parse_and_move_and_agree_with_stats(smol: ModelRuntime) -
         resp = await http.get("/metrics")
         assert resp.headers["content-type"].startswith("text/plain")
         after = metrics(resp.text)
+        model = server.service.model.name  # every figure of a model carries its name
 
         def delta(name: str, **labels: str) -> float:
+            if not name.startswith("meshd_protocol_errors"):
+                labels["model"] = model
             key = (name, tuple(sorted(labels.items())))
             return after.get(key, 0.0) - before.get(key, 0.0)
 
@@ -229,17 +232,19 @@ async def test_metrics_parse_and_move_and_agree_with_stats(smol: ModelRuntime) -
         assert 1 <= per_pos <= drafts
         for gauge in ("meshd_requests_active", "meshd_requests_queued",
                       "meshd_prefix_cache_tokens", "meshd_checkpoint_bytes"):
-            assert (gauge, ()) in after
+            assert (gauge, (("model", model),)) in after
+        assert after[("meshd_model_state", (("model", model), ("state", "loaded")))] == 1
         # One source of truth: the stats op reports the same numbers.
         async with Client.connect(path) as native:
             stats = await native.stats()
         final = metrics((await http.get("/metrics")).text)
-        assert final[("meshd_target_forwards_total", ())] == stats.counters["forwards"]
-        assert final[("meshd_requests_total", (("finish_reason", "length"),))] == \
+        m = ("model", model)
+        assert final[("meshd_target_forwards_total", (m,))] == stats.counters["forwards"]
+        assert final[("meshd_requests_total", (("finish_reason", "length"), m))] == \
             stats.counters["finish_length"]
-        assert final[("meshd_spec_decode_num_draft_tokens_total", (("proposer", "ngram"),))] \
+        assert final[("meshd_spec_decode_num_draft_tokens_total", (m, ("proposer", "ngram")))] \
             == stats.proposers["ngram"].drafted
-        assert final[("meshd_time_to_first_token_seconds_count", ())] == \
+        assert final[("meshd_time_to_first_token_seconds_count", (m,))] == \
             stats.counters["time_to_first_token_seconds_count"]
         assert final[("meshd_protocol_errors_total", (("code", "bad_request"),))] == \
             stats.counters["errors_bad_request"]

@@ -10,7 +10,7 @@ which would hide a field the daemon should have left out.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -106,9 +106,17 @@ def check_v1_values(frame: dict[str, Any]) -> None:
         assert frame["code"] in V1_ERROR_CODES, frame
 
 
-async def replay(conn: JsonLines, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def load_session(path: Path) -> list[dict[str, Any]]:
+    """The steps of a recorded session (one JSON object a line)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def replay(conn: JsonLines, steps: list[dict[str, Any]],
+                 check_values: Callable[[dict[str, Any]], None] = check_v1_values,
+                 ) -> list[dict[str, Any]]:
     """Send the ``c`` frames and match what comes back against the ``s`` templates
-    (``repeat``: any number of frames like it); returns every frame received."""
+    (``repeat``: any number of frames like it), each frame's enum values checked by
+    ``check_values`` (the session's version); returns every frame received."""
     seen: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None
     for n, step in enumerate(steps, 1):
@@ -120,7 +128,7 @@ async def replay(conn: JsonLines, steps: list[dict[str, Any]]) -> list[dict[str,
                     pending = await conn.recv()
                     assert pending is not None, f"step {n}: the daemon closed the connection"
                     seen.append(pending)
-                    check_v1_values(pending)
+                    check_values(pending)
                 frame, pending = pending, None
                 if matches(frame, step["s"]):
                     if step.get("repeat"):
@@ -135,7 +143,7 @@ async def replay(conn: JsonLines, steps: list[dict[str, Any]]) -> list[dict[str,
 
 async def test_a_recorded_version_1_session_is_answered_in_version_1(
         runtime: ModelRuntime) -> None:
-    steps = [json.loads(line) for line in SESSION.read_text().splitlines() if line.strip()]
+    steps = load_session(SESSION)
     async with running_daemon(runtime) as (server, path):
         async with JsonLines.open(path) as conn:
             seen = await replay(conn, steps)
@@ -174,7 +182,7 @@ async def test_the_current_version_is_unchanged(runtime: ModelRuntime) -> None:
         async with JsonLines.open(path) as conn:
             welcome = await conn.hello(PROTOCOL_VERSION)
             assert welcome["protocol_version"] == PROTOCOL_VERSION
-            assert "gpu_layers" in welcome["model"]
+            assert {"gpu_layers", "state"} <= welcome["model"].keys()
             await conn.send({"op": "generate", "id": "g", "prompt": "Hi", "max_tokens": 2,
                              "sampling": {"temperature": 0.8}})
             while (frame := await conn.recv()) is not None and frame["op"] == "token":

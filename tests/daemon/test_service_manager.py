@@ -280,7 +280,7 @@ def test_sighup_reloads_live_settings(workdir: str) -> None:
             notify.until("READY", timeout=120, proc=proc)
             assert _default_length(sock_path) == 3
             conf.write_text(f'[model]\npath = "{_synthetic()}"\nctx = 256\n'
-                            '[serve]\nmax_tokens = 5\n')
+                            '[serve]\nmax_tokens = 5\nbacklog = 64\n')
             proc.send_signal(signal.SIGHUP)
             reloading = notify.until("RELOADING", timeout=30, proc=proc)
             assert int(reloading["MONOTONIC_USEC"]) > 0
@@ -295,9 +295,10 @@ def test_sighup_reloads_live_settings(workdir: str) -> None:
         assert code == 0, err
         events = log_events(err)
         reloaded = next(e for e in events if e["event"] == "reloaded")
-        assert reloaded["changed"] == ["serve.max_tokens"]
+        # The model's own keys reload it (once idle); a listen backlog needs a restart.
+        assert reloaded["changed"] == ["serve.max_tokens", f"models.{Path(_synthetic()).stem}"]
         restart = next(e for e in events if e["event"] == "restart_needed")
-        assert restart["keys"] == ["model.ctx"]
+        assert restart["keys"] == ["serve.backlog"]
         failed = next(e for e in events if e["event"] == "reload_failed")
         assert str(conf) in failed["error"] and "serve.max_tokens" in failed["error"]
     finally:

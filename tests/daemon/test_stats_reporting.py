@@ -128,9 +128,10 @@ def test_every_refusal_reason_is_explained_and_documented() -> None:
 
 
 def samples(text: bytes) -> dict[str, float]:
+    """The samples of a single-model daemon's figures (labelled with its model only)."""
     return {s.name: s.value
             for family in text_string_to_metric_families(text.decode())
-            for s in family.samples if not s.labels}
+            for s in family.samples if set(s.labels) == {"model"}}
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,10 @@ streaming, multiplexing, cancellation and error paths without a model:
 * ``"hangup"``: one token then the server closes the connection;
 * ``"garble"``: a malformed ``token`` frame carrying the request's id.
 
+``done.model`` names the model asked for (default: ``fake-model``). ``load`` and
+``unload`` answer for any model but ``nosuch`` (``unknown_model``); ``unload`` of
+``busy`` answers that it unloads once idle.
+
 ``welcome_version`` makes it welcome any hello with that version (a server that ignores
 the client's version), to test the client's own check.
 """
@@ -41,6 +45,8 @@ from meshd.protocol import (
     HealthReply,
     HealthStatus,
     Hello,
+    Load,
+    LoadReply,
     ModelInfo,
     Models,
     ModelsReply,
@@ -55,6 +61,8 @@ from meshd.protocol import (
     Token,
     Tokenize,
     TokenizeReply,
+    Unload,
+    UnloadReply,
     Usage,
     Welcome,
     encode,
@@ -191,6 +199,16 @@ class FakeServer:
             return TokenizeReply(id=item.id, tokens=tuple(ord(c) for c in item.text))
         if isinstance(item, Detokenize):
             return DetokenizeReply(id=item.id, text="".join(chr(t) for t in item.tokens))
+        if isinstance(item, Load | Unload) and item.model == "nosuch":
+            return ErrorMessage(id=item.id, code=ErrorCode.UNKNOWN_MODEL,
+                                message=f"{item.OP}.model: no model 'nosuch'")
+        if isinstance(item, Load):
+            return LoadReply(id=item.id, model=ModelInfo(
+                name=item.model, state="loaded", keep_alive_s=item.keep_alive))
+        if isinstance(item, Unload):
+            busy = item.model == "busy"
+            return UnloadReply(id=item.id, unloaded=not busy, model=ModelInfo(
+                name=item.model, loaded=False, state="unloading" if busy else "unloaded"))
         raise AssertionError(f"unexpected {item!r}")
 
     async def generate(
@@ -239,6 +257,7 @@ class FakeServer:
                 usage=Usage(prompt_tokens=len(prompt), completion_tokens=count),
                 speculation=SpeculationStats(proposer="ngram", emitted=count, drafted=2),
                 error_message="canned failure" if finish is FinishReason.ERROR else None,
+                model=request.model or MODEL.name,
             )
         )
 

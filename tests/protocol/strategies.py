@@ -7,6 +7,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from meshd.protocol import (
+    MAX_KEEP_ALIVE_S,
+    MODEL_STATES,
     Cancel,
     CancelReply,
     ChatMessage,
@@ -21,6 +23,8 @@ from meshd.protocol import (
     HealthReply,
     HealthStatus,
     Hello,
+    Load,
+    LoadReply,
     ModelInfo,
     Models,
     ModelsReply,
@@ -33,10 +37,13 @@ from meshd.protocol import (
     Token,
     Tokenize,
     TokenizeReply,
+    Unload,
+    UnloadReply,
     Usage,
     Welcome,
 )
 from meshd.protocol.messages import MAX_SEED
+from meshd.protocol.validators import MODEL_NAME_PATTERN
 
 # codec="utf-8" keeps surrogates out: they cannot travel as UTF-8.
 chars = st.characters(codec="utf-8")
@@ -61,8 +68,14 @@ speculative = st.builds(
     draft_max=st.none() | st.integers(1, 1024),
 )
 chat_messages = st.lists(st.builds(ChatMessage, role=names, content=texts), min_size=1, max_size=3)
+model_names = st.from_regex(MODEL_NAME_PATTERN, fullmatch=True)
+keep_alives = st.none() | st.just(-1) | st.integers(0, MAX_KEEP_ALIVE_S) | st.floats(
+    0, MAX_KEEP_ALIVE_S)
+# A model's state decides whether it is loaded; a daemon that names no state may say either.
+loaded_states = st.tuples(st.booleans(), st.none()) | st.sampled_from(MODEL_STATES).map(
+    lambda state: (state == "loaded", state))
 model_info = st.builds(
-    ModelInfo,
+    lambda loaded_state, **kw: ModelInfo(loaded=loaded_state[0], state=loaded_state[1], **kw),
     name=names,
     architecture=st.none() | names,
     n_ctx=counts,
@@ -72,6 +85,10 @@ model_info = st.builds(
     has_mtp=st.booleans(),
     has_chat_template=st.booleans(),
     gpu_layers=st.integers(min_value=0, max_value=200),
+    loaded_state=loaded_states,
+    default=st.booleans(),
+    proposers=st.lists(names, max_size=3).map(tuple),
+    keep_alive_s=keep_alives,
 )
 speculation_stats = st.builds(
     SpeculationStats,
@@ -109,6 +126,8 @@ def _generate() -> st.SearchStrategy[Generate]:
         "sampling": sampling,
         "stop": st.lists(names, max_size=3).map(tuple),
         "speculative": speculative,
+        "model": st.none() | model_names,
+        "keep_alive": keep_alives,
     }
     return st.builds(Generate, prompt=names, messages=st.none(), **common) | st.builds(
         Generate, prompt=st.none(), messages=chat_messages.map(tuple), **common
@@ -124,6 +143,8 @@ requests: st.SearchStrategy[Any] = st.one_of(
     st.builds(Models, id=ids),
     st.builds(Tokenize, id=ids, text=texts, add_special=st.booleans()),
     st.builds(Detokenize, id=ids, tokens=token_lists),
+    st.builds(Load, id=ids, model=model_names, keep_alive=keep_alives),
+    st.builds(Unload, id=ids, model=model_names),
 )
 
 responses: st.SearchStrategy[Any] = st.one_of(
@@ -145,6 +166,8 @@ responses: st.SearchStrategy[Any] = st.one_of(
         usage=st.builds(Usage, prompt_tokens=counts, completion_tokens=counts),
         speculation=speculation_stats,
         error_message=st.none() | names,
+        seed=st.none() | st.integers(0, MAX_SEED),
+        model=st.none() | names,
     ),
     st.builds(ErrorMessage, id=st.none() | ids, code=st.sampled_from(ErrorCode), message=texts),
     st.builds(
@@ -166,6 +189,8 @@ responses: st.SearchStrategy[Any] = st.one_of(
     st.builds(TokenizeReply, id=ids, tokens=token_lists),
     st.builds(DetokenizeReply, id=ids, text=texts),
     st.builds(CancelReply, id=ids, cancelled=st.booleans()),
+    st.builds(LoadReply, id=ids, model=model_info),
+    st.builds(UnloadReply, id=ids, model=model_info, unloaded=st.booleans()),
 )
 
 json_values: st.SearchStrategy[Any] = st.recursive(

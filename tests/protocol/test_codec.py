@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import pytest
 
 from meshd.protocol import (
@@ -29,6 +30,8 @@ from meshd.protocol import (
     HealthReply,
     HealthStatus,
     Hello,
+    Load,
+    LoadReply,
     ModelInfo,
     Models,
     ModelsReply,
@@ -44,6 +47,8 @@ from meshd.protocol import (
     Token,
     Tokenize,
     TokenizeReply,
+    Unload,
+    UnloadReply,
     Usage,
     Welcome,
     decode_request,
@@ -81,6 +86,10 @@ REQUESTS: list[Any] = [
     Models(id="m"),
     Tokenize(id="t", text="", add_special=False),
     Detokenize(id="d", tokens=(1, 2, 3)),
+    Generate(id="g3", prompt="Once", model="qwen2.5:1b", keep_alive=-1),
+    Load(id="l", model="qwen3-8b"),
+    Load(id="l2", model="qwen3-8b", keep_alive=300.5),
+    Unload(id="u", model="qwen3-8b"),
 ]
 
 RESPONSES: list[Any] = [
@@ -137,6 +146,14 @@ RESPONSES: list[Any] = [
     TokenizeReply(id="t", tokens=()),
     DetokenizeReply(id="d", text="abc"),
     CancelReply(id="c2", cancelled=False),
+    Done(id="g3", finish_reason=FinishReason.EOG, model="qwen2.5:1b"),
+    LoadReply(id="l", model=attrs.evolve(MODEL, state="loaded", default=True,
+                                         proposers=("mtp",), keep_alive_s=-1)),
+    UnloadReply(id="u", model=attrs.evolve(MODEL, loaded=False, state="unloaded"),
+                unloaded=True),
+    UnloadReply(id="u2", model=attrs.evolve(MODEL, loaded=False, state="unloading",
+                                            keep_alive_s=0),
+                unloaded=False),
 ]
 
 

@@ -29,6 +29,7 @@ from meshd.protocol import (
     SpeculativeOverrides,
     StatsReply,
     Token,
+    UnknownModel,
     UnsupportedVersion,
     Usage,
     error_from_code,
@@ -40,7 +41,7 @@ from meshd.protocol import (
 
 def test_protocol_version_is_an_int() -> None:
     assert isinstance(PROTOCOL_VERSION, int)
-    assert PROTOCOL_VERSION == 2  # 2: finish reason "shutdown", error code "forbidden"
+    assert PROTOCOL_VERSION == 3  # 3: model routing (generate.model, load, unload, ...)
 
 
 @pytest.mark.parametrize(
@@ -131,6 +132,7 @@ def test_every_code_has_an_exception() -> None:
         ErrorCode.CANCELLED: RequestCancelled,
         ErrorCode.INTERNAL: InternalError,
         ErrorCode.FORBIDDEN: PermissionDenied,
+        ErrorCode.UNKNOWN_MODEL: UnknownModel,
     }
     assert set(expected) == set(ErrorCode)
     for code, cls in expected.items():

@@ -11,6 +11,7 @@ import anyio.from_thread
 import pytest
 
 from meshd.protocol import (
+    PROTOCOL_VERSION,
     ConnectionClosed,
     FinishReason,
     ServerBusy,
@@ -90,7 +91,7 @@ def test_sync_error_and_version(backend: str) -> None:
         with pytest.raises(ConnectionClosed):
             c.health()
     with (
-        server_thread(FakeServer(protocol_version=3)) as (_, path),
+        server_thread(FakeServer(protocol_version=PROTOCOL_VERSION + 1)) as (_, path),
         pytest.raises(UnsupportedVersion),
     ):
         SyncClient.connect(path, backend=backend)

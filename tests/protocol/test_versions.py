@@ -1,5 +1,6 @@
 """Older protocol versions: the server reads and writes a version-1 client's frames as
-version 1 defined them (``git show f2bc852^:protocol/messages.py``), pure functions
+version 1 defined them (``git show f2bc852^:protocol/messages.py``), and a version-2
+client's as version 2 did (``git show 405622d:protocol/messages.py``): pure functions
 tested on their own and through the sans-I/O server connection."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from meshd.protocol import (
     REQUEST_TYPES,
     RESPONSE_TYPES,
     BadRequest,
+    Cancel,
     CancelReply,
     Done,
     ErrorCode,
@@ -26,11 +28,16 @@ from meshd.protocol import (
     FinishReason,
     Generate,
     Hello,
+    Load,
+    LoadReply,
     ModelInfo,
     ModelsReply,
     PermissionDenied,
     ProposerStats,
     StatsReply,
+    UnknownModel,
+    Unload,
+    UnloadReply,
     Welcome,
     decode_request,
     decode_response,
@@ -43,6 +50,7 @@ from meshd.protocol.versions import (
     OLDEST_VERSION,
     SCHEMAS,
     V1,
+    V2,
     Shape,
     Unrepresentable,
     check_request,
@@ -61,8 +69,8 @@ def test_every_version_from_the_first_to_the_current_is_spoken() -> None:
     assert [v for v in range(-1, PROTOCOL_VERSION + 3) if speaks(v)] == \
         list(range(1, PROTOCOL_VERSION + 1))
     assert set(SCHEMAS) == set(range(OLDEST_VERSION, PROTOCOL_VERSION))
-    assert unsupported_message(3) == \
-        f"server speaks protocol versions 1 to {PROTOCOL_VERSION}, not 3"
+    assert PROTOCOL_VERSION == 3
+    assert unsupported_message(4) == "server speaks protocol versions 1 to 3, not 4"
 
 
 # ------------------------------------------------------------- the schema itself
@@ -84,7 +92,7 @@ def _fields_today(cls: type, shape: Shape, path: str) -> dict[str, set[str]]:
     """Fields ``cls`` has today beyond ``shape``, by path (nested objects included)."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in attrs.fields(cls)]
-    assert set(shape.fields) <= set(names), f"{path}: a version-1 field was dropped"
+    assert set(shape.fields) <= set(names), f"{path}: an older version's field was dropped"
     assert list(shape.fields) == [n for n in names if n in shape.fields], f"{path}: order"
     extra = {path: set(names) - set(shape.fields)}
     for name, (_, inner) in shape.nested.items():
@@ -96,7 +104,8 @@ def _fields_today(cls: type, shape: Shape, path: str) -> dict[str, set[str]]:
 
 _REQUEST_ADDITIONS: dict[str, dict[str, set[str]]] = {
     "cancel": {"cancel": {"ack"}},
-    "generate": {"generate": {"constraint"}, "generate.speculative": {"options"}},
+    "generate": {"generate": {"constraint", "model", "keep_alive"},
+                 "generate.speculative": {"options"}},
 }
 """The request fields PROTOCOL.md lists as added since version 1 (more may come within
 a version: the schema is a whitelist, so they stay out of version 1 all the same)."""
@@ -112,14 +121,18 @@ def test_version_1_requests_keep_every_field(op: str) -> None:
 def test_version_1_responses_lack_exactly_the_documented_additions() -> None:
     extra = {op: _fields_today(RESPONSE_TYPES[op], shape, op)
              for op, shape in V1.responses.items()}
+    model_additions = {"gpu_layers", "loaded", "state", "default", "proposers",
+                       "keep_alive_s"}
     assert {k: v for e in extra.values() for k, v in e.items()} == {
-        "done": {"seed"},
+        "done": {"seed", "model"},
         "token": {"logprobs"},
-        "welcome.model": {"gpu_layers"},
-        "models_reply.models": {"gpu_layers"},
+        "welcome.model": model_additions,
+        "models_reply.models": model_additions,
     }
-    assert set(RESPONSE_TYPES) - set(V1.responses) == {"cancel_reply"}
-    assert set(REQUEST_TYPES) == set(V1.requests)
+    assert set(RESPONSE_TYPES) - set(V1.responses) == {"cancel_reply", "load_reply",
+                                                       "unload_reply"}
+    assert set(REQUEST_TYPES) - set(V1.requests) == {"load", "unload"}
+    assert set(V1.requests) <= set(REQUEST_TYPES)
 
 
 # ------------------------------------------------------------- server frames
@@ -136,10 +149,10 @@ def test_done_loses_its_seed_and_shutdown_reads_cancelled() -> None:
         assert got["finish_reason"] == reason.value
 
 
-def test_forbidden_reads_bad_request_and_other_codes_stay() -> None:
+def test_forbidden_and_unknown_model_read_bad_request_and_other_codes_stay() -> None:
     for code in ErrorCode:
         frame = downgrade(unstructure(ErrorMessage(id=None, code=code, message="x")), 1)
-        assert frame["code"] == ("bad_request" if code is ErrorCode.FORBIDDEN else code.value)
+        assert frame["code"] == ("bad_request" if code in _V1_BAD_REQUEST else code.value)
 
 
 def test_models_lose_gpu_layers_wherever_they_are() -> None:
@@ -161,24 +174,37 @@ def test_a_frame_version_1_lacks_cannot_be_written() -> None:
                      PROTOCOL_VERSION)["cancelled"] is True
 
 
+_V1_BAD_REQUEST = (ErrorCode.FORBIDDEN, ErrorCode.UNKNOWN_MODEL)
+"""The error codes a version-1 client reads as ``bad_request``."""
+
+
+def _v1_model(model: ModelInfo) -> ModelInfo:
+    """A model as a version-1 client reads it: the fields it lacks at their defaults."""
+    return ModelInfo(**{name: getattr(model, name) for name in V1.responses["welcome"]
+                        .nested["model"][1].fields})
+
+
 def _as_version_1(msg: Any) -> Any:
     """What a version-1 client reads: today's message less what version 1 lacks."""
     if isinstance(msg, Done):
         finish = FinishReason.CANCELLED if msg.finish_reason is FinishReason.SHUTDOWN \
             else msg.finish_reason
-        return attrs.evolve(msg, seed=None, finish_reason=finish)
-    if isinstance(msg, ErrorMessage) and msg.code is ErrorCode.FORBIDDEN:
+        return attrs.evolve(msg, seed=None, model=None, finish_reason=finish)
+    if isinstance(msg, ErrorMessage) and msg.code in _V1_BAD_REQUEST:
         return attrs.evolve(msg, code=ErrorCode.BAD_REQUEST)
     if isinstance(msg, Welcome):
-        return attrs.evolve(msg, model=attrs.evolve(msg.model, gpu_layers=0))
+        return attrs.evolve(msg, model=_v1_model(msg.model))
     if isinstance(msg, ModelsReply):
-        return attrs.evolve(msg, models=tuple(attrs.evolve(m, gpu_layers=0)
-                                              for m in msg.models))
+        return attrs.evolve(msg, models=tuple(_v1_model(m) for m in msg.models))
     return msg
 
 
+_NOT_IN_V1 = (CancelReply, LoadReply, UnloadReply)
+"""Responses version 1 has no frame for."""
+
+
 @settings(max_examples=200, deadline=None)
-@given(strategies.responses.filter(lambda m: not isinstance(m, CancelReply)))
+@given(strategies.responses.filter(lambda m: not isinstance(m, _NOT_IN_V1)))
 def test_every_version_1_frame_is_a_valid_frame(msg: Any) -> None:
     line = encode(msg, version=1)
     assert decode_response(line) == _as_version_1(msg)
@@ -231,7 +257,7 @@ def test_version_1_samples_at_0_8_unless_told() -> None:
 
 
 def test_what_is_wrong_otherwise_is_left_to_the_decoder() -> None:
-    for frame in ({"op": 3}, {"op": "nope", "id": "x"}, {"id": "x"},
+    for frame in ({"op": 3}, {"id": "x"},
                   {"op": "generate", "id": "g", "prompt": "p", "sampling": None}):
         assert check_request(frame, 1) == frame
     with pytest.raises(BadRequest, match=r"generate\.sampling: expected an object"):
@@ -246,12 +272,13 @@ _V1_ONLY: dict[str, tuple[str, ...]] = {
 
 
 @settings(max_examples=200, deadline=None)
-@given(strategies.requests)
+@given(strategies.requests.filter(lambda m: not isinstance(m, Load | Unload)))
 def test_a_version_1_request_means_what_it_means_today(msg: Any) -> None:
     """Written out by version 1's rules (every field it knew present), a request
     decodes the same in both versions."""
     frame = {k: v for k, v in unstructure(msg).items()
-             if k not in ("ack", "constraint", "logprobs", "prediction")}
+             if k not in ("ack", "constraint", "logprobs", "prediction", "model",
+                          "keep_alive")}
     for name, keep in _V1_ONLY.items():
         if name in frame:
             frame[name] = {k: v for k, v in frame[name].items() if k in keep}
@@ -268,7 +295,8 @@ def _opened(version: int) -> ServerConnection:
     frame = json.loads(server.send(Welcome(id="h", protocol_version=version,
                                            server_version="t", model=MODEL)))
     assert frame["protocol_version"] == version and server.version == version
-    assert ("gpu_layers" in frame["model"]) == (version == PROTOCOL_VERSION)
+    assert ("gpu_layers" in frame["model"]) == (version >= 2)
+    assert ("state" in frame["model"]) == (version == PROTOCOL_VERSION)
     return server
 
 
@@ -301,7 +329,8 @@ def test_a_current_connection_is_unchanged() -> None:
 
 
 @pytest.mark.parametrize(("asked", "welcomed"), [
-    (PROTOCOL_VERSION, 1), (1, PROTOCOL_VERSION), (PROTOCOL_VERSION + 1, PROTOCOL_VERSION + 1),
+    (PROTOCOL_VERSION, 1), (1, PROTOCOL_VERSION), (2, 1), (2, PROTOCOL_VERSION),
+    (PROTOCOL_VERSION, 2), (PROTOCOL_VERSION + 1, PROTOCOL_VERSION + 1),
     (0, 0),
 ])
 def test_the_welcome_answers_in_the_hellos_version(asked: int, welcomed: int) -> None:
@@ -324,4 +353,184 @@ def test_protocol_md_shows_what_version_1_is_told() -> None:
     with pytest.raises(BadRequest) as info:
         decode_request('{"op":"cancel","id":"2","ack":"3"}', version=1)
     assert f'"message":"{info.value.message}"' in doc
-    assert f'"message":"{unsupported_message(3)}"' in doc
+    assert f'"message":"{unsupported_message(PROTOCOL_VERSION + 1)}"' in doc
+
+
+# ------------------------------------------------------------- version 2
+
+_V2_MODEL_FIELDS = ["name", "architecture", "n_ctx", "n_vocab", "n_params", "size_bytes",
+                    "has_mtp", "has_chat_template", "gpu_layers"]
+"""A model as version 2 wrote it, spelled out rather than read from the schema."""
+_V3_MODEL_ADDITIONS = {"loaded", "state", "default", "proposers", "keep_alive_s"}
+_V2_OPS = "cancel, detokenize, generate, health, hello, models, stats, tokenize"
+_V2_GENERATE = ("id, prompt, messages, max_tokens, sampling, stop, speculative, constraint, "
+                "logprobs, prediction")
+
+
+def _contains(new: Shape, old: Shape, path: str) -> None:
+    assert set(old.fields) <= set(new.fields), path
+    for name, (nesting, inner) in old.nested.items():
+        assert new.nested[name][0] == nesting, f"{path}.{name}"
+        _contains(new.nested[name][1], inner, f"{path}.{name}")
+
+
+def test_version_2_only_adds_to_version_1() -> None:
+    for old, new in ((V1.requests, V2.requests), (V1.responses, V2.responses)):
+        assert set(old) <= set(new)
+        for op, shape in old.items():
+            _contains(new[op], shape, op)
+
+
+@pytest.mark.parametrize("op", sorted(V2.requests))
+def test_version_2_requests_lack_exactly_the_version_3_additions(op: str) -> None:
+    extra = _fields_today(REQUEST_TYPES[op], V2.requests[op], op)
+    assert extra == ({"generate": {"model", "keep_alive"}} if op == "generate" else {})
+
+
+def test_version_2_responses_lack_exactly_the_version_3_additions() -> None:
+    extra = {op: _fields_today(RESPONSE_TYPES[op], shape, op)
+             for op, shape in V2.responses.items()}
+    assert {k: v for e in extra.values() for k, v in e.items()} == {
+        "done": {"model"},
+        "welcome.model": _V3_MODEL_ADDITIONS,
+        "models_reply.models": _V3_MODEL_ADDITIONS,
+    }
+    assert set(RESPONSE_TYPES) - set(V2.responses) == {"load_reply", "unload_reply"}
+    assert set(REQUEST_TYPES) - set(V2.requests) == {"load", "unload"}
+    assert set(V2.responses) <= set(RESPONSE_TYPES)
+
+
+def test_version_2_done_loses_its_model_and_keeps_seed_and_shutdown() -> None:
+    done = Done(id="g", finish_reason=FinishReason.SHUTDOWN, seed=7, model="m")
+    frame = downgrade(unstructure(done), 2)
+    assert list(frame) == ["op", "id", "finish_reason", "usage", "speculation",
+                           "error_message", "seed"]
+    assert (frame["seed"], frame["finish_reason"]) == (7, "shutdown")
+
+
+def test_version_2_reads_unknown_model_as_bad_request_and_forbidden_as_itself() -> None:
+    for code in ErrorCode:
+        frame = downgrade(unstructure(ErrorMessage(id="r", code=code, message="x")), 2)
+        assert frame["code"] == ("bad_request" if code is ErrorCode.UNKNOWN_MODEL
+                                 else code.value)
+
+
+def test_version_2_models_keep_gpu_layers_and_lose_the_version_3_fields() -> None:
+    model = ModelInfo(name="m", gpu_layers=30, loaded=False, state="unloading", default=True,
+                      proposers=("ngram",), keep_alive_s=300)
+    welcome = downgrade(unstructure(Welcome(id="h", protocol_version=2, server_version="t",
+                                            model=model)), 2)
+    models = downgrade(unstructure(ModelsReply(id="m", models=(model, MODEL))), 2)
+    assert list(welcome["model"]) == _V2_MODEL_FIELDS and welcome["model"]["gpu_layers"] == 30
+    assert [list(m) for m in models["models"]] == [_V2_MODEL_FIELDS, _V2_MODEL_FIELDS]
+
+
+def test_version_2_has_cancel_reply_but_no_load_or_unload_reply() -> None:
+    assert downgrade(unstructure(CancelReply(id="a", cancelled=True)), 2) == \
+        {"op": "cancel_reply", "id": "a", "cancelled": True}
+    for msg in (LoadReply(id="l", model=MODEL), UnloadReply(id="u", model=MODEL,
+                                                              unloaded=False)):
+        with pytest.raises(Unrepresentable, match=f"protocol version 2 has no '{msg.OP}'"):
+            downgrade(unstructure(msg), 2)
+        with pytest.raises(BadRequest, match=f"cannot encode {msg.OP}"):
+            encode(msg, version=2)
+
+
+def _v2_model(model: ModelInfo) -> ModelInfo:
+    """A model as a version-2 client reads it: the fields it lacks at their defaults."""
+    return ModelInfo(**{name: getattr(model, name) for name in _V2_MODEL_FIELDS})
+
+
+def _as_version_2(msg: Any) -> Any:
+    """What a version-2 client reads: today's message less what version 2 lacks."""
+    if isinstance(msg, Done):
+        return attrs.evolve(msg, model=None)
+    if isinstance(msg, ErrorMessage) and msg.code is ErrorCode.UNKNOWN_MODEL:
+        return attrs.evolve(msg, code=ErrorCode.BAD_REQUEST)
+    if isinstance(msg, Welcome):
+        return attrs.evolve(msg, model=_v2_model(msg.model))
+    if isinstance(msg, ModelsReply):
+        return attrs.evolve(msg, models=tuple(_v2_model(m) for m in msg.models))
+    return msg
+
+
+@settings(max_examples=200, deadline=None)
+@given(strategies.responses.filter(lambda m: not isinstance(m, LoadReply | UnloadReply)))
+def test_every_version_2_frame_is_a_valid_frame(msg: Any) -> None:
+    line = encode(msg, version=2)
+    assert decode_response(line) == _as_version_2(msg)
+    assert json.loads(line) == downgrade(unstructure(msg), 2)
+
+
+@pytest.mark.parametrize(("frame", "message"), [
+    ({"op": "load", "id": "g", "model": "m"},
+     f"unknown op 'load' (expected one of: {_V2_OPS})"),
+    ({"op": "unload", "id": "g", "model": "m"},
+     f"unknown op 'unload' (expected one of: {_V2_OPS})"),
+    ({"op": "generate", "id": "g", "prompt": "p", "model": "m"},
+     f"generate: unknown field 'model' (allowed: {_V2_GENERATE})"),
+    ({"op": "generate", "id": "g", "prompt": "p", "keep_alive": 5},
+     f"generate: unknown field 'keep_alive' (allowed: {_V2_GENERATE})"),
+    ({"op": "generate", "id": "g", "prompt": "p", "model": None, "keep_alive": None},
+     f"generate: unknown fields 'keep_alive', 'model' (allowed: {_V2_GENERATE})"),
+])
+def test_what_version_2_lacks_is_refused_as_version_2_did(
+        frame: dict[str, Any], message: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        decode_request(json.dumps(frame), version=2)
+    assert (info.value.message, info.value.request_id) == (message, "g")
+    decode_request(frame)  # today's version takes it
+
+
+def test_version_2_keeps_what_version_2_had() -> None:
+    for frame in ({"op": "cancel", "id": "g", "ack": "a"},
+                  {"op": "generate", "id": "g", "prompt": "p", "logprobs": 2,
+                   "prediction": "q", "constraint": {"kind": "json_object"},
+                   "sampling": {"min_p": 0.1, "logit_bias": {"5": -1}},
+                   "speculative": {"proposer": "ngram", "options": {"n": 3}}}):
+        assert decode_request(frame, version=2) == decode_request(frame)
+    greedy = decode_request({"op": "generate", "id": "g", "prompt": "p"}, version=2)
+    assert isinstance(greedy, Generate) and greedy.sampling.temperature == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(strategies.requests.filter(lambda m: not isinstance(m, Load | Unload)))
+def test_a_version_2_request_means_what_it_means_today(msg: Any) -> None:
+    """Written out by version 2's rules (every field it knew present), a request
+    decodes the same in both versions."""
+    frame = {k: v for k, v in unstructure(msg).items() if k not in ("model", "keep_alive")}
+    assert decode_request(frame, version=2) == decode_request(frame)
+
+
+def test_a_version_2_connection_reads_and_writes_version_2() -> None:
+    server = _opened(2)
+    server.receive_data(b'{"op":"generate","id":"g","prompt":"p"}\n'
+                        b'{"op":"cancel","id":"g","ack":"a"}\n'
+                        b'{"op":"load","id":"l","model":"m"}\n'
+                        b'{"op":"generate","id":"g2","prompt":"p","model":"m"}\n')
+    assert isinstance(server.next_event(), Generate)
+    assert isinstance(server.next_event(), Cancel)
+    assert json.loads(server.send(CancelReply(id="a", cancelled=True)))["cancelled"] is True
+    for rid, said in (("l", "unknown op 'load'"), ("g2", "generate: unknown field 'model'")):
+        rejected = server.next_event()
+        assert isinstance(rejected, Rejected) and not rejected.fatal
+        error = json.loads(server.reject(rejected))
+        assert (error["id"], error["code"]) == (rid, "bad_request")
+        assert error["message"].startswith(said)
+    with pytest.raises(LocalProtocolError, match="protocol version 2 has no load_reply"):
+        server.send(LoadReply(id="l", model=MODEL))
+    done = json.loads(server.send(Done(id="g", finish_reason=FinishReason.SHUTDOWN, seed=3,
+                                       model="m")))
+    assert "model" not in done and (done["seed"], done["finish_reason"]) == (3, "shutdown")
+    unknown = json.loads(server.encode(ErrorMessage.from_error(UnknownModel("no", request_id="x"))))
+    assert unknown["code"] == "bad_request"
+    assert server.state is State.OPEN and server.in_flight == 0
+
+
+def test_protocol_md_shows_what_version_2_is_told() -> None:
+    doc = (Path(versions.__file__).parent / "PROTOCOL.md").read_text(encoding="utf-8")
+    for frame in ('{"op":"generate","id":"3","prompt":"hi","model":"qwen2.5:1b"}',
+                  '{"op":"load","id":"4","model":"qwen2.5:1b"}'):
+        with pytest.raises(BadRequest) as info:
+            decode_request(frame, version=2)
+        assert f"C: {frame}" in doc and f'"message":"{info.value.message}"' in doc

@@ -195,6 +195,16 @@ async def test_unknown_names_are_refused_on_both_front_ends(closing: list[ModelS
             metrics = (await http.get("/metrics")).text
             assert 'meshd_model_state{model="mtp",state="loaded"} 1.0' in metrics
             assert 'meshd_generation_tokens_total{model="mtp"} 4.0' in metrics
+            # Ollama's keep_alive, per request: 0 unloads the model after it.
+            r = await http.post("/v1/completions", json={
+                "model": "mtp", "prompt": PROMPT, "max_tokens": 2, "keep_alive": "5x"})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "keep_alive"
+            r = await http.post("/v1/completions", json={
+                "model": "mtp", "prompt": PROMPT, "max_tokens": 2, "keep_alive": 0})
+            assert r.status_code == 200
+            with anyio.fail_after(30):
+                while models.get("mtp").state is not ModelState.UNLOADED:
+                    await anyio.sleep(0.02)
 
 
 async def test_load_and_unload_on_request(closing: list[ModelSet]) -> None:
@@ -209,6 +219,12 @@ async def test_load_and_unload_on_request(closing: list[ModelSet]) -> None:
         assert reply.unloaded and reply.model.state == "unloaded"
         again = await client.unload("mtp")  # nothing to do: no error
         assert again.unloaded
+        # A keep-alive runs out on its own: loaded for 0.3 s, then gone.
+        short = await client.load("mtp", keep_alive=0.3)
+        assert short.loaded and short.keep_alive_s == 0.3
+        with anyio.fail_after(30):
+            while state(models)["mtp"] != "unloaded":
+                await anyio.sleep(0.02)
         # A model with a request running goes once that request ends, never before.
         running = client.generate(PROMPT, max_tokens=60, temperature=0.0, model="mtp")
         async for _ in running:
@@ -363,3 +379,16 @@ async def test_a_load_never_holds_up_another_models_decoding(
     # smol kept streaming through the whole load (tokens are posted every 50 ms or so)
     assert len(during) >= 10, (len(during), t1 - t0)
     assert max(b - a for a, b in zip([t0, *during], [*during, t1], strict=True)) < 0.75
+
+
+def test_serve_refuses_a_missing_model_file_naming_its_flag(tmp_path: Path) -> None:
+    sock = os.path.join(short_tempdir(), "s")
+    missing = tmp_path / "nothing-here.gguf"
+    proc = start(["-m", f"smol={default_model_path()}", "-m", f"gone={missing}",
+                  "--socket", sock, "--log-format", "json"], daemon_env())
+    with reaped(proc):
+        code, err = stop(proc, sig=None)
+    assert code == 2
+    bad = next(e for e in log_events(err) if e["event"] == "bad_config")
+    assert bad["error"] == f"-m gone={missing}: model file not found: {missing}"
+    assert not os.path.exists(sock)

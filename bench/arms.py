@@ -31,11 +31,11 @@ import numpy as np
 
 from meshd.clients.terminal import Progress
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.native.llama import ensure_backend, lc
 from meshd.native.primitives import GGML_TYPES
 from meshd.native.session import SequenceSession
+from meshd.testing import testmodels
 
 from .workloads import BenchError, Workload
 

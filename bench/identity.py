@@ -6,7 +6,7 @@ product path (``ModelRuntime.generation``, the calibrated cost curve, every inst
 proposer, fixed and adaptive draft lengths, greedy and seeded sampling) over workload
 prompts, and CI runs a small version of it.
 
-On the synthetic models (:mod:`meshd.native.testmodels`) the winning logit beats the
+On the synthetic models (:mod:`meshd.testing.testmodels`) the winning logit beats the
 runner-up by several logits by design, so any divergence is a bug: the gate exits 1.
 On a real model (SmolLM2, quantized) it gates too where every forward computes a row's
 logits in the same kernel, as with the default bf16 K cache on the CPU (docs/identity.md, "Identity

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.worker import LoopbackWorkers
 from meshd.native.primitives import resolve_cache_type_k
 from meshd.native.session import SequenceSession
+from meshd.testing.loopback import LoopbackWorkers
 
 from .arms import render_prompt
 from .workloads import load_workloads

@@ -59,7 +59,7 @@ def _add_make_test_model(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--seed", type=opt.integer, default=0, help="weights seed")
     p.add_argument("--acceptance", type=opt.probability, default=1.0,
                    help="how often the MTP head's draft matches the model")
-    from meshd.native.testmodels import DEFAULT_SIZED_TYPE, QUANT_TYPES, SIZES
+    from meshd.testing.testmodels import DEFAULT_SIZED_TYPE, QUANT_TYPES, SIZES
 
     p.add_argument("--size", choices=list(SIZES), default=None,
                    help="a model of realistic cost (default: tiny, F32)")
@@ -122,18 +122,25 @@ def _add_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         actions, "example",
         help="print the example configuration file (every key with its default; "
              "systemd/meshd.toml is its output)")
+    opt.subparser(
+        actions, "reference",
+        help="print every key as Markdown tables (default, variable, flag, whether SIGHUP "
+             "applies it; docs/configuration.md holds its output)")
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     """``config example`` prints the example file; ``config check`` loads the
     configuration and checks what ``serve`` would check before loading the model."""
     from . import config
-    from .config_text import render, render_example, render_models
+    from .config_text import render, render_example, render_models, render_reference
     from .model_specs import model_specs
     from .serve_checks import StartupProblem, check_before_start
 
     if args.config_command == "example":
         sys.stdout.write(render_example())
+        return 0
+    if args.config_command == "reference":
+        sys.stdout.write(render_reference(serve_flags()))
         return 0
     try:
         loaded = config.load(args.config)
@@ -151,6 +158,14 @@ def cmd_config(args: argparse.Namespace) -> int:
     print(render(loaded))
     print(render_models(models))
     return 0
+
+
+def serve_flags() -> dict[str, list[str]]:
+    """``meshd serve``'s option strings by argparse dest."""
+    sub = next(a for a in build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction))
+    serve = sub.choices["serve"]
+    return {a.dest: list(a.option_strings) for a in serve._actions if a.option_strings}
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -225,7 +240,7 @@ def _note(_event: str, message: str) -> None:
 
 
 def cmd_make_test_model(args: argparse.Namespace) -> int:
-    from meshd.native.testmodels import run
+    from meshd.testing.testmodels import run
 
     return run(args)
 

@@ -100,11 +100,12 @@ def _split_weights(_inst: object, _attr: object, value: tuple[float, ...]) -> No
 class ModelSection:
     path: str | None = key(None, "GGUF model file (default: the embedded SmolLM2-135M); "
                            "under systemd not below /home, which ProtectHome=yes hides",
-                           flag="model", example="/srv/models/model.gguf")
-    ctx: int = key(opt.DEFAULT_CTX, "context length per session in tokens", flag="ctx",
+                           flag="model", live=True, example="/srv/models/model.gguf")
+    ctx: int = key(opt.DEFAULT_CTX, "context length per session in tokens", flag="ctx", live=True,
                    validator=_positive)
     threads: int | None = key(None, "CPU threads for llama.cpp (default: the CPUs this "
-                              "process may use)", flag="threads", validator=_positive, example=2)
+                              "process may use)", flag="threads", live=True,
+                              validator=_positive, example=2)
     thread_wait: str = key(DEFAULT_THREAD_WAIT, "how llama.cpp's threads wait between "
                            "operations: spin (a short while, then sleep: fastest where "
                            "meshd has its cores) | sleep (at once: for machines shared with "
@@ -113,35 +114,35 @@ class ModelSection:
     cache_type_k: str = key("auto", "attention K cache type: auto (bf16 where every layer "
                             "runs on this CPU, which keeps speculation's text identical to "
                             "plain decoding's at any length; else f16) | f16 | bf16",
-                            flag="cache_type_k", validator=v.in_(CACHE_TYPES_K))
+                            flag="cache_type_k", live=True, validator=v.in_(CACHE_TYPES_K))
     draft_models: tuple[str, ...] = key((), "GGUF files requests may name as draft:PATH",
-                                  flag="draft_model")
+                                  flag="draft_model", live=True)
     gpu_layers: int | None = key(None, "layers offloaded to the GPU and workers, -1 for all "
                                  "(default: all; a CPU-only build runs everything here)",
-                                 flag="gpu_layers", validator=v.optional(v.ge(-1)),
+                                 flag="gpu_layers", live=True, validator=v.optional(v.ge(-1)),
                                  example=-1)
     rpc: tuple[str, ...] = key((), "remote workers (meshd worker, HOST:PORT) the model's "
                                "layers are split across (the RPC protocol has no "
-                               "authentication: private networks only)", flag="rpc",
+                               "authentication: private networks only)", flag="rpc", live=True,
                                validator=_endpoints)
     tensor_split: tuple[float, ...] = key((), "weights of the layer split, one per device "
                                           "(each worker's, then local GPUs; default: by free "
-                                          "memory)", flag="tensor_split",
+                                          "memory)", flag="tensor_split", live=True,
                                           validator=_split_weights)
 
 
 @attrs.frozen
 class SpeculationSection:
     proposer: str = key(opt.DEFAULT_PROPOSER, "default proposer: off | auto | mtp | ngram | "
-                        "composite | draft:PATH | a plugin", flag="proposer")
+                        "composite | draft:PATH | a plugin", flag="proposer", live=True)
     draft_max: int = key(DEFAULT_DRAFT_MAX, "longest draft per step; 0 turns speculation off",
-                         flag="draft_max", validator=_non_negative)
+                         flag="draft_max", live=True, validator=_non_negative)
     fixed_k: bool = key(False, "always draft draft_max tokens (no cost model, no calibration)",
-                        flag="fixed_k")
+                        flag="fixed_k", live=True)
     rollback_snapshots: str = key("auto", "recurrent models' in-place rollback snapshots "
                                   "(they slow every forward): auto (kept while requests "
                                   "speculate) | always | never",
-                                  validator=v.in_(("auto", "always", "never")))
+                                  live=True, validator=v.in_(("auto", "always", "never")))
 
 
 @attrs.frozen
@@ -156,7 +157,7 @@ class ServeSection:
                            flag="http", example="tcp:127.0.0.1:8080")
     backend: str = key(opt.DEFAULT_BACKEND, "event loop: asyncio | trio", flag="backend",
                        validator=v.in_(("asyncio", "trio")))
-    slots: int = key(opt.DEFAULT_SLOTS, "generations decoded together", flag="slots",
+    slots: int = key(opt.DEFAULT_SLOTS, "generations decoded together", flag="slots", live=True,
                      validator=_positive)
     max_queue: int = key(opt.DEFAULT_MAX_QUEUE, "requests waiting for a slot before new ones "
                          "are answered busy", flag="max_queue", live=True,
@@ -191,7 +192,7 @@ class ServeSection:
     prefix_cache_tokens: int | None = key(None, "tokens of finished requests kept for "
                                           "prompts that share their start (default: every "
                                           "slot's context; 0: off)",
-                                          flag="prefix_cache_tokens",
+                                          flag="prefix_cache_tokens", live=True,
                                           validator=v.optional(_non_negative), example=0)
     keep_alive: Annotated[str, DURATION] = key(
         opt.DEFAULT_KEEP_ALIVE, "how long a model stays loaded after its last "
@@ -206,8 +207,9 @@ class ServeSection:
                                    flag="memory_limit", live=True, validator=size, example="8G")
     default_model: str | None = key(None, "the model of requests that name none, among the "
                                     "[models.NAME] tables and -m NAME=PATH models (default: "
-                                    "the first -m, else the first table)", flag="default_model",
-                                    validator=model_name, example="chat")
+                                    "the first -m, else the first table)",
+                                    flag="default_model", live=True, validator=model_name,
+                                    example="chat")
 
 
 _HTTP = attrs.fields(HttpConfig)

@@ -43,7 +43,7 @@ from .model_set import ModelPlan, ModelSet
 from .notify import Notifier
 from .request_errors import RequestError
 from .runtime import ModelRuntime
-from .serve_checks import StartupProblem, check_before_start
+from .serve_checks import StartupProblem, check_before_start, default_proposer
 from .server import Server
 from .server_config import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
 from .supervise import Reload, Supervisor, notifying_progress, pinging_while_starting
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         server = Server(models, server_config)
         supervisor = Supervisor(server, notifier,
-                                reload=_reloader(loaded, models, checked.proposer))
+                                reload=_reloader(loaded, models))
         server.ready_hooks = (supervisor.on_ready,)
         options: dict[str, Any] = {}
         if c.serve.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
@@ -242,14 +242,6 @@ def run(args: argparse.Namespace) -> int:
     return 130 if supervisor.forced else 0
 
 
-_RELOADS_MODELS: Final = frozenset(
-    {f"model.{k}" for k in ("path", "ctx", "threads", "cache_type_k", "draft_models",
-                            "gpu_layers", "rpc", "tensor_split")}
-    | {f"speculation.{k}" for k in ("proposer", "draft_max", "fixed_k", "rollback_snapshots")}
-    | {"serve.slots", "serve.prefix_cache_tokens"})
-"""Keys that go into a model's plan: a change reloads the model once idle (SIGHUP)."""
-
-
 def _notes(log: Any) -> Callable[[str, str], None]:
     def note(event: str, message: str) -> None:
         # Routine adaptation is information; everything else asks for attention.
@@ -271,20 +263,22 @@ def _loader(log: Any) -> Callable[[ModelPlan], ModelRuntime]:
     return load
 
 
-def _reloader(loaded: cfg.Loaded, models: ModelSet, proposer: str) -> Reload:
+def _reloader(loaded: cfg.Loaded, models: ModelSet) -> Reload:
     """SIGHUP: read the file and environment again (the command line's flags still win),
-    apply what can change live (limits, the models), say which changed keys need a
-    restart."""
+    apply what can change live (limits; the models: a changed one reloads once idle),
+    say which changed keys need a restart."""
     current = [loaded.config]
 
     def reload() -> tuple[ServerConfig, list[str]]:
         again = cfg.load(loaded.path, flags=loaded.flags)
         new = again.config
         server_config = cfg.server_config(new)  # raises before anything is applied
-        plans = model_plans(again, proposer)  # so does a bad [models] table
+        try:  # so does a bad [models] table or proposer
+            plans = model_plans(again, default_proposer(again))
+        except StartupProblem as exc:
+            raise ValueError(exc.message) from None
         limits = residency(new)
-        needs_restart = [k for k in cfg.restart_needed(current[0], new)
-                         if k not in _RELOADS_MODELS]  # those reload the models they change
+        needs_restart = cfg.restart_needed(current[0], new)
         if needs_restart:
             get_logger("meshd.serve").warning("restart_needed", keys=needs_restart)
         set_levels(new.log.level, new.log.llama_level)  # every logger, from the next event

@@ -51,6 +51,25 @@ class Checked:
     server_config: ServerConfig
 
 
+def default_proposer(loaded: cfg.Loaded) -> str:
+    """``[speculation] proposer``, checked: a known name (an out-of-process plugin's
+    from the file), and a ``draft:PATH`` among the draft models. Raises StartupProblem."""
+    c = loaded.config
+    try:
+        remote = loaded.plugins.get(c.speculation.proposer)
+        proposer = c.speculation.proposer if remote is not None and remote.out_of_process \
+            else opt.proposer_name(c.speculation.proposer)  # out-of-process: from the file
+    except argparse.ArgumentTypeError as exc:
+        raise StartupProblem("speculation.proposer", f"speculation.proposer: {exc}",
+                             event="bad_config", exit_code=2) from None
+    if proposer.startswith("draft:") and \
+            proposer.partition(":")[2] not in c.model.draft_models:
+        message = (f"proposer {proposer} names a draft model that is not among the "
+                   f"draft models; add --draft-model {proposer.partition(':')[2]}")
+        raise StartupProblem("speculation.proposer", message, event="bad_usage", exit_code=2)
+    return proposer
+
+
 def check_before_start(loaded: cfg.Loaded, *, bind: str | None, http: str | None,
                        checking: bool = False) -> Checked:
     """Raise :class:`StartupProblem` for the first thing ``serve`` could not start with.
@@ -61,17 +80,7 @@ def check_before_start(loaded: cfg.Loaded, *, bind: str | None, http: str | None
     :func:`meshd.daemon.listener.preflight`)."""
     c = loaded.config
     drafts = list(c.model.draft_models)
-    try:
-        remote = loaded.plugins.get(c.speculation.proposer)
-        proposer = c.speculation.proposer if remote is not None and remote.out_of_process \
-            else opt.proposer_name(c.speculation.proposer)  # out-of-process: from the file
-    except argparse.ArgumentTypeError as exc:
-        raise StartupProblem("speculation.proposer", f"speculation.proposer: {exc}",
-                             event="bad_config", exit_code=2) from None
-    if proposer.startswith("draft:") and proposer.partition(":")[2] not in drafts:
-        message = (f"proposer {proposer} names a draft model that is not among the "
-                   f"draft models; add --draft-model {proposer.partition(':')[2]}")
-        raise StartupProblem("speculation.proposer", message, event="bad_usage", exit_code=2)
+    proposer = default_proposer(loaded)
     checks: list[tuple[str, Callable[[], object]]] = [
         ("model.path", lambda: _model(c.model.path)),
         ("model.draft_models", lambda: check_model_args(None, None, drafts)),

@@ -17,9 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: The folders that are the product (tests and tooling outside them are not).
 PRODUCT = ("meshd", "clients", "daemon", "native", "plugins", "policy", "protocol")
-#: The folders that are tooling (benchmarks, soak): they may import the product, not the
-#: other way round.
-TOOLING = ("bench",)
+#: The folders that are tooling (benchmarks, soak, synthetic models): they may import the
+#: product, not the other way round.
+TOOLING = ("bench", "testing")
 MAX_LINES = 600
 
 
@@ -95,7 +95,7 @@ def test_cycle_finder_finds_a_cycle_through_three_modules() -> None:
 
 @pytest.mark.parametrize("package", [
     "bench", "bench/soak", "clients", "daemon", "daemon/http", "native", "plugins", "policy",
-    "protocol",
+    "protocol", "testing",
 ])
 def test_no_import_cycle_inside_package(package: str) -> None:
     assert cycles(package_imports(package)) == []
@@ -152,12 +152,13 @@ def test_scheduler_never_calls_a_session() -> None:
 #: (never at module level, in a class body or under ``TYPE_CHECKING``): ``meshd bench*`` and
 #: ``meshd soak`` are subcommands of ``meshd``, loaded when their parser is built or run.
 LAZY_TOOLING_IMPORTERS = {"daemon/cli.py"}
+_TOOLING_PACKAGES = tuple(f"meshd.{room}" for room in TOOLING)
 
 
 def tooling_imports(source: str, module: str) -> list[tuple[int, bool]]:
-    """``(line, inside a function)`` for each import of ``meshd.bench`` (absolute, relative
-    or ``from meshd import bench``) in ``source``, the text of the module named ``module``
-    (for example ``meshd.daemon.cli``)."""
+    """``(line, inside a function)`` for each import of the tooling (``meshd.bench``,
+    ``meshd.testing``: absolute, relative or ``from meshd import bench``) in ``source``,
+    the text of the module named ``module`` (for example ``meshd.daemon.cli``)."""
     package = module.split(".")[:-1]
     found: list[tuple[int, bool]] = []
 
@@ -171,7 +172,8 @@ def tooling_imports(source: str, module: str) -> list[tuple[int, bool]]:
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.Import | ast.ImportFrom) and any(
-                    n == "meshd.bench" or n.startswith("meshd.bench.") for n in names(child)):
+                    n == room or n.startswith(room + ".")
+                    for n in names(child) for room in _TOOLING_PACKAGES):
                 found.append((child.lineno, in_function))
             visit(child, in_function or isinstance(
                 child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
@@ -191,14 +193,17 @@ def test_tooling_import_finder_sees_every_form() -> None:
         "    from meshd.bench import soak\n"
         "def f():\n"
         "    from meshd.bench.soak import run\n"
+        "from meshd.testing import testmodels\n"
+        "import meshd.testingx\n"
     )
     assert tooling_imports(source, "meshd.daemon.cli") == [
-        (1, False), (2, False), (3, False), (7, False), (9, True)]
+        (1, False), (2, False), (3, False), (7, False), (9, True), (10, False)]
 
 
 def test_product_does_not_import_the_tooling() -> None:
-    """No product module imports ``meshd.bench`` (benchmarks, soak), anywhere in its body;
-    the daemon's CLI alone may, inside the functions that add and run those subcommands."""
+    """No product module imports the tooling (benchmarks, soak, synthetic models), anywhere
+    in its body; the daemon's CLI alone may, inside the functions that add and run those
+    subcommands."""
     bad = []
     for folder in PRODUCT:
         for path in sorted((ROOT / folder).rglob("*.py")):

@@ -50,11 +50,11 @@ def test_no_bare_top_level_imports() -> None:
     bare = [
         f"{path.relative_to(ROOT)}: {name}"
         for pkg in ("bench", "clients", "daemon", "native", "plugins", "policy", "protocol",
-                    "tests")
+                    "testing", "tests")
         for path in (ROOT / pkg).rglob("*.py")
         for name in imported_modules(path)
         if name.split(".")[0] in {"bench", "clients", "daemon", "native", "plugins", "policy",
-                                  "protocol"}
+                                  "protocol", "testing"}
     ]
     assert bare == []
 

@@ -43,16 +43,19 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("meshd-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for pkg in ("bench", "clients", "daemon", "native", "plugins", "policy", "protocol"):
+    for pkg in ("bench", "clients", "daemon", "native", "plugins", "policy", "protocol",
+                "testing"):
         assert f"meshd/{pkg}/__init__.py" in names
         assert f"meshd/{pkg}/py.typed" in names
     assert "meshd/__main__.py" in names  # python -m meshd
-    bare = ("bench/", "daemon/", "protocol/")
+    bare = ("bench/", "daemon/", "protocol/", "testing/")
     assert not any(n.startswith(bare) for n in names), "bare top-level name"
     assert "meshd/protocol/PROTOCOL.md" in names
     assert "meshd/bench/soak/__init__.py" in names
     assert "meshd/bench/workloads/code-edit.json" in names  # bench workloads are data
     assert not any(n.startswith("meshd/daemon/bench") for n in names)
+    assert "meshd/testing/testmodels.py" in names  # meshd make-test-model
+    assert not any(n.startswith("meshd/native/test") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     for name in ("mtp", "ngram", "composite", "draft"):

@@ -124,7 +124,7 @@ def test_llama_cpp_runs_without_writable_executable_memory() -> None:
     """The unit sets MemoryDenyWriteExecute=yes: a generation (llama.cpp's CPU backend,
     the ctypes callbacks for its log and progress) must work without W+X memory. The
     kernel's PR_SET_MDWE (Linux >= 6.3) enforces the same rule on this process tree."""
-    from meshd.native import testmodels
+    from meshd.testing import testmodels
 
     model = str(testmodels.test_model_path("llama"))
     done = subprocess.run(
@@ -148,3 +148,21 @@ def test_http_socket_unit_hands_meshd_a_socket_named_http() -> None:
     assert f"FileDescriptorName={HTTP_FD_NAME}" in unit
     assert "Service=meshd.service" in unit
     assert "ListenStream=127.0.0.1:" in unit
+
+
+def test_the_configuration_doc_lists_every_key_as_generated() -> None:
+    """docs/configuration.md's key reference is ``meshd config reference``'s output
+    (regenerate it by replacing the text between the markers)."""
+    from meshd.daemon.config_text import REFERENCE_BEGIN, REFERENCE_END
+
+    done = subprocess.run([sys.executable, "-m", "meshd", "config", "reference"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    doc = (UNITS.parent / "docs" / "configuration.md").read_text()
+    begin, end = doc.index(REFERENCE_BEGIN), doc.index(REFERENCE_END) + len(REFERENCE_END)
+    assert doc[begin:end] + "\n" == done.stdout, \
+        "docs/configuration.md's key reference is stale: meshd config reference"
+    from meshd.daemon import config as cfg
+    for section, cls in cfg.SECTIONS.items():
+        for name in cfg.attrs.fields_dict(cls):
+            assert f"`$MESHD_{section.upper()}_{name.upper()}`" in done.stdout

@@ -50,7 +50,7 @@ def _default_models() -> tuple[str, tuple[str, ...]]:
     """The synthetic hybrid qwen35 target and two synthetic llama draft models: one that
     follows the target (long windows accepted: checkpoints) and one that does not (long
     windows rejected: a restore and replay on every step)."""
-    from meshd.native import testmodels
+    from meshd.testing import testmodels
 
     target = str(testmodels.test_model_path("qwen35", acceptance=0.74))
     drafts = tuple(str(testmodels.test_model_path("llama", seed=seed)) for seed in (0, 1))

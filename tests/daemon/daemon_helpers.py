@@ -20,7 +20,6 @@ from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import GREEDY, SamplingParams
 from meshd.daemon.server import Server, serving
 from meshd.daemon.service import ServerConfig
-from meshd.native import testmodels
 from meshd.protocol import (
     PROTOCOL_VERSION,
     Client,
@@ -35,6 +34,7 @@ from meshd.protocol import (
     Welcome,
     encode,
 )
+from meshd.testing import testmodels
 
 
 def short_tempdir() -> str:

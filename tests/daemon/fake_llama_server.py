@@ -16,7 +16,7 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 
 def main(argv: list[str]) -> int:

@@ -40,11 +40,11 @@ from meshd.bench.summary import (
 from meshd.bench.targets import evaluate_targets
 from meshd.bench.workloads import load_workloads
 from meshd.daemon.cli import main
-from meshd.native import testmodels
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
 from meshd.native.model import Model
 from meshd.policy.costs import CostCurve, speedup_limit
+from meshd.testing import testmodels
 
 SYNTHETIC = ("llama", "qwen35", "mimo2")
 

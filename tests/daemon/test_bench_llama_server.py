@@ -25,7 +25,7 @@ from meshd.bench.run import BenchConfig, run_bench
 from meshd.bench.targets import evaluate_targets
 from meshd.bench.workloads import BenchError
 from meshd.daemon.cli import main
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 
 def _quiet(_line: str) -> None:

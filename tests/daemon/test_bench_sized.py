@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshd.bench.arms import BenchError, default_draft, resolve_model
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 
 def test_bad_sized_names_are_refused_before_building() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
 from meshd.policy.costs import is_plausible
+from meshd.testing import testmodels
 
 
 def test_runtime_caches_only_plausible_calibrations(

@@ -17,11 +17,11 @@ import pytest
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import GREEDY, SamplingParams, with_chosen_seed
 from meshd.daemon.service import ServerConfig
-from meshd.native import testmodels
 from meshd.plugins.config import parse_table
 from meshd.plugins.registry import default_registry
 from meshd.policy.costs import CostCurve
 from meshd.protocol import Client
+from meshd.testing import testmodels
 
 from .daemon_helpers import running_daemon, wait_idle
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from meshd.daemon.cli import main
-from meshd.native import testmodels
 from meshd.native.model import Model
+from meshd.testing import testmodels
 
 
 def test_generate_json_reports_text_tokens_and_stats(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,8 +8,8 @@ from structlog.testing import capture_logs
 from meshd.clients import ctl
 from meshd.daemon.cli import main
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
 from meshd.protocol import BadRequest, Cancel, Client, SamplingParams
+from meshd.testing import testmodels
 
 from .daemon_helpers import running_daemon
 

@@ -17,7 +17,7 @@ import pytest
 
 from meshd.clients import ctl
 from meshd.daemon import cli
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 from .daemon_helpers import short_tempdir
 

@@ -15,7 +15,7 @@ import pytest
 from meshd.daemon import cli
 from meshd.daemon import config as cfg
 from meshd.daemon.service import ServerConfig
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 
 def _write(tmp_path: Path, text: str) -> str:
@@ -148,7 +148,8 @@ def test_config_check_prints_the_effective_config(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert any(line.startswith("max_queue = 8") and path in line for line in lines)
     assert any(line.startswith("slots = 2") and "$MESHD_SERVE_SLOTS" in line for line in lines)
-    assert any(line.startswith("ctx = 4096") and "default, restart to change" in line
+    assert any(line.startswith("ctx = 4096") and line.endswith("# default") for line in lines)
+    assert any(line.startswith("backend = ") and "default, restart to change" in line
                for line in lines)
     # What it prints is itself a valid configuration file.
     (tmp_path / "printed.toml").write_text(done.stdout)

@@ -15,8 +15,8 @@ from structlog.testing import capture_logs
 from meshd.clients import ctl
 from meshd.clients.argtypes import duration_seconds
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
 from meshd.protocol import Client, FinishReason, Generate, ModelInfo, UnloadReply
+from meshd.testing import testmodels
 
 from ..protocol.fake_server import running_server
 from .daemon_helpers import meshctl, reference, running_daemon, short_tempdir, wait_idle

@@ -19,13 +19,13 @@ from meshd.bench.workloads import load_workloads
 from meshd.daemon.engine import Generation
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import SamplingParams
-from meshd.native import testmodels
 from meshd.native.calibrate import MtpCosts
 from meshd.native.context import DEFAULT_DRAFT_MAX, ROLLBACK_MAX
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
 from meshd.plugins.registry import Registry, default_registry
 from meshd.policy.costs import CostCurve
 from meshd.policy.decision import FinishReason
+from meshd.testing import testmodels
 
 # "qwen35-ckpt": the hybrid model with in-place rollback off, so every rejected draft is
 # repaired by restoring a checkpoint and replaying the accepted tokens.

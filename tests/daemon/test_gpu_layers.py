@@ -10,9 +10,9 @@ import pytest
 from meshd.clients.argtypes import gpu_layers
 from meshd.daemon import config as cfg
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
 from meshd.native.rpc import local_gpus
 from meshd.protocol import Client
+from meshd.testing import testmodels
 
 from .daemon_helpers import running_daemon
 

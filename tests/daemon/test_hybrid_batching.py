@@ -16,8 +16,8 @@ import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import GREEDY, SamplingParams
-from meshd.native import testmodels
 from meshd.protocol import Client, Completion
+from meshd.testing import testmodels
 
 from .daemon_helpers import reference, running_daemon, wait_idle
 

@@ -17,7 +17,6 @@ from meshd.daemon.cli import build_parser
 from meshd.daemon.listener import open_listener, system_backlog
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.service import ServerConfig
-from meshd.native import testmodels
 from meshd.protocol import (
     Client,
     Done,
@@ -32,6 +31,7 @@ from meshd.protocol import (
     Stats,
     StatsReply,
 )
+from meshd.testing import testmodels
 
 from .daemon_helpers import (
     RawConnection,

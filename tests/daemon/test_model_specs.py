@@ -374,5 +374,9 @@ def test_keep_alive_and_the_limits_are_live() -> None:
     new = attrs.evolve(old, serve=attrs.evolve(
         old.serve, keep_alive="1h", max_loaded=2, memory_limit="8G", default_model="x"))
     assert cfg.live_changes(old, new) == ["serve.keep_alive", "serve.max_loaded",
-                                          "serve.memory_limit"]
-    assert cfg.restart_needed(old, new) == ["serve.default_model"]
+                                          "serve.memory_limit", "serve.default_model"]
+    assert cfg.restart_needed(old, new) == []
+    # A model's own keys reload it (once idle); how its threads wait needs a restart.
+    moved = attrs.evolve(old, model=attrs.evolve(old.model, ctx=512, thread_wait="sleep"))
+    assert cfg.live_changes(old, moved) == ["model.ctx"]
+    assert cfg.restart_needed(old, moved) == ["model.thread_wait"]

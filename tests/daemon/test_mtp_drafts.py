@@ -27,9 +27,9 @@ import attrs
 import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
 from meshd.plugins.base import Outcome, Proposal, ProposalRequest, Proposer
 from meshd.plugins.registry import default_registry
+from meshd.testing import testmodels
 
 ACCEPTANCE = 0.74
 TOKENS = 200

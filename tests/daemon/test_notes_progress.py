@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from meshd.clients.terminal import Progress, format_count, stats_line
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 
 def meshd(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 
 def make(kind: str, cache: bool) -> ModelRuntime:

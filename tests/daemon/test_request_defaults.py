@@ -12,9 +12,9 @@ import pytest
 from meshd.clients import ctl
 from meshd.daemon.cli import main
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.protocol import Client, SamplingParams, Stats
+from meshd.testing import testmodels
 
 from .daemon_helpers import running_daemon
 

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from meshd.daemon.generation_stats import GenerationStats
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 from .daemon_helpers import meshctl, running_daemon
 

@@ -13,11 +13,11 @@ import pytest
 from meshd.daemon.engine import Generation
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.scheduler import Finished, GenerationFailed, GenerationRequest, Scheduler
-from meshd.native import testmodels
 from meshd.native.context import DEFAULT_CONFIG, ContextConfig, TargetContext
 from meshd.native.errors import CapacityError
 from meshd.native.model import Model
 from meshd.policy.rollback_depth import QUIET_REQUESTS
+from meshd.testing import testmodels
 
 
 def _serve(rt: ModelRuntime, prompt: list[int], proposer: str) -> Generation:

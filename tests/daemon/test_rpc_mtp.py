@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.worker import LoopbackWorkers
-from meshd.native import testmodels
 from meshd.native.rpc_workers import RemoteWorkers
 from meshd.native.session import SequenceSession
+from meshd.testing import testmodels
+from meshd.testing.loopback import LoopbackWorkers
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 

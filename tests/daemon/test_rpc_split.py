@@ -15,9 +15,10 @@ import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.service import ServerConfig
-from meshd.daemon.worker import LoopbackWorkers, free_port
+from meshd.daemon.worker import free_port
 from meshd.native.errors import WorkerUnreachable
 from meshd.protocol import Client, ModelError
+from meshd.testing.loopback import LoopbackWorkers
 
 from .daemon_helpers import running_daemon
 

@@ -20,8 +20,8 @@ from meshd.daemon.scheduler import (
     GenerationRequest,
     Scheduler,
 )
-from meshd.native import testmodels
 from meshd.policy.decision import FinishReason
+from meshd.testing import testmodels
 
 pytestmark = pytest.mark.anyio
 

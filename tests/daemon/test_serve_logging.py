@@ -19,8 +19,8 @@ import pytest
 import structlog
 
 from meshd.daemon.logs import configure_logging, set_levels
-from meshd.native import testmodels
 from meshd.native.model import Model
+from meshd.testing import testmodels
 
 from .daemon_helpers import short_tempdir
 from .process_helpers import (

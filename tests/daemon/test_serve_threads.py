@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 from .daemon_helpers import short_tempdir
 from .process_helpers import Wire, daemon_env, reaped, start, stop, wait_for_socket

@@ -16,7 +16,6 @@ from structlog.testing import capture_logs
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import SamplingParams
 from meshd.daemon.service import ServerConfig
-from meshd.native import testmodels
 from meshd.protocol import (
     Client,
     Done,
@@ -28,6 +27,7 @@ from meshd.protocol import (
 from meshd.protocol import (
     SamplingParams as WireSampling,
 )
+from meshd.testing import testmodels
 
 from .daemon_helpers import (
     RawConnection,

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.service import ServerConfig
-from meshd.native import testmodels
 from meshd.protocol import (
     Client,
     Done,
@@ -29,6 +28,7 @@ from meshd.protocol import (
     Token,
     Welcome,
 )
+from meshd.testing import testmodels
 
 from .daemon_helpers import RawConnection, assert_no_leaks, assert_serves, running_daemon, wait_idle
 

@@ -21,8 +21,8 @@ from meshd.daemon.listener import (
 )
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.server import Server
-from meshd.native import testmodels
 from meshd.protocol import Client
+from meshd.testing import testmodels
 
 from .daemon_helpers import short_tempdir
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from meshd.native import testmodels
 from meshd.protocol import PROTOCOL_VERSION
+from meshd.testing import testmodels
 
 from .daemon_helpers import short_tempdir
 from .process_helpers import (
@@ -296,7 +296,8 @@ def test_sighup_reloads_live_settings(workdir: str) -> None:
         events = log_events(err)
         reloaded = next(e for e in events if e["event"] == "reloaded")
         # The model's own keys reload it (once idle); a listen backlog needs a restart.
-        assert reloaded["changed"] == ["serve.max_tokens", f"models.{Path(_synthetic()).stem}"]
+        assert reloaded["changed"] == ["model.ctx", "serve.max_tokens",
+                                       f"models.{Path(_synthetic()).stem}"]
         restart = next(e for e in events if e["event"] == "restart_needed")
         assert restart["keys"] == ["serve.backlog"]
         failed = next(e for e in events if e["event"] == "reload_failed")

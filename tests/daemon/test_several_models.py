@@ -18,9 +18,9 @@ from meshd.clients import ctl
 from meshd.daemon.model_set import ModelPlan, ModelSet, ModelState
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.service import ServerConfig
-from meshd.native import testmodels
 from meshd.native.default_model import default_model_path
 from meshd.protocol import Client, Completion, ServerBusy, UnknownModel
+from meshd.testing import testmodels
 
 from .daemon_helpers import reference, running_daemon, short_tempdir
 from .process_helpers import daemon_env, log_events, reaped, start, stop, wait_for_socket

@@ -14,7 +14,7 @@ from meshd.clients import ctl, socket_path
 from meshd.clients.socket_path import find_socket, socket_candidates
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.server import serving
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 from .daemon_helpers import meshctl, short_tempdir
 

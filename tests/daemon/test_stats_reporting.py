@@ -18,8 +18,8 @@ import meshd.protocol
 from meshd.clients.refusals import REFUSAL_REASONS
 from meshd.daemon.metrics import render_metrics
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
 from meshd.policy.gate import Refusal
+from meshd.testing import testmodels
 
 from .daemon_helpers import meshctl, running_daemon
 

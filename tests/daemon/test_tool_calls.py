@@ -14,7 +14,7 @@ import pytest
 
 from meshd.daemon.http.tool_calls import ToolSpec, answer_calls, tool_constraint
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.native import testmodels
+from meshd.testing import testmodels
 
 from .daemon_helpers import assert_no_leaks, wait_idle
 from .test_http import http_daemon, openai_client

@@ -18,10 +18,10 @@ from meshd.daemon.engine import Generation, step_many
 from meshd.daemon.forwards import ForwardTiming
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.sampling import GREEDY, SamplingParams
-from meshd.native import testmodels
 from meshd.native.session import SequenceSession
 from meshd.policy.costs import CostCurve
 from meshd.policy.shared_window import Member, SharedPlan
+from meshd.testing import testmodels
 
 from .daemon_helpers import reference
 

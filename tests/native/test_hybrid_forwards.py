@@ -19,12 +19,12 @@ import attrs
 import numpy as np
 import pytest
 
-from meshd.native import testmodels
 from meshd.native.batching import forward_groups
 from meshd.native.context import ContextConfig, TargetContext
 from meshd.native.model import Model
 from meshd.native.session import SequenceSession, verify_many
 from meshd.policy.decision import Decision, RepairCaps, RepairKind, decide, needs_checkpoint
+from meshd.testing import testmodels
 
 K = 6
 SLOTS = 4

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshd.native import testmodels
 from meshd.native.placement import Placement, apportion, block_counts
+from meshd.testing import testmodels
 
 
 def test_apportion_gives_whole_units_by_weight() -> None:

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from meshd.native import testmodels
 from meshd.native.context import ContextConfig, TargetContext
 from meshd.native.model import Model
 from meshd.native.session import SequenceSession, prefill_many
+from meshd.testing import testmodels
 
 
 @pytest.fixture(scope="module", params=["llama", "mimo2", "qwen35"])

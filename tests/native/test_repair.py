@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from meshd.native import testmodels
 from meshd.native.context import ContextConfig, TargetContext
 from meshd.native.errors import RollbackRefused
 from meshd.native.model import Model
 from meshd.native.session import SequenceSession, verify_many
 from meshd.policy.decision import RepairCaps, RepairKind, decide, needs_checkpoint
+from meshd.testing import testmodels
 
 K = 4
 VARIANTS = ["llama", "qwen35", "qwen35-ckpt", "mimo2"]

@@ -1,6 +1,6 @@
 """The designed token rule of the synthetic test models, and their vocabulary.
 
-The rule is a small finite-state machine (see :mod:`meshd.native.testmodels` for why it
+The rule is a small finite-state machine (see :mod:`meshd.testing.testmodels` for why it
 looks the way it does): every token ``x`` has an *own bit* ``bit[x]``; every one of the
 120 "active" tokens (printable ASCII, newline and 24 two-letter merges) has two
 successors; the next token is ``succ[x_t, bit[x_{t-1}]]``. Everything here is exact and

@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 import pytest
 
-from meshd.native import testmodels as tm
+from meshd.testing import testmodels as tm
 
 MTP_KINDS = ("qwen35", "mimo2")
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119]  # "Hello, w"

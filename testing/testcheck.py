@@ -1,6 +1,6 @@
 """Run a synthetic test model with llama.cpp: does it follow its rule, and by what margin?
 
-Why: a sized model (:mod:`meshd.native.testmodels`) is quantized by llama.cpp, and its
+Why: a sized model (:mod:`meshd.testing.testmodels`) is quantized by llama.cpp, and its
 zero-padded tensors go through kernels the tiny F32 models never use; the rule must still
 hold with a clear top-1 margin, or identity tests and benchmarks on it would measure
 near-ties. :func:`check_rule` decodes the reference continuation token by token and
@@ -16,10 +16,11 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from .calibrate import MtpCosts, measure_mtp_costs
-from .context import ContextConfig, TargetContext
-from .model import Model
-from .session import SequenceSession
+from meshd.native.calibrate import MtpCosts, measure_mtp_costs
+from meshd.native.context import ContextConfig, TargetContext
+from meshd.native.model import Model
+from meshd.native.session import SequenceSession
+
 from .testrule import reference_continuation
 
 #: "Hello, w": the prompt the rule checks start from.

@@ -1,6 +1,6 @@
 """The weights of the synthetic test models: the designed rule as tensors, at any size.
 
-:mod:`meshd.native.testmodels` says why the weights look the way they do. This module
+:mod:`meshd.testing.testmodels` says why the weights look the way they do. This module
 builds them. The design lives in a 128-wide hidden space (``DESIGN_EMBD``); a
 :class:`Shape` says how large the written tensors are. A larger shape gives the model the
 compute of a real one (hidden width, FFN width, attention heads, delta-net heads, trunk

@@ -12,8 +12,8 @@ Why synthetic: tests of speculative decoding need no near-ties (greedy output mu
 flip on the last float bits of batched forwards), history that matters (a wrong rollback
 must change *tokens*), and an MTP head with a chosen acceptance. The comment after the
 imports says how the rule and the weights give that. Related modules:
-:mod:`~meshd.native.testrule`, :mod:`~meshd.native.testweights` and
-:mod:`~meshd.native.testcheck`.
+:mod:`~meshd.testing.testrule`, :mod:`~meshd.testing.testweights` and
+:mod:`~meshd.testing.testcheck`.
 """
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def _write_gguf(kind: str, path: Path, seed: int, acceptance: float, size: str |
 
 def quantize(src: Path, dst: Path, qtype: str, *, threads: int | None = None) -> None:
     """``dst`` = ``src`` quantized to ``qtype`` by llama.cpp's ``llama_model_quantize``."""
-    from .llama import ensure_backend, lc
+    from meshd.native.llama import ensure_backend, lc
 
     ensure_backend()
     params = lc.llama_model_quantize_default_params()
@@ -326,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: ``python -m meshd.native.testmodels KIND OUT.gguf [--seed N] [--acceptance A]``."""
+    """CLI: ``python -m meshd.testing.testmodels KIND OUT.gguf [--seed N] [--acceptance A]``."""
     parser = argparse.ArgumentParser(
         prog="meshd make-test-model",
         description="Write a synthetic GGUF model with a known greedy behaviour.",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshd.native import testmodels as tm
-from meshd.native.testcheck import check_rule, measure_head_cost
+from meshd.testing import testmodels as tm
+from meshd.testing.testcheck import check_rule, measure_head_cost
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
 """Tooling for tests and benchmarks, outside the product: synthetic GGUF models whose
 acceptance is known by construction (``testmodels``, ``meshd make-test-model``) and
 loopback RPC workers (``loopback``). Product modules never import it
-(``tests/test_house.py`` checks)."""
+(``tests/unit/test_house.py`` checks)."""

@@ -7,17 +7,21 @@ its own sessions and must close them, which the slot-leak check below enforces.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from meshd.native.context import ContextConfig, TargetContext
-from meshd.native.default_model import default_model_path
-from meshd.native.model import Model
+if TYPE_CHECKING:  # imported by the fixtures: tests/unit runs without llama.cpp
+    from meshd.native.context import TargetContext
+    from meshd.native.model import Model
 
 
 @pytest.fixture(scope="session")
 def smollm2() -> Iterator[Model]:
     """The embedded default model: SmolLM2-135M-Instruct, Q4_1 (quantized)."""
+    from meshd.native.default_model import default_model_path
+    from meshd.native.model import Model
+
     model = Model.load(default_model_path())
     yield model
     model.close()
@@ -26,6 +30,8 @@ def smollm2() -> Iterator[Model]:
 @pytest.fixture(scope="session")
 def smol_ctx(smollm2: Model) -> Iterator[TargetContext]:
     """A 4-slot shared context on SmolLM2 (2048 tokens per session)."""
+    from meshd.native.context import ContextConfig, TargetContext
+
     ctx = TargetContext(smollm2, ContextConfig(n_ctx_seq=2048, n_seq_max=4, draft_max=8))
     yield ctx
     ctx.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The folders that are the product (tests and tooling outside them are not).
 PRODUCT = ("meshd", "clients", "daemon", "native", "plugins", "policy", "protocol")
 #: The folders that are tooling (benchmarks, soak, synthetic models): they may import the

@@ -88,7 +88,7 @@ def test_channel_deadline_flood_and_eof() -> None:
 
 
 def test_the_documented_exchange_decodes() -> None:
-    doc = (Path(__file__).parents[2] / "protocol" / "PROTOCOL.md").read_text()
+    doc = (Path(__file__).parents[3] / "protocol" / "PROTOCOL.md").read_text()
     lines = re.findall(r"^([PD]): (.*)$", doc, flags=re.M)
     assert len(lines) >= 10
     for who, frame in lines:

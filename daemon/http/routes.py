@@ -1,9 +1,10 @@
 """The HTTP endpoints: which path and method does what.
 
-``POST /v1/completions``, ``POST /v1/chat/completions`` (OpenAI's API, streamed or not),
-``GET /v1/models`` and ``GET /v1/models/{id}``, llama-server's un-prefixed aliases of
-those and its extras (``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /props``),
-``GET /health`` and ``GET /metrics`` (Prometheus). Every error is OpenAI's error object
+``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (OpenAI's
+API, streamed or not), ``GET /v1/models`` and ``GET /v1/models/{id}``, llama-server's
+un-prefixed aliases of those and its extras (``/tokenize``, ``/detokenize``,
+``/apply-template``, ``GET /props``), ``GET /health`` and ``GET /metrics``
+(Prometheus). Every error is OpenAI's error object
 with a 4xx/5xx status, counted by code like the native protocol's errors; the
 connection stays usable.
 """
@@ -29,6 +30,7 @@ from . import llama_extras
 from .completions import serve_completion, served_name
 from .openai_api import JSON, ApiError, error_body, json_bytes, parse_request
 from .responder import Responder
+from .responses import serve_response
 
 __all__ = ["Routes"]
 
@@ -51,9 +53,9 @@ class Routes:
             route = _route(path)
             if route is None:
                 raise ApiError(404, f"no endpoint {path}; see /v1/completions, "
-                                    "/v1/chat/completions, /v1/models, /tokenize, "
-                                    "/detokenize, /apply-template, /props, /health, "
-                                    "/metrics", code="not_found")
+                                    "/v1/chat/completions, /v1/responses, /v1/models, "
+                                    "/tokenize, /detokenize, /apply-template, /props, "
+                                    "/health, /metrics", code="not_found")
             allowed, handler = route
             if method != allowed:
                 raise ApiError(405, f"{path} accepts {allowed}, not {method}",
@@ -97,6 +99,9 @@ class Routes:
             raise ApiError(400, "this model has no chat template; use /v1/completions",
                            param="messages")
         await serve_completion(self, req, out)
+
+    async def _responses(self, body: bytes, out: Responder) -> None:
+        await serve_response(self, body, out)
 
     def _model_object(self, served: ServedModel) -> dict[str, object]:
         info = self.service.info(served)
@@ -153,10 +158,12 @@ _COUNTED_AS: Final = {"context_length_exceeded": "model_error",
 _ROUTES: Final[dict[str, tuple[str, _Handler]]] = {
     "/v1/completions": ("POST", Routes._completions),
     "/v1/chat/completions": ("POST", Routes._chat),
+    "/v1/responses": ("POST", Routes._responses),
     "/v1/models": ("GET", Routes._models),
     # llama-server's un-prefixed aliases
     "/completions": ("POST", Routes._completions),
     "/chat/completions": ("POST", Routes._chat),
+    "/responses": ("POST", Routes._responses),
     "/models": ("GET", Routes._models),
     # llama-server's extras
     "/tokenize": ("POST", Routes._tokenize),

@@ -349,16 +349,14 @@ class Connection:
         """Serve one ``generate``: prepare, submit, stream, finish. Never raises."""
         try:
             try:
-                gen = await self.service.prepare(request, entry)
-                if entry.cancelled:
-                    await self._finish_early(request.id, gen, entry)
-                    return
-                handle = self.service.submit(gen, entry)
+                gen = await self.service.start(request, entry)
             except ProtocolError as exc:
                 await self._reject(exc.with_request_id(request.id))
                 return
-            entry.attach(handle)
-            await self._stream(request.id, gen, handle, entry)
+            if entry.handle is None:  # cancelled before it reached the scheduler
+                await self._finish_early(request.id, gen, entry)
+                return
+            await self._stream(request.id, gen, entry.handle, entry)
         except Exception:
             self.log.exception("request_crashed", id=request.id, op=request.OP)
             await self._reject(InternalError("generation failed", request_id=request.id))

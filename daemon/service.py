@@ -16,7 +16,7 @@ import functools
 import importlib.metadata
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 import anyio.to_thread
@@ -483,6 +483,22 @@ class Service:
             draft_max=request.speculative.draft_max,
             proposer_options=options, grammar=grammar, logprobs=request.logprobs,
         )
+
+    async def start(self, request: Generate, entry: InFlightGeneration, *,
+                    adjust: Callable[[GenerationRequest], GenerationRequest] | None = None
+                    ) -> GenerationRequest:
+        """The one request lifecycle of both front ends, between :meth:`register` and
+        :meth:`unregister`: prepare (``entry`` then holds the model), ``adjust`` the
+        engine request (HTTP's token-id prompts), then, unless the request was cancelled
+        meanwhile, submit it and attach its handle to ``entry`` (``entry.handle`` stays
+        None for a request cancelled before it reached the scheduler). Raises what
+        :meth:`prepare` and :meth:`submit` raise."""
+        gen = await self.prepare(request, entry)
+        if adjust is not None:
+            gen = adjust(gen)
+        if not entry.cancelled:
+            entry.attach(self.submit(gen, entry))
+        return gen
 
     def submit(self, request: GenerationRequest, entry: InFlightGeneration,
                request_id: str | None = None) -> GenerationHandle:

@@ -56,25 +56,28 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
     service.register(entry)
     out.on_gone(entry.cancel)
     try:
+        ids = req.prompt_ids
+
+        def with_ids(gen: GenerationRequest) -> GenerationRequest:
+            assert entry.model is not None and entry.model.runtime is not None and ids
+            return _with_prompt_ids(entry.model.runtime, gen, ids)
+
         try:
             asked = attrs.evolve(req.generate, model=served_name(service, req.model))
-            gen = await service.prepare(asked, entry)
-            assert entry.model is not None and entry.model.runtime is not None
-            req = attrs.evolve(req, model=entry.model.name)  # the answers name it
-            if req.prompt_ids is not None:
-                gen = _with_prompt_ids(entry.model.runtime, gen, req.prompt_ids)
-            predicted = (gen.proposer_options or {}).get("tokens")
-            if gen.proposer == "prediction" and isinstance(predicted, list):
-                req = attrs.evolve(req, predicted=len(predicted))
-            if entry.cancelled:
-                return
-            handle = service.submit(gen, entry)
+            gen = await service.start(asked, entry, adjust=with_ids if ids else None)
         except ModelError as exc:  # (prepare raises it for a prompt over the context only)
             raise _too_long(req, exc.message) from None
         except ProtocolError as exc:
             raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param,
                                          constraint_param=req.constraint_param) from None
-        entry.attach(handle)
+        handle = entry.handle
+        if handle is None:  # the client left before it reached the scheduler
+            return
+        assert entry.model is not None
+        req = attrs.evolve(req, model=entry.model.name)  # the answers name it
+        predicted = (gen.proposer_options or {}).get("tokens")
+        if gen.proposer == "prediction" and isinstance(predicted, list):
+            req = attrs.evolve(req, predicted=len(predicted))
         if req.n > 1:
             await _choices(routes, req, gen, handle, out, entry)
             return

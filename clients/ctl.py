@@ -168,8 +168,10 @@ def _cmd_health(client: SyncClient, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(unstructure(reply)))
     else:
+        models = "".join(f" {name}={state}" for name, state in reply.models.items()) \
+            if len(reply.models) > 1 else ""
         print(f"{reply.status.value} uptime={reply.uptime_s:.1f}s "
-              f"active={reply.active_requests} queued={reply.queued_requests}")
+              f"active={reply.active_requests} queued={reply.queued_requests}{models}")
     return EXIT_OK if reply.status is HealthStatus.OK else EXIT_FAILURE
 
 

@@ -230,6 +230,7 @@ class Service:
             uptime_s=self.uptime_s,
             active_requests=sum(m.scheduler.active for m in loaded if m.scheduler),
             queued_requests=sum(m.scheduler.queued for m in loaded if m.scheduler),
+            models={m.name: m.state.value for m in self.models},
         )
 
     def statistics(self) -> SchedulerStatistics:

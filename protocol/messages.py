@@ -509,6 +509,10 @@ class HealthReply:
     uptime_s: float = attrs.field(validator=check.non_negative_number)
     active_requests: int = attrs.field(validator=check.integer(0))
     queued_requests: int = attrs.field(validator=check.integer(0))
+    models: dict[str, str] = attrs.field(factory=dict, validator=check.rule(
+        "an object mapping model names to their states", V.in_(MODEL_STATES),
+        each="a model state", container="object"))
+    """Each model's state (version 3; a server that does not say sends none)."""
 
 
 @attrs.frozen

@@ -140,7 +140,7 @@ class Routes:
             "status": health.status.value, "uptime_s": health.uptime_s,
             "active_requests": health.active_requests,
             "queued_requests": health.queued_requests,
-            "models": {m.name: m.state.value for m in svc.models},
+            "models": health.models,
         }), JSON)
 
     async def _metrics(self, _body: bytes, out: Responder) -> None:

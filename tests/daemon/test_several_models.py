@@ -392,3 +392,12 @@ def test_serve_refuses_a_missing_model_file_naming_its_flag(tmp_path: Path) -> N
     bad = next(e for e in log_events(err) if e["event"] == "bad_config")
     assert bad["error"] == f"-m gone={missing}: model file not found: {missing}"
     assert not os.path.exists(sock)
+
+
+async def test_health_says_each_models_state(closing: list[ModelSet]) -> None:
+    models = model_set()
+    closing.append(models)
+    async with running_daemon(models) as (_server, path), Client.connect(path) as client:
+        assert (await client.health()).models == {"smol": "unloaded", "mtp": "unloaded"}
+        await ask(client, "mtp")
+        assert (await client.health()).models == {"smol": "unloaded", "mtp": "loaded"}

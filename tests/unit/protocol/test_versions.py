@@ -126,6 +126,7 @@ def test_version_1_responses_lack_exactly_the_documented_additions() -> None:
     assert {k: v for e in extra.values() for k, v in e.items()} == {
         "done": {"seed", "model"},
         "token": {"logprobs"},
+        "health_reply": {"models"},
         "welcome.model": model_additions,
         "models_reply.models": model_additions,
     }
@@ -392,6 +393,7 @@ def test_version_2_responses_lack_exactly_the_version_3_additions() -> None:
              for op, shape in V2.responses.items()}
     assert {k: v for e in extra.values() for k, v in e.items()} == {
         "done": {"model"},
+        "health_reply": {"models"},
         "welcome.model": _V3_MODEL_ADDITIONS,
         "models_reply.models": _V3_MODEL_ADDITIONS,
     }

@@ -178,6 +178,9 @@ class Wire:
 
 
 def wait_for_socket(path: str, proc: Daemon, timeout: float = 120) -> None:
+    """Until the daemon answers on ``path``. An answer, not a connection: the socket
+    listens (and takes connections into its backlog) a moment before the daemon serves
+    them and handles its signals, and a SIGTERM in that moment is not a graceful stop."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -185,7 +188,13 @@ def wait_for_socket(path: str, proc: Daemon, timeout: float = 120) -> None:
                                  f"{proc.stderr()}")
         if os.path.exists(path):
             try:
-                Wire(path, timeout=5).close()
+                wire = Wire(path, timeout=30)
+                try:  # any answer (a welcome, or forbidden for a refused peer) will do
+                    wire.send(op="hello", id="h", protocol_version=PROTOCOL_VERSION,
+                              client_name="test")
+                    wire.recv()
+                finally:
+                    wire.close()
                 return
             except OSError:
                 pass

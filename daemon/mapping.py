@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from meshd.native.model import ModelInfo as NativeModelInfo
 from meshd.policy.decision import FinishReason
 from meshd.protocol import messages as wire
 
@@ -18,7 +19,8 @@ from .generation_stats import GenerationStats
 from .runtime import ModelRuntime
 from .sampling import SamplingParams
 
-__all__ = ["done_message", "model_info", "sampling_params", "speculation_stats", "token_message"]
+__all__ = ["done_message", "file_info", "model_info", "sampling_params", "speculation_stats",
+           "token_message"]
 
 
 def sampling_params(params: wire.SamplingParams) -> SamplingParams:
@@ -38,16 +40,25 @@ def model_info(runtime: ModelRuntime, *, name: str | None = None) -> wire.ModelI
     """What ``welcome`` and ``models`` say about a loaded model (``name``: the name it
     is served by; default its file's stem)."""
     info = runtime.model.info
+    return file_info(info, name=name or Path(info.path).stem or "model",
+                     n_ctx=runtime.context.config.n_ctx_seq,
+                     gpu_layers=runtime.model.gpu_layers)
+
+
+def file_info(info: NativeModelInfo, *, name: str, n_ctx: int, gpu_layers: int = 0
+              ) -> wire.ModelInfo:
+    """A model's facts as the wire says them (``n_params``/``size_bytes``: None where
+    not known, as from a file read without its weights)."""
     return wire.ModelInfo(
-        name=name or Path(info.path).stem or "model",
+        name=name,
         architecture=info.architecture or None,
-        n_ctx=runtime.context.config.n_ctx_seq,
+        n_ctx=n_ctx,
         n_vocab=info.n_vocab,
-        n_params=info.n_params if info.n_params >= 0 else None,
-        size_bytes=info.size_bytes if info.size_bytes >= 0 else None,
+        n_params=info.n_params if info.n_params > 0 else None,
+        size_bytes=info.size_bytes if info.size_bytes > 0 else None,
         has_mtp=info.has_mtp,
-        has_chat_template=runtime.model.chat_template is not None,
-        gpu_layers=runtime.model.gpu_layers,
+        has_chat_template=info.has_chat_template,
+        gpu_layers=gpu_layers,
     )
 
 

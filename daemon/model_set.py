@@ -28,11 +28,14 @@ import anyio
 import anyio.abc
 import attrs
 
+from meshd.native.default_model import default_model_path
+from meshd.native.errors import NativeError
+from meshd.native.model import describe_model
 from meshd.policy.residency import Resident, expires_at, room_for
 from meshd.protocol import ModelInfo
 
 from .compute import ComputeThread
-from .mapping import model_info
+from .mapping import file_info, model_info
 from .runtime import ModelRuntime, RuntimeConfig
 from .scheduler import Scheduler
 from .statistics import RuntimeFigures, SchedulerCounters, SchedulerStatistics
@@ -197,6 +200,21 @@ class ModelSet:
         self.models = {p.name: self.models[p.name] for p in plans}  # the configured order
         self.default = self.models[plans[0].name]
         return out
+
+    def describe(self) -> None:
+        """What each model not loaded yet is, from its file's metadata (a vocabulary-only
+        read: no weights, no compute), so listings say its architecture, MTP head and
+        chat template before its first load. Blocking; a file that cannot be read is
+        left undescribed (its load will say why)."""
+        for served in self:
+            if served.info is None and served.runtime is None:
+                path = served.plan.config.model_path or str(default_model_path())
+                try:
+                    info, _template = describe_model(path)
+                except (NativeError, OSError):
+                    continue
+                served.info = file_info(info, name=served.name,
+                                        n_ctx=served.plan.config.n_ctx_seq)
 
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(self.models.values())

@@ -206,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("model_load_failed", error=str(exc))
         return 3
     models.adopt(models.default, runtime, compute)
+    models.describe()  # the others, from their files, for listings before their first load
     try:
         log.info("model_loaded", path=runtime.model.info.path, name=default.name,
                  seconds=round(time.monotonic() - t0, 2),

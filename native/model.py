@@ -168,6 +168,31 @@ def _meta(handle: Any, key: str) -> str | None:
         size = n + 1
 
 
+def describe_model(path: str | os.PathLike[str]) -> tuple[ModelInfo, str | None]:
+    """What a GGUF file holds (architecture, vocabulary, chat template, MTP layers)
+    without loading its weights: llama.cpp's vocabulary-only load, a fraction of a
+    second. Its ``n_params`` and ``size_bytes`` may be 0 (no tensors are read)."""
+    p = check_model_file(path)
+    ensure_backend()
+    last_error()
+    params = lc.llama_model_default_params()
+    params.vocab_only = True
+    handle = lc.llama_model_load_from_file(str(p).encode(), params)
+    if not handle:
+        why = last_error()
+        raise ModelLoadError(f"llama.cpp could not read {p}" + (f": {why}" if why else ""))
+    try:
+        info, template = _read_info(handle, p)
+        # The MTP layers are counted as their tensors load; the metadata says it too.
+        arch = _meta(handle, "general.architecture") or ""
+        nextn = _meta(handle, f"{arch}.nextn_predict_layers")
+        if nextn is not None and nextn.isdigit():
+            info = attrs.evolve(info, n_layer_nextn=int(nextn))
+        return info, template
+    finally:
+        lc.llama_model_free(handle)
+
+
 def _read_info(handle: Any, path: Path) -> tuple[ModelInfo, str | None]:
     vocab = lc.llama_model_get_vocab(handle)
     n_vocab = lc.llama_vocab_n_tokens(vocab)

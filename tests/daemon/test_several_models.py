@@ -83,9 +83,14 @@ async def test_two_models_interleaved_answer_as_each_alone(closing: list[ModelSe
     models = model_set()
     closing.append(models)
     answers: dict[str, list[Completion]] = {"smol": [], "mtp": []}
+    models.describe()
     async with running_daemon(models) as (_server, path):
         assert state(models) == {"smol": "unloaded", "mtp": "unloaded"}
         async with Client.connect(path) as one, Client.connect(path) as two:
+            before = {m.name: m for m in await one.models()}  # from the files alone
+            assert before["mtp"].has_mtp and not before["mtp"].loaded
+            assert before["smol"].has_chat_template and not before["smol"].has_mtp
+            assert before["smol"].architecture == "llama"
 
             async def run(client: Client, name: str) -> None:
                 answers[name].append(await ask(client, name))
@@ -322,6 +327,7 @@ def test_serve_takes_named_models_and_meshctl_lists_loads_and_unloads(
         table = capsys.readouterr().out.splitlines()
         assert table[1].split()[:3] == ["smol", "loaded", "yes"]
         assert table[2].split()[:3] == ["mtp", "unloaded", "no"]
+        assert table[2].split()[5] == "yes"  # its MTP head, read from the file unloaded
         assert ctl.main(["-s", sock, "generate", "--model", "mtp", "--max-tokens", "4",
                          PROMPT]) == 0
         assert "model=mtp" in capsys.readouterr().err

@@ -365,7 +365,9 @@ class ModelSet:
             residents = [Resident(m.name, m.plan.size_bytes,
                                   busy=m.users > 0 or m.state is not ModelState.LOADED,
                                   last_used=m.last_used)
-                         for m in self if m is not served and m.state is not ModelState.UNLOADED]
+                         for m in [*self, *self._retiring]
+                         if m is not served and m.state is not ModelState.UNLOADED
+                         and not m.waiting_for_room]  # (a model waiting holds no room yet)
             chosen = room_for(residents, served.plan.size_bytes, max_loaded=self.max_loaded,
                               memory_limit=self.memory_limit)
             if chosen == []:
@@ -376,12 +378,13 @@ class ModelSet:
                     served.waiting_for_room = False
                     return False
                 served.waiting_for_room = True
-                self._room = anyio.Event()
-                room = self._room
-                await room.wait()
+                if self._room.is_set():  # (one event for every model waiting for room)
+                    self._room = anyio.Event()
+                await self._room.wait()
                 continue
+            holding = {m.name: m for m in [*self, *self._retiring]}
             for name in chosen:
-                await self.unload(self.models[name], reason="room")
+                await self.unload(holding[name], reason="room")
 
     def unload_when_idle(self, served: ServedModel) -> None:
         """Unload it as soon as no request holds it (at once if none does)."""
@@ -432,7 +435,11 @@ class ModelSet:
                 if (served.expires is not None and served.expires <= now
                         and served.users == 0 and served.state is ModelState.LOADED
                         and not _has_connected_plugins(served)):
-                    await self.unload(served, reason="keep_alive")
+                    try:
+                        await self.unload(served, reason="keep_alive")
+                    except Exception as exc:  # (closing failed: the others still expire)
+                        self._events("model_unload_failed", model=served.name,
+                                     error=str(exc) or type(exc).__name__)
             due = [m.expires for m in [*self, *self._retiring] if m.expires is not None
                    and m.users == 0 and m.state is ModelState.LOADED
                    and not _has_connected_plugins(m)]

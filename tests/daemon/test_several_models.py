@@ -407,3 +407,33 @@ async def test_health_says_each_models_state(closing: list[ModelSet]) -> None:
         assert (await client.health()).models == {"smol": "unloaded", "mtp": "unloaded"}
         await ask(client, "mtp")
         assert (await client.health()).models == {"smol": "unloaded", "mtp": "loaded"}
+
+
+async def test_two_models_waiting_for_room_both_get_it(closing: list[ModelSet]) -> None:
+    smol, mtp = plans()
+    small = ModelPlan("small", smol.config, size_bytes=smol.size_bytes)
+    models = ModelSet([smol, mtp, small], lambda plan: ModelRuntime(plan.config),
+                      max_loaded=1)
+    closing.append(models)
+    async with running_daemon(models) as (_server, path), \
+            Client.connect(path) as a, Client.connect(path) as b, Client.connect(path) as c:
+        long = a.generate(PROMPT, max_tokens=400, temperature=0.0, model="smol")
+        done: dict[str, Completion] = {}
+
+        async def wanting(client: Client, name: str) -> None:
+            done[name] = await ask(client, name)
+
+        async with anyio.create_task_group() as tg:
+            async for _ in long:
+                break
+            tg.start_soon(wanting, b, "mtp")
+            tg.start_soon(wanting, c, "small")
+            with anyio.fail_after(30):
+                while not (models.get("mtp").waiting_for_room
+                           and models.get("small").waiting_for_room):
+                    await anyio.sleep(0.01)
+            await long.cancel()
+            with anyio.fail_after(60):  # neither waiter is forgotten when room frees
+                while len(done) < 2:
+                    await anyio.sleep(0.05)
+    assert done["mtp"].done.model == "mtp" and done["small"].done.model == "small"

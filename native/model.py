@@ -116,10 +116,7 @@ class Model:
             cb = lc.llama_progress_callback(_progress)
             keep.append(cb)
             params.progress_callback = cb
-        handle = lc.llama_model_load_from_file(str(p).encode(), params)
-        if not handle:
-            why = last_error()
-            raise ModelLoadError(f"llama.cpp could not load {p}" + (f": {why}" if why else ""))
+        handle = _open(p, params, "load")
         try:
             info, template = _read_info(handle, p)
         except Exception:
@@ -177,10 +174,7 @@ def describe_model(path: str | os.PathLike[str]) -> tuple[ModelInfo, str | None]
     last_error()
     params = lc.llama_model_default_params()
     params.vocab_only = True
-    handle = lc.llama_model_load_from_file(str(p).encode(), params)
-    if not handle:
-        why = last_error()
-        raise ModelLoadError(f"llama.cpp could not read {p}" + (f": {why}" if why else ""))
+    handle = _open(p, params, "read")
     try:
         info, template = _read_info(handle, p)
         # The MTP layers are counted as their tensors load; the metadata says it too.
@@ -191,6 +185,15 @@ def describe_model(path: str | os.PathLike[str]) -> tuple[ModelInfo, str | None]
         return info, template
     finally:
         lc.llama_model_free(handle)
+
+
+def _open(path: Path, params: Any, verb: str) -> Any:
+    """``llama_model_load_from_file``; ModelLoadError with llama.cpp's reason on failure."""
+    handle = lc.llama_model_load_from_file(str(path).encode(), params)
+    if not handle:
+        why = last_error()
+        raise ModelLoadError(f"llama.cpp could not {verb} {path}" + (f": {why}" if why else ""))
+    return handle
 
 
 def _read_info(handle: Any, path: Path) -> tuple[ModelInfo, str | None]:

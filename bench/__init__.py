@@ -10,6 +10,8 @@ as extra arms), :mod:`.processes` (the benchmarks' child servers: clean environm
 readiness, CPU time, stopping), :mod:`.e2e` (``meshd bench-e2e``) with
 :mod:`.e2e_arms` (its arms and requests), :mod:`.stream_client` (a streaming OpenAI
 client's timings) and :mod:`.e2e_report` (its table), :mod:`.rpc` (``meshd
-bench-rpc``), :mod:`.threads` (``meshd bench-threads``) and :mod:`.socket_cost` (what
-the Unix socket costs).
+bench-rpc``), :mod:`.threads` (``meshd bench-threads``), :mod:`.socket_cost` (what
+the Unix socket costs), and :mod:`.peer_suite` (``meshd bench-peer-suite``: llama.cpp's
+server tests against both servers) with :mod:`.peer_launcher`, :mod:`.peer_plugin` and
+:mod:`.llama_server_flags`.
 """

@@ -1,5 +1,5 @@
 """The ``meshd`` command line: serve, demo, generate, bench, bench-e2e, bench-threads,
-config, make-test-model.
+bench-peer-suite, config, make-test-model.
 
 Exit codes: 0 success, 2 bad usage or request, 3 model/runtime error (``serve`` and
 ``demo`` document theirs).
@@ -98,6 +98,15 @@ def _add_bench_e2e(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
              "streaming HTTP client: decode rate, TTFT, 1 and N clients, idle CPU"))
 
 
+def _add_bench_peer_suite(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from meshd.bench.peer_suite import add_arguments
+
+    add_arguments(opt.subparser(
+        sub, "bench-peer-suite",
+        help="llama.cpp's own server tests run against llama-server and meshd serve on "
+             "one model file, compared test by test"))
+
+
 def _add_bench_threads(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from meshd.bench.threads import add_arguments
 
@@ -182,6 +191,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         threads=args.threads, calibrate=not args.fixed_k,
         rpc_workers=args.rpc or (), tensor_split=args.tensor_split or (),
         gpu_layers=args.gpu_layers, cache_type_k=args.cache_type_k,
+        chat_template_file=args.chat_template_file, reasoning=args.reasoning,
     )
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
@@ -265,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_rpc(sub)
     _add_bench_e2e(sub)
     _add_bench_threads(sub)
+    _add_bench_peer_suite(sub)
     _add_config(sub)
     _add_make_test_model(sub)
     return parser
@@ -314,6 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from meshd.bench.e2e import cmd_bench_e2e
 
         return cmd_bench_e2e(args)
+    if args.command == "bench-peer-suite":
+        from meshd.bench.peer_suite import cmd_bench_peer_suite
+
+        return cmd_bench_peer_suite(args)
     if args.command == "bench-threads":
         from meshd.bench.threads import cmd_bench_threads
 

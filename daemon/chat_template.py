@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
 
 import jinja2
 import jinja2.ext
@@ -23,9 +24,14 @@ import jinja2.nodes
 import jinja2.parser
 import jinja2.sandbox
 
+from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
 
-__all__ = ["ChatTemplate", "ChatTemplateError"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "close_thinking",
+           "model_template", "read_template_file", "thinking_of"]
+
+#: The markers reasoning models open and close their thinking with.
+_THINKING_TAGS: Final = (("<think>", "</think>"), ("<|START_THINKING|>", "<|END_THINKING|>"))
 
 
 class ChatTemplateError(ValueError):
@@ -46,7 +52,14 @@ class _IgnoreGenerationTags(jinja2.ext.Extension):
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
+                      separators=separators, sort_keys=sort_keys, default=_json_sequence)
+
+
+def _json_sequence(value: Any) -> list[Any]:
+    """What Jinja's ``map``/``select`` filters give (generators) serialized as lists."""
+    if isinstance(value, Iterable):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _strftime_now(fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
@@ -55,6 +68,29 @@ def _strftime_now(fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
 
 def _raise_exception(message: str) -> None:
     raise ChatTemplateError(f"chat template: {message}")
+
+
+def thinking_of(reasoning: str) -> bool:
+    """The ``enable_thinking`` a ``reasoning`` setting gives templates. ``auto`` passes
+    true, as llama.cpp does: templates written for it read an undefined value as off."""
+    return reasoning != "off"
+
+
+def close_thinking(prompt: str, source: str) -> str:
+    """``prompt`` with its thinking block closed, for a turn that skips thinking.
+
+    Templates that honour ``enable_thinking`` (Qwen3) close it themselves; others open
+    the block in their generation prompt (DeepSeek-R1, QwQ: ``<think>``) or expect the
+    model to (Command R7B), so an empty block is closed or added here, as llama-server
+    does with ``--reasoning off``.
+    """
+    stripped = prompt.rstrip()
+    for open_tag, close_tag in _THINKING_TAGS:
+        if stripped.endswith(open_tag):
+            return prompt + close_tag
+        if open_tag in source and not stripped.endswith(close_tag):
+            return prompt + open_tag + close_tag
+    return prompt
 
 
 class ChatTemplate:
@@ -71,27 +107,49 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"the model's chat template does not compile: {exc}") \
                 from exc
+        self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
 
     def render(self, messages: Sequence[Mapping[str, Any]], *,
                add_generation_prompt: bool = True,
-               tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+               tools: Sequence[Mapping[str, Any]] | None = None,
+               thinking: bool | None = None,
+               variables: Mapping[str, Any] | None = None) -> str:
         """The prompt for ``messages``; raises ChatTemplateError when the template
-        refuses them or fails on them."""
+        refuses them or fails on them.
+
+        ``thinking``: the ``enable_thinking`` of reasoning templates (None: theirs; False
+        also closes the thinking block, :func:`close_thinking`). ``variables``: more
+        template variables (a request's ``chat_template_kwargs``).
+        """
+        extra = dict(variables or {})
+        if thinking is not None:
+            extra["enable_thinking"] = thinking
+        prompt = self._render(messages, add_generation_prompt, tools, extra)
+        if extra.get("enable_thinking") is False and add_generation_prompt:
+            prompt = close_thinking(prompt, self.source)
+        return prompt
+
+    def _render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+                tools: Sequence[Mapping[str, Any]] | None, extra: Mapping[str, Any]) -> str:
+        # A request's own variables never replace those the template is given here.
+        context = {**extra, **dict(
+            messages=[dict(m) for m in messages],
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            add_generation_prompt=add_generation_prompt,
+            raise_exception=_raise_exception,
+            strftime_now=_strftime_now,
+            # Meta's Llama 3.x templates print it ("Today Date"), as llama.cpp passes it.
+            date_string=datetime.date.today().strftime("%d %b %Y"),
+            functions=None,
+            function_call=None,
+            tools=list(tools) if tools is not None else None,
+            tool_choice=None,
+        )}
         try:
-            return str(self._template.render(
-                messages=[dict(m) for m in messages],
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                add_generation_prompt=add_generation_prompt,
-                raise_exception=_raise_exception,
-                strftime_now=_strftime_now,
-                functions=None,
-                function_call=None,
-                tools=list(tools) if tools is not None else None,
-                tool_choice=None,
-            ))
+            return str(self._template.render(context))
         except ChatTemplateError:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError,
@@ -101,10 +159,25 @@ class ChatTemplate:
             ) from exc
 
 
-def model_template(model: Model) -> ChatTemplate:
-    """The GGUF's own template with the model's BOS and EOS texts; ChatTemplateError
-    when the model has none or it does not compile."""
-    source = model.chat_template
+def read_template_file(path: str) -> str:
+    """A chat template file's source, checked to compile; ModelLoadError naming the
+    file otherwise (a configured template that cannot work stops the load)."""
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"chat template file {path}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        ChatTemplate(source)
+    except ChatTemplateError as exc:
+        raise ModelLoadError(f"chat template file {path}: {exc}") from None
+    return source
+
+
+def model_template(model: Model, source: str | None = None) -> ChatTemplate:
+    """``source`` (default: the GGUF's own template) with the model's BOS and EOS texts;
+    ChatTemplateError when the model has none or it does not compile."""
+    source = source if source is not None else model.chat_template
     if source is None:
         raise ChatTemplateError("this model has no chat template; send a plain prompt")
     tok, info = model.tokenizer, model.info

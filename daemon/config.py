@@ -115,6 +115,14 @@ class ModelSection:
                             "runs on this CPU, which keeps speculation's text identical to "
                             "plain decoding's at any length; else f16) | f16 | bf16",
                             flag="cache_type_k", live=True, validator=v.in_(CACHE_TYPES_K))
+    chat_template_file: str | None = key(None, "a Jinja chat template used instead of the "
+                                         "model's own (as llama-server's "
+                                         "--chat-template-file)", flag="chat_template_file",
+                                         live=True, example="/srv/models/template.jinja")
+    reasoning: str = key("auto", "whether reasoning models think: auto | on (the chat "
+                         "template gets enable_thinking true) | off (false, and an open "
+                         "thinking block is closed)", flag="reasoning", live=True,
+                         validator=v.in_(opt.REASONING_MODES))
     draft_models: tuple[str, ...] = key((), "GGUF files requests may name as draft:PATH",
                                   flag="draft_model", live=True)
     gpu_layers: int | None = key(None, "layers offloaded to the GPU and workers, -1 for all "
@@ -231,7 +239,8 @@ class HttpSection:
                               "/health (the Unix socket checks its peer instead)",
                               flag="api_key", live=True, example="a-long-random-string")
     cors_origins: tuple[str, ...] = key((), "web origins whose pages may read the HTTP "
-                                        "answers (CORS; * for any)", flag="cors_origins",
+                                        "answers (CORS; * for any, localhost for any "
+                                        "loopback page)", flag="cors_origins",
                                         live=True)
 
 

@@ -55,6 +55,7 @@ def _plan(spec: ModelSpec, c: Config, loaded: Loaded, default_proposer: str) -> 
         allowed_drafts=tuple(m.draft_models), rpc_workers=m.rpc,
         tensor_split=m.tensor_split, gpu_layers=m.gpu_layers,
         prefix_cache_tokens=c.serve.prefix_cache_tokens, cache_type_k=m.cache_type_k,
+        chat_template_file=m.chat_template_file, reasoning=m.reasoning,
         plugins=loaded.plugins,
     )
     path = m.path or str(default_model_path())

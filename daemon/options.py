@@ -41,6 +41,9 @@ from meshd.native.cpus import THREAD_WAITS
 
 from .logs import DEFAULT_LLAMA_LOG_LEVEL, LEVELS, LLAMA_LEVELS
 
+#: ``--reasoning`` (llama-server's): auto and on let reasoning models think, off skips it.
+REASONING_MODES: Final = ("auto", "on", "off")
+
 __all__ = [
     "DEFAULT_CTX",
     "DEFAULT_MAX_TOKENS",
@@ -174,6 +177,12 @@ def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True,
                         "default, prefills long prompts faster on the CPU, but past 256 "
                         "tokens of context with 2 threads or more speculation can leave "
                         "plain decoding's text at a near-tie")
+    g.add_argument("--chat-template-file", metavar="FILE", default=None,
+                   help="a Jinja chat template used instead of the model's own")
+    g.add_argument("--reasoning", choices=REASONING_MODES, default="auto",
+                   help="whether reasoning models think: auto and on give the chat "
+                        "template enable_thinking true, off gives false and closes an "
+                        "open thinking block (a request's chat_template_kwargs win)")
     return p
 
 

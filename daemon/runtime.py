@@ -36,7 +36,13 @@ from meshd.policy.gate import Refusal, mtp_head_pays
 from meshd.policy.head_choice import HeadChoice
 from meshd.policy.rollback_depth import OWN_EVIDENCE_DRAFTS, RequestOutcome, RollbackDepth
 
-from .chat_template import ChatTemplate, ChatTemplateError, model_template
+from .chat_template import (
+    ChatTemplate,
+    ChatTemplateError,
+    model_template,
+    read_template_file,
+    thinking_of,
+)
 from .constraint import GrammarState, compile_grammar
 from .cost_cache import load_or_measure_costs
 from .engine import Generation, SpeculationSettings
@@ -79,6 +85,10 @@ class RuntimeConfig:
     tensor_split: tuple[float, ...] = ()
     #: The attention K cache's type (``ContextConfig.cache_type_k``).
     cache_type_k: str = "auto"
+    #: A Jinja chat template file used instead of the GGUF's own.
+    chat_template_file: str | None = None
+    #: Whether reasoning models think: auto | on | off (``--reasoning``).
+    reasoning: str = "auto"
 
 
 class ModelRuntime:
@@ -185,8 +195,11 @@ class ModelRuntime:
         placement = self.remote.connect() if self.remote is not None else None
         bar = self._step(f"loading {self.path.name}", "model_load" if announce
                          else "model_reload", display=announce, path=str(self.path))
+        template = read_template_file(config.chat_template_file) \
+            if config.chat_template_file else None
         model = Model.load(self.path, on_progress=bar.update, placement=placement,
-                           n_gpu_layers=-1 if config.gpu_layers is None else config.gpu_layers)
+                           n_gpu_layers=-1 if config.gpu_layers is None else config.gpu_layers,
+                           chat_template=template)
         bar.done()
         try:
             n_ctx_train = model.info.n_ctx_train
@@ -369,15 +382,24 @@ class ModelRuntime:
         vocabulary (ConstraintError quotes llguidance). Blocking; not on the event loop."""
         return compile_grammar(kind, value, self.grammar_vocab.tokenizer())
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """Render chat messages with the GGUF's own template (see ``chat_template``)."""
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
+                    add_generation_prompt: bool = True,
+                    tools: Sequence[Mapping[str, Any]] | None = None,
+                    variables: Mapping[str, Any] | None = None) -> str:
+        """Render chat messages with the model's template (the GGUF's own, or the
+        configured file: see ``chat_template``), thinking as ``reasoning`` says unless
+        ``variables`` (a request's ``chat_template_kwargs``) set ``enable_thinking``."""
         if self._template is None:
             try:
                 self._template = model_template(self.model)
             except ChatTemplateError as exc:
                 raise RequestError(str(exc)) from exc
+        given = dict(variables or {})
+        thinking = given.pop("enable_thinking", thinking_of(self.config.reasoning))
         try:
-            return self._template.render(messages)
+            return self._template.render(messages, add_generation_prompt=add_generation_prompt,
+                                         tools=tools, thinking=bool(thinking),
+                                         variables=given)
         except ChatTemplateError as exc:
             raise RequestError(str(exc)) from exc
 

@@ -72,6 +72,8 @@ class Model:
         self.plan = plan
         self.info = info
         self.chat_template = chat_template
+        if chat_template is not None and not info.has_chat_template:
+            self.info = attrs.evolve(info, has_chat_template=True)
         vocab = lc.llama_model_get_vocab(handle)
         self.tokenizer = Tokenizer(vocab, info.n_vocab, bool(lc.llama_vocab_get_add_bos(vocab)))
         self._closed = False
@@ -92,11 +94,13 @@ class Model:
         load_mtp: bool = True,
         on_progress: ProgressCallback | None = None,
         placement: Placement | None = None,
+        chat_template: str | None = None,
     ) -> Model:
         """Load ``path``. ``load_mtp`` loads the MTP (nextn) blocks when the file has them;
         ``n_gpu_layers``: how many of the last layers go to accelerators (-1: all; a
         build without one keeps them here); ``placement`` splits those layers over
-        devices (remote workers), keeping the MTP blocks and the output head here."""
+        devices (remote workers), keeping the MTP blocks and the output head here;
+        ``chat_template`` replaces the file's own."""
         p = check_model_file(path)
         ensure_backend()
         last_error()  # forget errors of earlier calls
@@ -129,7 +133,8 @@ class Model:
             offloaded = n_all if n_gpu_layers < 0 else min(n_gpu_layers, n_all)
         else:
             offloaded = 0
-        return cls(handle, info, template, placement, offloaded, plan)
+        return cls(handle, info, template if chat_template is None else chat_template,
+                   placement, offloaded, plan)
 
     def check_devices(self) -> None:
         """Raise (WorkerLost) if a device holding some of the layers is gone."""

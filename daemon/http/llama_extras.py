@@ -11,6 +11,7 @@ larger than a frame.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ from ..service import Service
 from .identity import build_info
 from .openai_api import JSON, ApiError, json_bytes, json_object, parse_messages
 from .responder import Responder
+from .tool_calls import ToolError, offer_tools, parse_tools
 
 __all__ = ["apply_template", "detokenize", "props", "tokenize"]
 
@@ -104,15 +106,25 @@ async def _detokenize(rt: ModelRuntime, limit: int, tokens: list[Any], out: Resp
 
 
 async def apply_template(service: Service, raw: bytes, out: Responder) -> None:
-    """``{"messages": [...]}`` -> ``{"prompt"}``: the text ``/v1/chat/completions`` would
-    generate from, rendered by the model's own chat template."""
+    """``{"messages": [...], "tools": [...]}`` -> ``{"prompt"}``: the text
+    ``/v1/chat/completions`` would generate from, rendered by the model's chat template
+    (with the tools offered as a chat request offers them)."""
+    body = json_object(raw)
     messages = [{"role": m.role, "content": m.content}
-                for m in parse_messages(json_object(raw).get("messages"))]
+                for m in parse_messages(body.get("messages"))]
+    try:
+        tools = parse_tools(body)
+    except ToolError as exc:
+        raise ApiError(400, exc.message, param=exc.param) from None
+    if tools is not None:
+        messages = offer_tools(messages, tools)
+    generation_prompt = _flag(body, "add_generation_prompt", True)
     try:
         async with service.holding(None, None) as rt:
             if rt.model.chat_template is None:
                 raise ApiError(400, "this model has no chat template", param="messages")
-            prompt = await anyio.to_thread.run_sync(rt.render_chat, messages)
+            prompt = await anyio.to_thread.run_sync(functools.partial(
+                rt.render_chat, messages, add_generation_prompt=generation_prompt))
     except RequestError as exc:
         raise ApiError(400, f"messages: {exc}", param="messages") from None
     await out.send(200, json_bytes({"prompt": prompt}), JSON)

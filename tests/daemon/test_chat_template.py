@@ -1,9 +1,11 @@
-"""Chat templates render as llama-cpp-python renders them: the real templates of Qwen3.5,
+"""Chat templates render as llama-cpp-python renders them (given the variables llama.cpp
+passes): the real templates of Qwen3.5,
 Llama 3, Gemma 3 and Mistral (as stored in their GGUF metadata), with the Jinja extras
 vendors use (``{% break %}``, ``strftime_now``, ``raise_exception``)."""
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import pytest
@@ -35,16 +37,16 @@ def test_real_templates_render_like_llama_cpp_python(name: str) -> None:
     source = (DATA / name).read_text()
     bos, eos = TEMPLATES[name]
     ours = ChatTemplate(source, bos_token=bos, eos_token=eos).render(CONVERSATION)
+    # given the variables llama.cpp passes too (llama-cpp-python passes neither)
     theirs = Jinja2ChatFormatter(source, eos_token=eos, bos_token=bos)(
-        messages=CONVERSATION).prompt
+        messages=CONVERSATION, enable_thinking=True,
+        date_string=datetime.date.today().strftime("%d %b %Y")).prompt
     assert ours == theirs
     assert "Another one, please." in ours
     assert "Réponds en français." in ours  # non-ASCII text passes through as is
 
 
 def test_dated_templates_get_todays_date() -> None:
-    import datetime
-
     source = (DATA / "llama-3.2.jinja").read_text()
     text = ChatTemplate(source, bos_token="<|begin_of_text|>").render(CONVERSATION[1:])
     assert datetime.date.today().strftime("%d %b %Y") in text

@@ -1,0 +1,107 @@
+"""A chat template of one's own and reasoning on or off, as llama-server users set them:
+``--chat-template-file`` replaces the GGUF's template for chat requests and
+``/apply-template``; ``--reasoning off`` gives templates ``enable_thinking`` false and
+closes the thinking block that reasoning templates open (DeepSeek-R1, QwQ) or expect the
+model to open (Command R7B)."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshd.daemon.chat_template import ChatTemplate
+from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.native.errors import ModelLoadError
+
+from .test_http import http_daemon, openai_client
+
+DATA = Path(__file__).parent.parent / "data"
+ASK = [{"role": "user", "content": "What is today?"}]
+
+#: The shapes of three reasoning families' generation prompts.
+OPENS_THINKING = ("{% for m in messages %}<|User|>{{ m.content }}{% endfor %}"
+                  "{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}")
+THINKS_ON_ITS_OWN = ("{% for m in messages %}<|USER|>{{ m.content }}"
+                     "{% if m.thinking %}<|START_THINKING|>{{ m.thinking }}<|END_THINKING|>"
+                     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|CHATBOT|>"
+                     "{% endif %}")
+
+
+@pytest.mark.parametrize(("source", "on_end", "off_end"), [
+    ((DATA / "qwen3.5.jinja").read_text(), "assistant\n<think>\n",
+     "assistant\n<think>\n\n</think>\n\n"),
+    (OPENS_THINKING, "<|Assistant|><think>\n", "<|Assistant|><think>\n</think>"),
+    (THINKS_ON_ITS_OWN, "<|CHATBOT|>", "<|CHATBOT|><|START_THINKING|><|END_THINKING|>"),
+])
+def test_reasoning_off_closes_the_thinking_block(source: str, on_end: str,
+                                                 off_end: str) -> None:
+    template = ChatTemplate(source, eos_token="<|im_end|>")
+    assert template.render(ASK, thinking=True).endswith(on_end)
+    off = template.render(ASK, thinking=False)
+    assert off.endswith(off_end), off
+    # without a generation prompt nothing is added
+    assert template.render(ASK, add_generation_prompt=False, thinking=False) == \
+        template.render(ASK, add_generation_prompt=False, thinking=True)
+
+
+def test_reasoning_off_leaves_other_templates_alone() -> None:
+    template = ChatTemplate((DATA / "llama-3.1.jinja").read_text())
+    assert template.render(ASK, thinking=False) == template.render(ASK, thinking=True)
+
+
+def test_request_variables_never_replace_the_template_s_own() -> None:
+    template = ChatTemplate("{{ messages[0].content }}|{{ flavour }}|{{ add_generation_prompt }}")
+    assert template.render(ASK, variables={"flavour": "tart", "messages": [],
+                                           "add_generation_prompt": "no"}) == \
+        "What is today?|tart|True"
+
+
+def test_map_filters_serialize_as_lists() -> None:
+    template = ChatTemplate("{{ messages | map(attribute='role') | tojson }}")
+    assert template.render(ASK) == '["user"]'
+
+
+@pytest.fixture(scope="module")
+def llama_templated() -> Iterator[ModelRuntime]:
+    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=1024, n_seq_max=2, draft_max=4, calibrate=False,
+                                    threads=1, chat_template_file=str(DATA / "llama-3.1.jinja"),
+                                    reasoning="off"))
+    yield rt
+    rt.close()
+
+
+@pytest.mark.anyio
+async def test_a_template_file_replaces_the_model_s_own(llama_templated: ModelRuntime) -> None:
+    source = (DATA / "llama-3.1.jinja").read_text()
+    async with http_daemon(llama_templated) as (_server, _path, http):
+        r = await http.post("/apply-template", json={"messages": ASK})
+        assert r.status_code == 200
+        prompt = r.json()["prompt"]
+        assert prompt.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+        assert datetime.date.today().strftime("%d %b %Y") in prompt  # llama.cpp's date_string
+        assert "<|im_start|>" not in prompt.removeprefix("<|im_start|>")  # not SmolLM2's own
+        r = await http.post("/apply-template", json={"messages": ASK,
+                                                     "add_generation_prompt": False})
+        assert "assistant<|end_header_id|>" not in r.json()["prompt"]
+        props = (await http.get("/props")).json()
+        assert props["chat_template"] == source
+        # a chat request is rendered by it: its prompt is that text's tokens
+        got = await openai_client(http).chat.completions.create(
+            model="m", messages=ASK, max_tokens=2)  # type: ignore[arg-type]
+        assert got.usage is not None
+        assert got.usage.prompt_tokens == len(llama_templated.tokenize_prompt(prompt, chat=True))
+
+
+def test_a_template_file_that_cannot_work_stops_the_load(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.jinja"
+    with pytest.raises(ModelLoadError, match=r"missing\.jinja"):
+        ModelRuntime(RuntimeConfig(n_ctx_seq=256, calibrate=False, threads=1,
+                                   chat_template_file=str(missing)))
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}")
+    with pytest.raises(ModelLoadError, match=r"broken\.jinja.*does not compile"):
+        ModelRuntime(RuntimeConfig(n_ctx_seq=256, calibrate=False, threads=1,
+                                   chat_template_file=str(broken)))

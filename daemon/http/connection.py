@@ -147,8 +147,9 @@ class HttpConnection:
         self._cors = cors_headers(origin, allowed)
         path = request.target.decode("ascii", "replace").partition("?")[0]
         if request.method == b"OPTIONS" and origin is not None:
-            preflight = preflight_headers(origin, allowed)
-            await self.send(204 if preflight else 403, b"", "text/plain", preflight)
+            # 200 either way, as llama-server answers: without the Allow headers a
+            # browser keeps the page from the answers.
+            await self.send(200, b"", "text/plain", preflight_headers(origin, allowed))
             return True
         if self._tcp and not authorized(headers, self.config.api_key, path):
             self.service.counters["errors_forbidden"] += 1

@@ -46,6 +46,16 @@ def test_key_and_origin_rules() -> None:
     assert cors_headers(b"http://evil", ("http://ui.local",)) == []
     assert ("Access-Control-Allow-Origin", "http://ui.local") in \
         cors_headers(b"http://ui.local", ("http://ui.local",))
+    assert authorized({b"x-api-key": KEY.encode()}, KEY, "/v1/models")
+    assert not authorized({b"x-api-key": b"wrong"}, KEY, "/v1/models")
+    # "localhost": a page from any loopback name, any port, http or https; nothing else
+    for origin in (b"http://localhost", b"http://localhost:8080", b"https://127.0.0.1:3000",
+                   b"http://[::1]", b"http://[::1]:3000"):
+        assert ("Access-Control-Allow-Origin", origin.decode()) in \
+            cors_headers(origin, ("localhost",)), origin
+    for origin in (b"http://localhost.evil.com", b"http://notlocalhost", b"http://evil.com",
+                   b"file://localhost", b"http://localhost:99999"):
+        assert cors_headers(origin, ("localhost",)) == [], origin
 
 
 async def test_tcp_needs_the_key_and_unix_does_not(smol: ModelRuntime) -> None:
@@ -67,10 +77,15 @@ async def test_tcp_needs_the_key_and_unix_does_not(smol: ModelRuntime) -> None:
             assert r.headers["access-control-allow-origin"] == "http://ui.local"
             r = await tcp.options("/v1/chat/completions", headers={
                 "Origin": "http://ui.local", "Access-Control-Request-Method": "POST"})
-            assert r.status_code == 204
+            assert r.status_code == 200
+            assert r.headers["access-control-allow-origin"] == "http://ui.local"
             assert "Authorization" in r.headers["access-control-allow-headers"]
             r = await tcp.options("/v1/chat/completions", headers={"Origin": "http://evil"})
-            assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+            assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+            r = await tcp.post("/v1/completions", json=BODY, headers={"X-Api-Key": KEY})
+            assert r.status_code == 200
+            r = await tcp.post("/v1/completions", json=BODY, headers={"X-Api-Key": "wrong"})
+            assert r.status_code == 401
             api = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=KEY, http_client=tcp,
                                      max_retries=0)
             got = await api.completions.create(model="m", prompt="Hi", max_tokens=2)

@@ -159,9 +159,11 @@ class ChatTemplate:
             ) from exc
 
 
-def read_template_file(path: str) -> str:
+def read_template_file(path: str | None) -> str | None:
     """A chat template file's source, checked to compile; ModelLoadError naming the
-    file otherwise (a configured template that cannot work stops the load)."""
+    file otherwise (a configured template that cannot work stops the load). None: none."""
+    if path is None:
+        return None
     try:
         source = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -184,3 +186,24 @@ def model_template(model: Model, source: str | None = None) -> ChatTemplate:
     bos = tok.piece(info.bos_token, special=True).decode() if info.bos_token is not None else ""
     eos = tok.piece(info.eos_token, special=True).decode() if info.eos_token is not None else ""
     return ChatTemplate(source, bos_token=bos, eos_token=eos)
+
+
+class ModelChat:
+    """A model's chat template, compiled on first use, thinking as ``--reasoning`` says
+    unless a request's variables (``chat_template_kwargs``) set ``enable_thinking``."""
+
+    def __init__(self, model: Model, reasoning: str) -> None:
+        self._model, self._reasoning = model, reasoning
+        self._template: ChatTemplate | None = None
+
+    def render(self, messages: Sequence[Mapping[str, Any]], *,
+               add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None,
+               variables: Mapping[str, Any] | None = None) -> str:
+        """The prompt; ChatTemplateError when the model has no template or it fails."""
+        if self._template is None:
+            self._template = model_template(self._model)
+        given = dict(variables or {})
+        thinking = given.pop("enable_thinking", thinking_of(self._reasoning))
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt,
+                                     tools=tools, thinking=bool(thinking), variables=given)

@@ -36,13 +36,7 @@ from meshd.policy.gate import Refusal, mtp_head_pays
 from meshd.policy.head_choice import HeadChoice
 from meshd.policy.rollback_depth import OWN_EVIDENCE_DRAFTS, RequestOutcome, RollbackDepth
 
-from .chat_template import (
-    ChatTemplate,
-    ChatTemplateError,
-    model_template,
-    read_template_file,
-    thinking_of,
-)
+from .chat_template import ChatTemplateError, ModelChat, read_template_file
 from .constraint import GrammarState, compile_grammar
 from .cost_cache import load_or_measure_costs
 from .engine import Generation, SpeculationSettings
@@ -143,7 +137,7 @@ class ModelRuntime:
             self.context, max_entries=ctx_config.n_seq_max if cache_tokens else 0,
             max_tokens=cache_tokens,
         )
-        self._template: ChatTemplate | None = None
+        self._chat = ModelChat(self.model, config.reasoning)
         self._drafts: dict[str, DraftModel] = {}
         #: Prompt lookup's acceptance by match length, pooled across requests (it sets
         #: draft lengths only; every draft is verified, so output cannot change).
@@ -195,11 +189,9 @@ class ModelRuntime:
         placement = self.remote.connect() if self.remote is not None else None
         bar = self._step(f"loading {self.path.name}", "model_load" if announce
                          else "model_reload", display=announce, path=str(self.path))
-        template = read_template_file(config.chat_template_file) \
-            if config.chat_template_file else None
         model = Model.load(self.path, on_progress=bar.update, placement=placement,
                            n_gpu_layers=-1 if config.gpu_layers is None else config.gpu_layers,
-                           chat_template=template)
+                           chat_template=read_template_file(config.chat_template_file))
         bar.done()
         try:
             n_ctx_train = model.info.n_ctx_train
@@ -382,24 +374,11 @@ class ModelRuntime:
         vocabulary (ConstraintError quotes llguidance). Blocking; not on the event loop."""
         return compile_grammar(kind, value, self.grammar_vocab.tokenizer())
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
-                    add_generation_prompt: bool = True,
-                    tools: Sequence[Mapping[str, Any]] | None = None,
-                    variables: Mapping[str, Any] | None = None) -> str:
-        """Render chat messages with the model's template (the GGUF's own, or the
-        configured file: see ``chat_template``), thinking as ``reasoning`` says unless
-        ``variables`` (a request's ``chat_template_kwargs``) set ``enable_thinking``."""
-        if self._template is None:
-            try:
-                self._template = model_template(self.model)
-            except ChatTemplateError as exc:
-                raise RequestError(str(exc)) from exc
-        given = dict(variables or {})
-        thinking = given.pop("enable_thinking", thinking_of(self.config.reasoning))
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> str:
+        """Render chat messages with the model's template (``chat_template.ModelChat``:
+        ``add_generation_prompt``, ``tools``, ``variables``)."""
         try:
-            return self._template.render(messages, add_generation_prompt=add_generation_prompt,
-                                         tools=tools, thinking=bool(thinking),
-                                         variables=given)
+            return self._chat.render(messages, **options)
         except ChatTemplateError as exc:
             raise RequestError(str(exc)) from exc
 
@@ -479,14 +458,9 @@ class ModelRuntime:
                       ) -> tuple[Proposer | None, MtpHead | None]:
         """The request's proposer and, on a model with an MTP head, the (unbound) head
         it was given; the caller binds the head to the session if the proposer needs it.
-
-        What the factory gets is decided by its declarations and its config table alone
-        (no proposer is special-cased by name): the table's options overlaid with the
-        request's, and each declared resource. ``NAME:ARG`` passes ARG as the draft
-        model's path to a factory that declares one. ``adaptive``: proposers that choose
-        their own draft length get the live cost curve; without it they draft by their
-        fixed rule.
-        """
+        The factory gets its config table's options overlaid with the request's, and the
+        resources it declared (``NAME:ARG``: ARG is the draft model's path); with
+        ``adaptive`` off, proposers that choose their own length get no live cost curve."""
         resolved = self.resolve_proposer(name)
         if resolved is None:
             return None, None

@@ -80,16 +80,23 @@ async def test_streamed_completion_over_tcp_and_unix(smol: ModelRuntime) -> None
         assert_no_leaks(server)
 
 
-async def test_templates_with_jinja_extras_are_served() -> None:
-    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=1024, n_seq_max=1, draft_max=4,
-                                    calibrate=False, threads=1))
+def _with_template(tmp_path: Path, text: str) -> ModelRuntime:
+    """SmolLM2 served with ``text`` as its chat template (``--chat-template-file``)."""
+    file = tmp_path / "template.jinja"
+    file.write_text(text)
+    return ModelRuntime(RuntimeConfig(n_ctx_seq=1024, n_seq_max=1, draft_max=4,
+                                      calibrate=False, threads=1,
+                                      chat_template_file=str(file)))
+
+
+async def test_templates_with_jinja_extras_are_served(tmp_path: Path) -> None:
+    # Llama 3.2's template reads today's date with strftime_now; this one also
+    # leaves its loop with {% break %}.
+    rt = _with_template(tmp_path, (DATA / "llama-3.2.jinja").read_text().replace(
+        "{%- for message in messages %}",
+        "{%- for message in messages %}{%- if message.role == 'ignore' %}{% break %}"
+        "{%- endif %}", 1))
     try:
-        # Llama 3.2's template reads today's date with strftime_now; this one also
-        # leaves its loop with {% break %}.
-        rt.model.chat_template = (DATA / "llama-3.2.jinja").read_text().replace(
-            "{%- for message in messages %}",
-            "{%- for message in messages %}{%- if message.role == 'ignore' %}{% break %}"
-            "{%- endif %}", 1)
         path = f"{short_tempdir()}/s"
         messages = [{"role": "user", "content": "Hi there"}]
         async with serving(rt, path) as server:
@@ -98,10 +105,20 @@ async def test_templates_with_jinja_extras_are_served() -> None:
             assert status_of(got) == 200, got
             answer = json.loads(got.partition(b"\r\n\r\n")[2])
             expected = rt.tokenize_prompt(rt.render_chat(messages), chat=True)
+            assert "Today Date" in rt.render_chat(messages)
             assert answer["usage"]["prompt_tokens"] == len(expected)
+            await wait_idle(server)
+            assert_no_leaks(server)
+    finally:
+        rt.close()
+
+
+async def test_a_templates_own_refusal_is_a_bad_request(tmp_path: Path) -> None:
+    rt = _with_template(tmp_path, (DATA / "gemma-3.jinja").read_text())
+    try:
+        path = f"{short_tempdir()}/s"
+        async with serving(rt, path) as server:
             # A template's own refusal is a 400 naming it (and bad_request natively).
-            rt.model.chat_template = (DATA / "gemma-3.jinja").read_text()
-            rt._template = None
             twice = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
             got = await raw_exchange(path, _post("/v1/chat/completions", {
                 "messages": twice, "max_tokens": 3}), timeout=60)

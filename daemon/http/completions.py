@@ -9,6 +9,9 @@ it at the next step, and its slot goes back through the scheduler).
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import anyio
@@ -36,13 +39,14 @@ from .openai_api import (
     json_bytes,
     meshd_block,
     object_name,
-    timings,
     tool_answer,
     usage,
 )
 from .responder import Responder, RouteContext
+from .timings_format import live_timings, prompt_progress, timings
 
-__all__ = ["serve_completion", "served_name"]
+__all__ = ["Adjust", "Started", "finish_reason_of", "generation_failure", "log_finished",
+           "serve_completion", "served_name", "started"]
 
 _MAX_EVENTS_PER_WRITE: Final = 256
 _SSE: Final = "text/event-stream"
@@ -50,34 +54,10 @@ _SSE: Final = "text/event-stream"
 
 async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Responder) -> None:
     """Run ``req`` and answer it; raises ApiError while nothing has been sent yet."""
-    service = routes.service
-    rid = req.generate.id
-    entry = InFlightGeneration(rid)
-    service.register(entry)
-    out.on_gone(entry.cancel)
-    try:
-        ids = req.prompt_ids
-
-        def with_ids(gen: GenerationRequest) -> GenerationRequest:
-            assert entry.model is not None and entry.model.runtime is not None and ids
-            return _with_prompt_ids(entry.model.runtime, gen, ids)
-
-        try:
-            asked = attrs.evolve(req.generate, model=served_name(service, req.model))
-            gen = await service.start(asked, entry, adjust=with_ids if ids else None)
-        except ModelError as exc:  # (prepare raises it for a prompt over the context only)
-            raise _too_long(req, exc.message) from None
-        except ProtocolError as exc:
-            raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param,
-                                         constraint_param=req.constraint_param) from None
-        handle = entry.handle
-        if handle is None:  # the client left before it reached the scheduler
+    async with started(routes, req, out) as run:
+        if run is None:  # the client left before it reached the scheduler
             return
-        assert entry.model is not None
-        req = attrs.evolve(req, model=entry.model.name)  # the answers name it
-        predicted = (gen.proposer_options or {}).get("tokens")
-        if gen.proposer == "prediction" and isinstance(predicted, list):
-            req = attrs.evolve(req, predicted=len(predicted))
+        req, gen, handle, entry = run.req, run.gen, run.handle, run.entry
         if req.n > 1:
             await _choices(routes, req, gen, handle, out, entry)
             return
@@ -87,6 +67,63 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
             await _stream(routes, req, handle, out, prompt_tokens, seed, entry)
         else:
             await _collect(routes, req, handle, out, prompt_tokens, seed, entry)
+
+
+Adjust = Callable[[ModelRuntime, GenerationRequest], GenerationRequest]
+"""A change to the engine request once ``prepare`` has checked it (and the model is held)."""
+
+
+@attrs.frozen
+class Started:
+    """A generation admitted to the scheduler: its request (naming the model that serves
+    it), the engine request, its event stream and its registration."""
+
+    req: CompletionRequest
+    gen: GenerationRequest
+    handle: GenerationHandle
+    entry: InFlightGeneration
+
+
+@contextlib.asynccontextmanager
+async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
+                  adjust: Adjust | None = None) -> AsyncIterator[Started | None]:
+    """The request lifecycle every generating endpoint shares: register ``req`` (a
+    disconnect cancels it), prepare and submit it (its token-id prompt, then ``adjust``,
+    applied to the engine request), and unregister it when the block ends. Yields None
+    when the client left before it reached the scheduler; raises ApiError when it is
+    refused."""
+    service = routes.service
+    entry = InFlightGeneration(req.generate.id)
+    service.register(entry)
+    out.on_gone(entry.cancel)
+    try:
+        ids = req.prompt_ids
+
+        def adjusted(gen: GenerationRequest) -> GenerationRequest:
+            assert entry.model is not None and entry.model.runtime is not None
+            if ids:
+                gen = _with_prompt_ids(entry.model.runtime, gen, ids)
+            return gen if adjust is None else adjust(entry.model.runtime, gen)
+
+        try:
+            asked = attrs.evolve(req.generate, model=served_name(service, req.model))
+            gen = await service.start(asked, entry,
+                                      adjust=adjusted if ids or adjust is not None else None)
+        except ModelError as exc:  # (prepare raises it for a prompt over the context only)
+            raise _too_long(req, exc.message) from None
+        except ProtocolError as exc:
+            raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param,
+                                         constraint_param=req.constraint_param) from None
+        handle = entry.handle
+        if handle is None:
+            yield None
+            return
+        assert entry.model is not None
+        req = attrs.evolve(req, model=entry.model.name)  # the answers name it
+        predicted = (gen.proposer_options or {}).get("tokens")
+        if gen.proposer == "prediction" and isinstance(predicted, list):
+            req = attrs.evolve(req, predicted=len(predicted))
+        yield Started(req, gen, handle, entry)
     finally:
         service.unregister(entry)
 
@@ -161,9 +198,13 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
                   out: Responder, prompt_tokens: int, seed: int | None,
                   entry: InFlightGeneration) -> None:
     """SSE: a chunk per batch of committed text, the finish chunk (with ``timings`` and
-    ``meshd``), the usage chunk if asked, then ``data: [DONE]``."""
+    ``meshd``), the usage chunk if asked (with ``timings`` too), then ``data: [DONE]``.
+    A chat stream opens with the role chunk (``content`` null). llama-server's extras:
+    with ``return_progress`` the first chunks carry ``prompt_progress``, with
+    ``timings_per_token`` every later chunk with text or calls carries ``timings``."""
     model = _name(req)
     fp = system_fingerprint(routes.service, req.model)
+    clock = _StreamClock(handle, prompt_tokens)
     started = False
     live = True  # the client still reads
     offset = 0  # characters streamed so far (completions' logprobs.text_offset)
@@ -184,6 +225,7 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
             if isinstance(final, GenerationFailed) and not started:
                 raise _failure(final)
             text = "".join(e.text for e in batch if isinstance(e, TokenEvent))
+            clock.received(sum(len(e.tokens) for e in batch if isinstance(e, TokenEvent)))
             if req.tools is not None:  # calls are known at the end: hold the text till then
                 held.append(text)
                 text = "" if final is None else _release_held(req, held, final)
@@ -191,12 +233,11 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
             if not started:
                 started = True
                 live = await out.start(200, _SSE, [("Cache-Control", "no-cache")])
-                if req.chat:
-                    data += sse.event(chunk(req, model, fp, role=True, text=""))
+                data += _opening(req, model, fp, clock)
             lps = [lp for e in batch if isinstance(e, TokenEvent) for lp in e.logprobs]
             if text or lps:
-                data += sse.event(chunk(req, model, fp, text=text,
-                                        logprobs=_logprobs(routes, req, lps, offset)))
+                data += sse.event(clock.timed(req, chunk(
+                    req, model, fp, text=text, logprobs=_logprobs(routes, req, lps, offset))))
                 offset += len(text)
             if isinstance(final, Finished):
                 finish = _finish_reason(final, entry)
@@ -204,7 +245,8 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
                 calls = tool_answer(req, "".join(held), finish)[1] if held else []
                 if calls:
                     finish = "tool_calls"
-                    data += sse.event(chunk(req, model, fp, tool_calls=calls))
+                    data += sse.event(clock.timed(req, chunk(req, model, fp,
+                                                             tool_calls=calls)))
                 data += _closing(req, model, fp, finish, final.stats, final.proposer,
                                  prompt_tokens, seed)
             elif isinstance(final, GenerationFailed):
@@ -216,6 +258,74 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
                 if live:
                     await out.end()
                 return
+
+
+class _StreamClock:
+    """What a stream knows of its request's progress, for llama-server's
+    ``timings_per_token`` and ``return_progress``: the prompt, the part of it the prefix
+    cache served, when the first tokens arrived and how many have arrived since."""
+
+    def __init__(self, handle: GenerationHandle, prompt_tokens: int) -> None:
+        self._handle = handle
+        self.prompt_tokens = prompt_tokens
+        self._first_at: float | None = None
+        self._emitted = 0
+
+    def received(self, tokens: int) -> None:
+        if tokens and self._first_at is None:
+            self._first_at = time.monotonic()
+        self._emitted += tokens
+
+    @property
+    def cached(self) -> int | None:
+        """The prompt tokens the prefix cache served (None before admission). The engine
+        writes them once, at admission, before it delivers the first tokens."""
+        gen = self._handle.generation
+        return None if gen is None else gen.stats.reused_prompt_tokens
+
+    def prompt_ms(self) -> float:
+        """From the request's submission to its first tokens (queue wait included)."""
+        first = self._first_at if self._first_at is not None else time.monotonic()
+        return (first - self._handle.submitted) * 1e3
+
+    def timed(self, req: CompletionRequest, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` (a chunk after the first) with the ``timings`` so far, if asked."""
+        cached = self.cached
+        if req.timings_per_token and cached is not None and self._first_at is not None:
+            body["timings"] = live_timings(
+                prompt_n=self.prompt_tokens - cached, cache_n=cached,
+                prompt_ms=self.prompt_ms(), predicted_n=self._emitted,
+                predicted_ms=(time.monotonic() - self._first_at) * 1e3)
+        return body
+
+    def progress(self) -> list[dict[str, float | int]]:
+        """The prompt's progress: before its prefill (the cached tokens only) and after
+        it. meshd's prefill is one engine call that ends with the first token, so both
+        are known, and sent, together."""
+        cached = self.cached
+        if cached is None:
+            return []
+        total = self.prompt_tokens
+        return [prompt_progress(total=total, cache=cached, processed=cached, time_ms=0.0),
+                prompt_progress(total=total, cache=cached, processed=total,
+                                time_ms=self.prompt_ms())]
+
+
+def _opening(req: CompletionRequest, model: str, fp: str, clock: _StreamClock) -> bytes:
+    """The stream's first chunks: chat's role chunk (``content`` null, no ``timings``),
+    and with ``return_progress`` the prompt's progress (on the role chunk, then on a
+    chunk of its own; a completion's on empty-text chunks)."""
+    reports: list[dict[str, Any] | None] = list(clock.progress()) if req.return_progress \
+        else []
+    if req.chat and not reports:
+        reports = [None]
+    data = b""
+    for i, report in enumerate(reports):
+        body = chunk(req, model, fp, role=req.chat and i == 0)
+        if report is not None:
+            body["prompt_progress"] = report
+        data += sse.event(body)
+    return data
 
 
 def _release_held(req: CompletionRequest, held: list[str], final: Finished | GenerationFailed
@@ -250,17 +360,22 @@ def _closing(req: CompletionRequest, model: str, fp: str, finish: str,
     last["timings"] = timings(stats)
     last["meshd"] = meshd_block(stats, proposer, seed)
     return sse.event(last) + _usage_chunk(req, model, fp, usage(prompt_tokens, stats,
-                                                                 req.predicted)) + sse.DONE
+                                                                 req.predicted),
+                                          last["timings"]) + sse.DONE
 
 
-def _usage_chunk(req: CompletionRequest, model: str, fp: str, counts: dict[str, Any]
-                 ) -> bytes:
-    """The stream's usage chunk (no choices), when the request asked for it."""
+def _usage_chunk(req: CompletionRequest, model: str, fp: str, counts: dict[str, Any],
+                 final_timings: dict[str, Any] | None = None) -> bytes:
+    """The stream's usage chunk (no choices), when the request asked for it; the last
+    chunk, it carries the ``timings`` too (as llama-server's last chunk does)."""
     if not req.include_usage:
         return b""
-    return sse.event({"id": req.generate.id, "object": object_name(req, stream=True),
-                      "created": req.created, "model": model, "system_fingerprint": fp,
-                      "choices": [], "usage": counts})
+    body = {"id": req.generate.id, "object": object_name(req, stream=True),
+            "created": req.created, "model": model, "system_fingerprint": fp,
+            "choices": [], "usage": counts}
+    if final_timings is not None:
+        body["timings"] = final_timings
+    return sse.event(body)
 
 
 def _finish_reason(final: Finished, entry: InFlightGeneration) -> str:
@@ -420,3 +535,8 @@ def _usage_of(prompt_tokens: int, done: list[_Choice]) -> dict[str, Any]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": emitted,
             "total_tokens": prompt_tokens + emitted}
 
+
+# What llama-server's native endpoint (:mod:`.llama_completion`) shares with these answers.
+generation_failure = _failure
+finish_reason_of = _finish_reason
+log_finished = _log_finished

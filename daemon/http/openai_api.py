@@ -38,6 +38,7 @@ from ..mapping import speculation_stats
 from .logprobs_format import requested_logprobs
 from .output_format import FormatError, output_constraint
 from .request_fields import check_fields, keep_alive_seconds
+from .timings_format import timings
 from .tool_calls import (
     ToolError,
     ToolSpec,
@@ -62,7 +63,6 @@ __all__ = [
     "meshd_block",
     "parse_messages",
     "parse_request",
-    "timings",
     "usage",
 ]
 
@@ -170,6 +170,10 @@ class CompletionRequest:
     """Tokens of the request's predicted output (set once it is tokenized; None: none)."""
     n: int = 1
     """Choices to generate (each its own sampling seed: the request's, plus its index)."""
+    timings_per_token: bool = False
+    """llama-server's: every streamed chunk with text or calls carries ``timings`` so far."""
+    return_progress: bool = False
+    """llama-server's: the stream reports the prompt's ``prompt_progress``."""
 
 
 def _bad(param: str, detail: str) -> ApiError:
@@ -230,8 +234,9 @@ def parse_messages(value: object) -> tuple[ChatMessage, ...]:
                                f"(got {len(value)})")
     out: list[ChatMessage] = []
     for i, msg in enumerate(value):
-        if not isinstance(msg, Mapping):
-            raise _bad(f"messages[{i}]", "must be an object with role and content")
+        if not isinstance(msg, Mapping) or not msg:
+            raise _bad(f"messages[{i}]", "must be an object with role and content (got "
+                                         f"{json.dumps(msg)[:64]})")
         role = msg.get("role")
         if not isinstance(role, str) or not role:
             raise _bad(f"messages[{i}].role", "must be a non-empty string")
@@ -414,6 +419,9 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "must be true or false")
+    # (check_fields has checked their types)
+    timings_per_token = bool(body.get("timings_per_token"))
+    return_progress = bool(body.get("return_progress"))
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
@@ -480,7 +488,9 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
                              tools=tools, n=n,
                              stream=stream,
                              include_usage=include_usage, model=model,
-                             created=int(time.time()))
+                             created=int(time.time()),
+                             timings_per_token=timings_per_token,
+                             return_progress=return_progress)
 
 
 def finish_reason(value: str) -> str:
@@ -503,27 +513,6 @@ def usage(prompt_tokens: int, stats: GenerationStats, predicted: int | None = No
             "accepted_prediction_tokens": stats.accepted,
             "rejected_prediction_tokens": max(0, predicted - stats.accepted)}
     return out
-
-
-def timings(stats: GenerationStats) -> dict[str, float | int]:
-    """llama-server's ``timings`` block (prompt and generation times, rates, drafts)."""
-    prompt_n = max(0, stats.prompt_tokens - stats.reused_prompt_tokens)
-    prompt_ms = max(0.0, stats.session.prefill_ms)
-    predicted_n = stats.emitted
-    predicted_ms = max(0.0, stats.wall_ms - stats.session.prefill_ms)
-    return {
-        "cache_n": stats.reused_prompt_tokens,
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-        "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
-        "predicted_n": predicted_n,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-        "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
-        "draft_n": stats.drafted,
-        "draft_n_accepted": stats.accepted,
-    }
 
 
 def meshd_block(stats: GenerationStats, proposer: str | None, seed: int | None
@@ -577,15 +566,17 @@ def chunk(req: CompletionRequest, model: str, fingerprint: str, *, text: str | N
           role: bool = False, finish: str | None = None,
           logprobs: dict[str, Any] | None = None,
           tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """One streamed chunk: text (or, for chat, the opening role, or the tool calls)
-    and/or the finish."""
+    """One streamed chunk: text (or, for chat, the opening role with null content, or
+    the tool calls) and/or the finish. A chat delta carries ``content`` only when there
+    is text (a chunk of logprobs alone has an empty delta)."""
     choice: dict[str, Any] = {"index": 0, "logprobs": logprobs,
                               "finish_reason": finish_reason(finish) if finish else None}
     if req.chat:
         delta: dict[str, Any] = {}
-        if role:
+        if role:  # (its content is null, as OpenAI's and llama-server's first chunk)
             delta["role"] = "assistant"
-        if text is not None:
+            delta["content"] = None
+        if text:  # (never an empty content delta)
             delta["content"] = text
         if tool_calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]

@@ -8,6 +8,14 @@ answer (``logprobs``, ``tools``, a non-zero ``presence_penalty`` ...) is refused
 different from what was asked. A field nobody defines is refused too, as OpenAI
 refuses it ("Unrecognized request argument"), so a typo (``max_token``) does not pass
 unnoticed.
+
+llama-server's own request fields (its ``params_from_json_cmpl`` schema) get the same
+treatment: ``timings_per_token`` and ``return_progress`` are served; ``id_slot``,
+``cache_prompt``, ``verbose`` and the others that only steer llama-server's slots, its
+context shift or its non-OpenAI answer change nothing here and pass (their type
+checked, as llama-server checks it); samplers meshd does not have pass only switched
+off (``xtc_probability: 0``, ``t_max_predict_ms: -1``), and their tuning fields with
+them (they cannot act while the sampler is off).
 """
 
 from __future__ import annotations
@@ -17,24 +25,56 @@ from typing import Any, Final
 
 from meshd.clients.argtypes import duration_seconds
 
-__all__ = ["check_fields", "keep_alive_seconds"]
+__all__ = ["LLAMA_SERVER_FIELDS", "check_fields", "keep_alive_seconds"]
 
+_LLAMA_SERVED: Final = frozenset({
+    # per-chunk ``timings`` and ``prompt_progress`` in streams
+    "timings_per_token", "return_progress",
+})
 _HANDLED: Final = frozenset({
     "model", "stream", "stream_options", "seed", "top_k", "top_p", "temperature", "stop",
     "speculative", "max_tokens", "max_completion_tokens", "n", "response_format",
     "json_schema", "grammar", "presence_penalty", "frequency_penalty", "repeat_penalty",
     "repeat_last_n", "min_p", "typical_p", "logit_bias", "logprobs", "top_logprobs",
     "tools", "tool_choice", "parallel_tool_calls", "prediction", "keep_alive",
-})
+}) | _LLAMA_SERVED
 _PER_ENDPOINT: Final = {True: frozenset({"messages"}), False: frozenset({"prompt"})}
 
+_LLAMA_NO_EFFECT: Final = frozenset({
+    # meshd always reuses cached prompt prefixes.
+    "cache_prompt",
+    # llama-server's slot choice (meshd's scheduler places requests; its prefix cache
+    # serves every slot), its KV-shift reuse, its debug copy of the request
+    # (``__verbose``), SSE keep-alive comments, and what its context shift keeps
+    # (meshd never shifts: a prompt over the context is a 400).
+    "id_slot", "n_cache_reuse", "verbose", "sse_ping_interval", "n_keep", "n_discard",
+    # the shape of llama-server's own /completion answer (not OpenAI's)
+    "response_fields", "return_tokens",
+    # tuning of samplers that can only be off here (their switches: _LLAMA_UNSUPPORTED)
+    "xtc_threshold", "dynatemp_exponent", "dry_base", "dry_allowed_length",
+    "dry_penalty_last_n", "dry_sequence_breakers", "mirostat_tau", "mirostat_eta",
+})
 _NO_EFFECT: Final = frozenset({
     # OpenAI's: bookkeeping and routing, never the text.
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
-    # llama-server's: meshd always reuses cached prompt prefixes.
-    "cache_prompt",
-})
+}) | _LLAMA_NO_EFFECT
 
+_LLAMA_UNSUPPORTED: Final[dict[str, tuple[object, ...]]] = {
+    # llama-server's (server-schema.cpp), off at these values
+    "mirostat": (0,),
+    "t_max_predict_ms": (-1, 0),
+    "n_probs": (0,),  # (log-probabilities: OpenAI's logprobs and top_logprobs)
+    "n_indent": (0,),
+    "min_keep": (0,),
+    "top_n_sigma": (-1,),
+    "xtc_probability": (0,),
+    "dynatemp_range": (0,),
+    "dry_multiplier": (0,),
+    "ignore_eos": (False,),
+    "post_sampling_probs": (False,),
+    "lora": ([],),
+    "samplers": (),  # (meshd applies its one order)
+}
 _UNSUPPORTED: Final[dict[str, tuple[object, ...]]] = {
     # field: the values that change nothing (besides null)
     "echo": (False,),
@@ -42,15 +82,35 @@ _UNSUPPORTED: Final[dict[str, tuple[object, ...]]] = {
     "suffix": ("",),
     "functions": ([],),
     "function_call": ("none", "auto"),
-    "mirostat": (0,),
     "audio": (),
     "modalities": (["text"],),
     "reasoning_effort": (),
+    **_LLAMA_UNSUPPORTED,
 }
+
+LLAMA_SERVER_FIELDS: Final = _LLAMA_SERVED | _LLAMA_NO_EFFECT | frozenset(_LLAMA_UNSUPPORTED)
+"""llama-server's request fields meshd knows (served, changing nothing, or refused
+unless off): the Responses API passes them on to the chat request as they are."""
+
+_BOOLEAN: Final = frozenset({"timings_per_token", "return_progress", "cache_prompt",
+                             "verbose", "return_tokens"})
+_INTEGER: Final = frozenset({"id_slot", "n_cache_reuse", "sse_ping_interval", "n_keep",
+                             "n_discard"})
 
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _type_error(key: str, value: Any) -> str | None:
+    """Why ``value`` is not of the type llama-server reads ``key`` as (None: it is)."""
+    if value is None:
+        return None
+    if key in _BOOLEAN and not isinstance(value, bool):
+        return "must be true or false"
+    if key in _INTEGER and (not isinstance(value, int) or isinstance(value, bool)):
+        return "must be an integer"
+    return None
 
 
 def _is_default(value: Any, defaults: tuple[object, ...]) -> bool:
@@ -67,6 +127,9 @@ def check_fields(body: Mapping[str, Any], *, chat: bool) -> tuple[str, str] | No
     known = _HANDLED | _PER_ENDPOINT[chat] | _NO_EFFECT
     for key, value in body.items():
         if key in known:
+            wrong = _type_error(key, value)
+            if wrong is not None:
+                return key, wrong
             continue
         defaults = _UNSUPPORTED.get(key)
         if defaults is None:

@@ -87,11 +87,13 @@ class _Reshaper:
 
 class ResponseEvents:
     """The chat stream's records (``data: {chunk}``, ``data: [DONE]``) as the Responses
-    API's events: ``response.created`` and ``response.in_progress`` with the first; the
+    API's events: ``response.created`` and ``response.in_progress`` with the first (one
+    more ``response.in_progress`` per later chunk with ``prompt_progress``); the
     message item and its text part opened with the first text, each text chunk a
-    ``response.output_text.delta``; at ``[DONE]`` the text, part and item closed, a
-    ``function_call`` item per tool call, then ``response.completed`` (``incomplete``,
-    or ``failed`` after an ``error`` event)."""
+    ``response.output_text.delta`` (with the chunk's ``timings``, if any); at ``[DONE]``
+    the text, part and item closed, a ``function_call`` item per tool call, then
+    ``response.completed`` (``incomplete``, or ``failed`` after an ``error`` event), with
+    ``timings`` beside the response."""
 
     def __init__(self, echo: Mapping[str, Any]) -> None:
         self._echo = echo
@@ -118,10 +120,18 @@ class ResponseEvents:
             self._error = chunk["error"]
             return b""
         out = b""
+        # llama-server's extras ride on events as on its own Responses streams:
+        # ``prompt_progress`` on a ``response.in_progress``, ``timings`` on the text delta
+        progress = {"prompt_progress": chunk["prompt_progress"]} \
+            if "prompt_progress" in chunk else {}
         if not self._rid:
             self._rid, self._created, self._model = chunk["id"], chunk["created"], chunk["model"]
             out += self._emit("response.created", response=self._response("in_progress"))
-            out += self._emit("response.in_progress", response=self._response("in_progress"))
+            out += self._emit("response.in_progress", response=self._response("in_progress"),
+                              **progress)
+        elif progress:
+            out += self._emit("response.in_progress", response=self._response("in_progress"),
+                              **progress)
         if not chunk["choices"]:  # the usage chunk
             self._usage = chunk.get("usage")
             return out
@@ -131,8 +141,10 @@ class ResponseEvents:
         if text:
             out += self._open_message()
             self._text.append(text)
+            timed = {"timings": chunk["timings"]} if "timings" in chunk else {}
             out += self._emit("response.output_text.delta", item_id=self._message,
-                              output_index=0, content_index=0, delta=text, logprobs=[])
+                              output_index=0, content_index=0, delta=text, logprobs=[],
+                              **timed)
         self._calls += delta.get("tool_calls") or []
         if choice.get("finish_reason"):
             self._finish = choice["finish_reason"]
@@ -190,5 +202,8 @@ class ResponseEvents:
                     + self._emit("response.output_item.done", output_index=index, item=item))
             self._output.append(item)
         usage = response_usage(self._usage) if self._usage is not None else None
+        # (the timings beside the response too, where llama-server's last event has them)
+        timed = {"timings": self._extras["timings"]} if "timings" in self._extras else {}
         return out + self._emit(f"response.{status}", response=self._response(
-            status, usage=usage, incomplete=incomplete, error=error, extras=self._extras))
+            status, usage=usage, incomplete=incomplete, error=error, extras=self._extras),
+            **timed)

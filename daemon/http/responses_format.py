@@ -22,6 +22,7 @@ import attrs
 from meshd.protocol import MAX_MESSAGES
 
 from .openai_api import ApiError, CompletionRequest, json_bytes, json_object, parse_request
+from .request_fields import LLAMA_SERVER_FIELDS
 from .tool_calls import MAX_TOOLS
 
 __all__ = ["ResponsesRequest", "call_item", "event", "message_item", "new_id", "outcome",
@@ -34,8 +35,11 @@ _PASSED: Final = (
     "seed", "top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
     "presence_penalty", "frequency_penalty", "logit_bias", "stop", "speculative",
     "keep_alive",
+    # llama-server's own (``timings_per_token``, ``return_progress``, ``id_slot`` ...)
+    *sorted(LLAMA_SERVER_FIELDS),
 )
-"""Fields that mean the same on the chat endpoint: passed to it as they are."""
+"""Fields that mean the same on the chat endpoint: passed to it as they are (and
+checked there)."""
 _HANDLED: Final = frozenset({"input", "instructions", "max_output_tokens", "text", "tools",
                              "tool_choice", "metadata", "store", "reasoning"})
 _NO_EFFECT: Final = frozenset({

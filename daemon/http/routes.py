@@ -1,12 +1,12 @@
 """The HTTP endpoints: which path and method does what.
 
 ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (OpenAI's
-API, streamed or not), ``GET /v1/models`` and ``GET /v1/models/{id}``, llama-server's
-un-prefixed aliases of those and its extras (``/tokenize``, ``/detokenize``,
-``/apply-template``, ``GET /props``), ``GET /health`` and ``GET /metrics``
-(Prometheus). Every error is OpenAI's error object
-with a 4xx/5xx status, counted by code like the native protocol's errors; the
-connection stays usable.
+API, streamed or not), ``GET /v1/models`` and ``GET /v1/models/{id}``; llama-server's
+un-prefixed ``/chat/completions`` and ``/models`` (aliases), its own ``/completion`` and
+``/completions`` (its native shape), its input-token counts and its extras
+(``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /props``); ``GET /health`` and
+``GET /metrics`` (Prometheus). Every error is OpenAI's error object with a 4xx/5xx
+status, counted by code like the native protocol's errors; the connection stays usable.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from ..model_set import ServedModel
 from ..service import Service
 from . import llama_extras
 from .completions import serve_completion, served_name
+from .input_tokens import chat_input_tokens, responses_input_tokens
+from .llama_completion import serve_llama_completion
 from .openai_api import JSON, ApiError, error_body, json_bytes, parse_request
 from .responder import Responder
 from .responses import serve_response
@@ -54,7 +56,8 @@ class Routes:
             if route is None:
                 raise ApiError(404, f"no endpoint {path}; see /v1/completions, "
                                     "/v1/chat/completions, /v1/responses, /v1/models, "
-                                    "/tokenize, /detokenize, /apply-template, /props, "
+                                    "/completion, /tokenize, /detokenize, /apply-template, "
+                                    "/props, "
                                     "/health, /metrics", code="not_found")
             allowed, handler = route
             if method != allowed:
@@ -161,7 +164,8 @@ _ROUTES: Final[dict[str, tuple[str, _Handler]]] = {
     "/v1/responses": ("POST", Routes._responses),
     "/v1/models": ("GET", Routes._models),
     # llama-server's un-prefixed aliases
-    "/completions": ("POST", Routes._completions),
+    "/completions": ("POST", serve_llama_completion),  # llama-server's own, not OpenAI's
+    "/completion": ("POST", serve_llama_completion),
     "/chat/completions": ("POST", Routes._chat),
     "/responses": ("POST", Routes._responses),
     "/models": ("GET", Routes._models),
@@ -170,6 +174,10 @@ _ROUTES: Final[dict[str, tuple[str, _Handler]]] = {
     "/detokenize": ("POST", Routes._detokenize),
     "/apply-template": ("POST", Routes._apply_template),
     "/props": ("GET", Routes._props),
+    "/v1/chat/completions/input_tokens": ("POST", chat_input_tokens),
+    "/chat/completions/input_tokens": ("POST", chat_input_tokens),
+    "/v1/responses/input_tokens": ("POST", responses_input_tokens),
+    "/responses/input_tokens": ("POST", responses_input_tokens),
     "/health": ("GET", Routes._health),
     "/metrics": ("GET", Routes._metrics),
 }

@@ -52,7 +52,8 @@ async def test_model_by_id_and_unprefixed_aliases(smol: ModelRuntime) -> None:
         body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
         v1 = (await http.post("/v1/completions", json=body)).json()
         bare = (await http.post("/completions", json=body)).json()
-        assert bare["choices"][0]["text"] == v1["choices"][0]["text"]
+        # /completions is llama-server's own endpoint (its answer's shape), not an alias.
+        assert bare["content"] == v1["choices"][0]["text"]
         chat = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0}
         v1 = (await http.post("/v1/chat/completions", json=chat)).json()
         bare = (await http.post("/chat/completions", json=chat)).json()

@@ -328,7 +328,7 @@ class MeshdRunner:
         gen = self.rt.generation(prompt, max_tokens=max_tokens, proposer=self.proposer,
                                  adaptive=self.adaptive, proposer_options=self.options)
         first: float | None = None
-        for ev in gen.run():
+        for ev in self.rt.run(gen):
             if first is None and ev.tokens:
                 first = time.perf_counter()
         end = time.perf_counter()

@@ -138,7 +138,7 @@ def check_model(name: str, config: IdentityConfig, log: Log) -> dict[str, Any]:
             for label, sampling in samplings:
                 ref_gen = rt.generation(prompt, max_tokens=config.max_tokens,
                                         sampling=sampling, proposer="off")
-                for _ in ref_gen.run():
+                for _ in rt.run(ref_gen):
                     pass
                 ref = ref_gen.committed
                 for proposer, k in _cases(rt, config.ks):
@@ -147,7 +147,7 @@ def check_model(name: str, config: IdentityConfig, log: Log) -> dict[str, Any]:
                         proposer=proposer, draft_max=k, adaptive=k is None,
                         proposer_options=options.get(proposer),
                     )
-                    for _ in gen.run():
+                    for _ in rt.run(gen):
                         pass
                     key = f"{proposer} k={k if k is not None else 'adaptive'}"
                     case = per_case.setdefault(key, {"runs": 0, "identical": 0, "windows": 0})

@@ -258,7 +258,7 @@ def replay_model(name: str, *, workloads: Sequence[str] | None, tokens: int, rep
         for w in chosen:
             prompt, _ = render_prompt(rt, w, room=tokens)
             gen = rt.generation(prompt, max_tokens=tokens, proposer="off")
-            for _ in gen.run():
+            for _ in rt.run(gen):
                 pass
             at = workload_cost_context(len(prompt), tokens, n_ctx, draft_max)
             log(f"{spec.name}: {w.name}: {len(gen.committed)} tokens; cost of k+1 rows at "

@@ -67,7 +67,7 @@ def _run(rt: ModelRuntime, prompt: list[int], arm: str, tokens: int) -> dict[str
         wall = time.perf_counter() - t0
         trips = _trips(rt) - before
     finally:
-        gen.close()
+        rt.finish(gen)
     st = gen.stats
     forwards = max(1, st.session.target_forwards - st.session.prefill_forwards)
     return {"tok_s": st.emitted / wall if wall else 0.0,

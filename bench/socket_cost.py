@@ -92,7 +92,7 @@ def _in_process(rt: ModelRuntime, i: int, max_tokens: int) -> tuple[int, float]:
     prompt = rt.tokenize_prompt(text, chat=chat)
     t0 = time.perf_counter()
     gen = rt.generation(prompt, max_tokens=max_tokens, proposer="off")
-    for _ in gen.run():
+    for _ in rt.run(gen):
         pass
     return len(gen.committed), time.perf_counter() - t0
 

@@ -205,7 +205,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop,
                 proposer=args.proposer, adaptive=not args.fixed_k,
             )
-            for ev in gen.run():
+            for ev in rt.run(gen):
                 if not args.json and ev.text:
                     sys.stdout.write(ev.text)
                     sys.stdout.flush()

@@ -1,11 +1,12 @@
 """The generation engine: applies speculation's decisions to one sequence session.
 
 One token's walk: gate -> proposer.propose -> (checkpoint) -> session.verify ->
-decision.decide -> repair -> proposer.observe -> commit (events out). The gate and the
-decision live in :mod:`meshd.policy` (``StepGate.verdict``, ``decision.decide``, called
-by :meth:`Generation.judge_window`); this is the one place that applies them. Every
-proposer goes through the same path, and ``--proposer off`` is that path with empty
-drafts, so "identical to plain decoding" is structural.
+accepted prefix -> stop cut -> commit/repair decision -> repair -> proposer.observe ->
+commit (events out). The gate and the decision live in :mod:`meshd.policy`
+(``StepGate.verdict``; ``decision.accepted_prefix`` and ``decision.settle``, with the
+stop cut between them, in :meth:`Generation.judge_window`); this is the one place that
+applies them. Every proposer goes through the same path, and ``--proposer off`` is that
+path with empty drafts, so "identical to plain decoding" is structural.
 
 One decode step has one path: :func:`step_many` plans every generation's window,
 verifies them in shared forwards (one for an attention-only model; on a hybrid model one
@@ -32,12 +33,12 @@ from meshd.plugins.base import Outcome, ProposalRequest, Proposer
 from meshd.plugins.grammar import GrammarProposer
 from meshd.policy.costs import CostModel, RepairCost
 from meshd.policy.decision import (
-    Decision,
     FinishReason,
     RepairCaps,
     RepairKind,
-    decide,
+    accepted_prefix,
     needs_checkpoint,
+    settle,
 )
 from meshd.policy.gate import HeadLoad, Refusal, StepFacts, StepGate
 from meshd.policy.shared_window import DEFAULT_PRIOR, RunningAcceptance
@@ -47,8 +48,8 @@ from .forwards import ForwardTiming, forward_groups_of, verify_and_apply
 from .generation_stats import GenerationStats
 from .logprobs import TokenLogprob, token_logprob
 from .sampling import GREEDY, FloatArray, Sampler, SamplingParams
-from .stopping import StopMatcher
-from .window import MtpHead, Window
+from .stopping import StopMatcher, cut_at_stop
+from .window import Judged, MtpHead, Window
 from .window_sharing import draft_ahead, pad_alone, pad_windows, shared_caps
 
 #: How long a proposer may take to answer before its draft counts as late.
@@ -66,6 +67,17 @@ class TokenEvent:
     text: str
     #: The tokens' log-probabilities, for a request that asked (``logprobs``).
     logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@attrs.frozen
+class Ending:
+    """What a closed generation hands its owner (``ModelRuntime.release``), who then owns
+    the still-usable session (to cache or close) with the tokens in it."""
+
+    stats: GenerationStats
+    followed_head: bool
+    session: SequenceSession
+    tokens: tuple[int, ...]
 
 
 @attrs.frozen
@@ -96,7 +108,6 @@ class Generation:
         settings: SpeculationSettings = SpeculationSettings(),
         mtp_head: MtpHead | None = None,
         show_special: bool = False,
-        on_release: Callable[[SequenceSession, Sequence[int]], None] | None = None,
         grammar: GrammarState | None = None,
         logprobs: int | None = None,
     ) -> None:
@@ -118,8 +129,8 @@ class Generation:
         self.proposer_name: str | None = None
         self.settings = settings
         self.mtp_head = mtp_head
+        self._followed_head = mtp_head is not None
         self.show_special = show_special
-        self.on_release = on_release
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.costs = costs
         #: Speculation's policy for this request: one call per step (see _gate).
@@ -128,8 +139,7 @@ class Generation:
                              prior=settings.prior_acceptance,
                              streaks=proposer is None
                              or not proposer.capabilities.needs_mtp_head)
-        #: This request's acceptance by window position, and how often its proposer has
-        #: drafts (what a shared window's length is chosen from: window_sharing).
+        #: Acceptance by window position (a shared window's length is chosen from it).
         self.acceptance = RunningAcceptance(
             prior=settings.prior_acceptance if settings.prior_acceptance is not None
             else DEFAULT_PRIOR)
@@ -139,9 +149,7 @@ class Generation:
         self.grammar = grammar
         #: Alternatives to report with each token's log-probability (None: not asked).
         self.logprobs = logprobs
-        self._pending_logprobs: list[TokenLogprob] = []
-        #: Drafts of the tokens the constraint forces, with their own gate (they hold
-        #: far more often than the request's proposer's): only where the request speculates.
+        #: Drafts of the forced tokens, with their own gate (they hold far more often).
         self.forced: GrammarProposer | None = None
         self.forced_gate: StepGate | None = None
         if grammar is not None and proposer is not None:
@@ -161,7 +169,6 @@ class Generation:
         #: The session's counters when this request got it (a prefix-cache hit has some).
         self._counters_base = session.counters.snapshot()
         self._text = ""
-        self._pending_text: list[str] = []
 
     # ------------------------------------------------------------------ control
 
@@ -219,8 +226,7 @@ class Generation:
         c = self.session.counters
         self._decode_base = (c.decode_ms + c.verify_ms, c.mtp_ms, c.target_forwards)
         window = Window(self.prompt[-1], len(self.prompt) - 1, ())
-        decision = self.judge_window(window, logits[None, :])
-        return self.apply(window, decision)
+        return self.apply(window, self.judge_window(window, logits[None, :]))
 
     def step(self) -> list[TokenEvent]:
         """One decode step: :func:`step_many` with this generation alone."""
@@ -229,17 +235,23 @@ class Generation:
             raise outcome
         return outcome
 
+    def events(self) -> Iterator[TokenEvent]:
+        """Generate to the end, yielding events as tokens are committed (not closing)."""
+        if not self._started:
+            yield from self.start()
+        while not self.done:
+            yield from self.step()
+
     def run(self) -> Iterator[TokenEvent]:
-        """Generate to the end, yielding events as tokens are committed."""
+        """:meth:`events`, then :meth:`close` (``ModelRuntime.run`` hands the session on)."""
         try:
-            if not self._started:
-                yield from self.start()
-            while not self.done:
-                yield from self.step()
+            yield from self.events()
         finally:
             self.close()
 
-    def close(self) -> None:
+    def close(self, *, keep_session: bool = False) -> Ending | None:
+        """Release the proposer and the session; with ``keep_session``, a usable session
+        is handed back in an :class:`Ending` instead of closed."""
         if self.proposer is not None:
             try:
                 self.proposer.close()
@@ -247,7 +259,7 @@ class Generation:
                 self.stats.fault("close_error")
             self.proposer = None
         if self._released:  # the session may serve another request by now
-            return
+            return None
         self._released = True
         self.stats.wall_ms = (time.perf_counter() - self._t0) * 1e3
         if self.grammar is not None:
@@ -255,10 +267,11 @@ class Generation:
         self.stats.session = self.session.counters.since(self._counters_base)
         if self.session.usable:
             self.stats.state_bytes = self.session.state_bytes()
-        if self.on_release is not None and self.session.usable:
-            self.on_release(self.session, self.tokens[: self.session.n_past])
-        else:
-            self.session.close()
+        if keep_session and self.session.usable:
+            return Ending(self.stats, self._followed_head, self.session,
+                          tuple(self.tokens[: self.session.n_past]))
+        self.session.close()
+        return None
 
     # ------------------------------------------------------------------ plan
 
@@ -415,14 +428,14 @@ class Generation:
 
     # ------------------------------------------------------------------- judge/apply
 
-    def judge_window(self, window: Window, logits: FloatArray) -> Decision:
-        """Judge a verified window: how much commits and how to repair, by
-        :func:`~meshd.policy.decision.decide`.
+    def judge_window(self, window: Window, logits: FloatArray) -> Judged:
+        """Judge a verified window: the accepted prefix and the commit/repair decision
+        (:mod:`meshd.policy.decision`, pure), with the stop cut between them.
 
         Not pure: matching the rows draws from the sampler's RNG (one draw per row
-        reached), and every committed token goes through the UTF-8 assembler and the
-        stop matcher (``stop_after``), whose text waits in ``_pending_text`` for
-        :meth:`apply`. Call it exactly once per verified window, in order."""
+        reached), and the stop cut pushes each committed token through the UTF-8
+        assembler and the stop matcher. Call it exactly once per verified window, in
+        order."""
         masks: list[np.ndarray] | None = [] if self.logprobs is not None else None
         t0 = time.perf_counter()
         predictions = self.sampler.match_rows(logits, window.draft, self.tokens,
@@ -435,32 +448,25 @@ class Generation:
         with self._cancel_lock:
             cancel_at = self._cancel_at
         cancelled_at = None if cancel_at is None else max(0, cancel_at - len(self.committed))
-        self._pending_text = []
-        decision = decide(
-            last=window.last,
-            base=window.base,
-            draft=window.draft,
-            predictions=predictions,
-            remaining=self.max_tokens - len(self.committed),
-            eog=self.info.eog_tokens,
-            caps=caps,
-            cancelled_at=cancelled_at,
-            stop_after=self._stop_after,
-        )
-        if self.logprobs is not None:
-            self._pending_logprobs = [
-                token_logprob(logits[j], tok, self.logprobs, masks[j] if masks else None)
-                for j, tok in enumerate(decision.committed)]
-        return decision
+        prefix = accepted_prefix(
+            draft=window.draft, predictions=predictions,
+            remaining=self.max_tokens - len(self.committed), eog=self.info.eog_tokens,
+            cancelled_at=cancelled_at)
+        texts, stop_at = cut_at_stop(prefix.candidates, self.info.eog_tokens,
+                                     self._text_of, self.stopper)
+        decision = settle(prefix, last=window.last, base=window.base, draft=window.draft,
+                          caps=caps, stop_at=stop_at)
+        lps = () if self.logprobs is None else tuple(
+            token_logprob(logits[j], tok, self.logprobs, masks[j] if masks else None)
+            for j, tok in enumerate(decision.committed))
+        return Judged(decision, tuple(texts), lps)
 
-    def _stop_after(self, _j: int, token: int) -> bool:
-        text = self.assembler.push(self.tokenizer.piece(token, special=self.show_special))
-        result = self.stopper.push(text)
-        self._pending_text.append(result.text)
-        return result.stopped
+    def _text_of(self, token: int) -> str:
+        return self.assembler.push(self.tokenizer.piece(token, special=self.show_special))
 
-    def apply(self, window: Window, decision: Decision) -> list[TokenEvent]:
+    def apply(self, window: Window, judged: Judged) -> list[TokenEvent]:
         """Repair the state first, then commit (so an emit failure leaves a clean state)."""
+        decision = judged.decision
         repair = decision.repair
         s = self.session
         kind = repair.kind
@@ -499,8 +505,7 @@ class Generation:
         self.stats.emitted = len(self.committed)
         if decision.committed:
             self.last = decision.committed[-1]
-        texts = self._pending_text
-        lps = self._pending_logprobs
+        texts, lps = judged.texts, judged.logprobs
         events = [
             TokenEvent((tok,), texts[j] if j < len(texts) else "",
                        (lps[j],) if j < len(lps) else ())
@@ -566,14 +571,9 @@ def step_many(generations: Sequence[Generation], *,
     runtime) records it by rows. Runs where the model's calls may block: a worker thread
     in the daemon.
 
-    Why a recurrent (hybrid) step may take several forwards: llama.cpp runs the windows of
-    one forward as micro-batches, one after another, and a later micro-batch may move a
-    sequence of an earlier one to another state cell without its rollback snapshots, so
-    that sequence's in-place rollback after the forward restores a stale state (the
-    reasoning, and the smallest layout that shows it, are in :mod:`meshd.native.batching`).
-    A forward that is one micro-batch moves only sequences not in it, and those were
-    repaired already. So that concurrent hybrid requests still share ONE forward, their
-    windows get one length chosen for the group and the shorter ones filler
+    A recurrent (hybrid) step may take several forwards: only a forward that llama.cpp
+    runs as one micro-batch keeps every in-place rollback exact
+    (:mod:`meshd.native.batching`), so concurrent hybrid windows get one shared length
     (:mod:`meshd.daemon.window_sharing`).
     """
     out: list[StepOutcome] = [[] for _ in generations]

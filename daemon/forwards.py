@@ -18,10 +18,10 @@ import attrs
 from meshd.native.batching import forward_groups
 from meshd.native.session import SequenceSession, verify_many
 from meshd.policy.costs import CostModel
-from meshd.policy.decision import Decision, RepairKind
+from meshd.policy.decision import RepairKind
 
 from .sampling import FloatArray
-from .window import Window
+from .window import Judged, Window
 
 __all__ = ["ForwardTiming", "WindowOwner", "forward_groups_of", "verify_and_apply"]
 
@@ -32,9 +32,9 @@ class WindowOwner(Protocol):
     session: SequenceSession
     costs: CostModel | None
 
-    def judge_window(self, window: Window, logits: FloatArray) -> Decision: ...
+    def judge_window(self, window: Window, logits: FloatArray) -> Judged: ...
 
-    def apply(self, window: Window, decision: Decision) -> list[Any]: ...
+    def apply(self, window: Window, judged: Judged) -> list[Any]: ...
 
 
 @attrs.frozen
@@ -92,7 +92,7 @@ def verify_and_apply(planned: Sequence[tuple[int, WindowOwner, Window]],
     if on_forward is not None:
         on_forward(ForwardTiming(elapsed, len(windows),
                                  sum(len(tokens) for _, tokens in windows)))
-    decided: list[tuple[int, WindowOwner, Window, Decision]] = []
+    decided: list[tuple[int, WindowOwner, Window, Judged]] = []
     for (i, gen, window), rows in zip(planned, logits, strict=True):
         try:
             decided.append((i, gen, window, gen.judge_window(window, rows)))
@@ -100,9 +100,9 @@ def verify_and_apply(planned: Sequence[tuple[int, WindowOwner, Window]],
             out[i] = exc
     # Repairs that decode (restore-and-replay) go after the others: an in-place rollback
     # is exact only before any other forward.
-    decided.sort(key=lambda t: t[3].repair.kind is RepairKind.RESTORE_AND_REPLAY)
-    for i, gen, window, decision in decided:
+    decided.sort(key=lambda t: t[3].decision.repair.kind is RepairKind.RESTORE_AND_REPLAY)
+    for i, gen, window, judged in decided:
         try:
-            out[i] = gen.apply(window, decision)
+            out[i] = gen.apply(window, judged)
         except Exception as exc:
             out[i] = exc

@@ -7,7 +7,7 @@ their generations here and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +27,19 @@ from meshd.plugins.base import ModelDescription, Proposer, ProposerEnv
 from meshd.plugins.config import PluginConfig
 from meshd.plugins.guard import PluginGuards
 from meshd.plugins.hosts import PluginHosts
-from meshd.plugins.match_stats import SharedMatchStats
 from meshd.plugins.registry import Registry, default_registry
 from meshd.plugins.resources import Need, Resources
-from meshd.policy.acceptance import PooledAcceptance
-from meshd.policy.costs import CostCurve, CostModel, RepairCost
-from meshd.policy.gate import Refusal, mtp_head_pays
-from meshd.policy.head_choice import HeadChoice
-from meshd.policy.rollback_depth import OWN_EVIDENCE_DRAFTS, RequestOutcome, RollbackDepth
+from meshd.policy.costs import CostCurve, CostModel
+from meshd.policy.rollback_depth import RollbackDepth
 
 from .chat_template import ChatTemplateError, ModelChat, read_template_file
 from .constraint import GrammarState, compile_grammar
 from .cost_cache import load_or_measure_costs
-from .engine import Generation, SpeculationSettings
+from .engine import Ending, Generation, SpeculationSettings, TokenEvent
 from .prefix_cache import PrefixCache
 from .request_errors import PromptTooLong, RequestError, too_long_message
 from .sampling import GREEDY, SamplingParams
+from .speculation_ledger import HeadPrices, SpeculationLedger
 from .timed_steps import Events, Notes, ProgressFactory, StepProgress, slow_step, timed
 from .window import MtpHead
 
@@ -139,21 +136,14 @@ class ModelRuntime:
         )
         self._chat = ModelChat(self.model, config.reasoning)
         self._drafts: dict[str, DraftModel] = {}
-        #: Prompt lookup's acceptance by match length, pooled across requests (it sets
-        #: draft lengths only; every draft is verified, so output cannot change).
-        self.ngram_stats = SharedMatchStats()
         self.costs: CostModel | None = None
         #: The MTP head's measured costs (None: no head, or not calibrated).
         self.mtp_costs: MtpCosts | None = None
-        #: The head's acceptance over the requests that drafted with it (``auto``).
-        self.mtp_acceptance = PooledAcceptance()
-        #: How the requests that followed the head ended (``auto`` skips a dropped head).
-        self.head_choice = HeadChoice()
-        #: The rollback snapshots' depth, kept only while speculation uses them (None:
-        #: fixed, as configured: no recurrent state, or adaptation off).
         full = self.context.rollback_window
-        self.rollback = (RollbackDepth(full) if config.adaptive_rollback and full > 0
-                         else None)
+        #: What speculation learns across requests (the rollback depth adapts only on a
+        #: recurrent model with snapshots, and when configured to).
+        self.ledger = SpeculationLedger(
+            RollbackDepth(full) if config.adaptive_rollback and full > 0 else None)
         if config.calibrate and config.draft_max > 0:
             try:
                 self.costs = CostModel(load_or_measure_costs(
@@ -169,9 +159,9 @@ class ModelRuntime:
             except BaseException:
                 self.close()
                 raise
-        if self.rollback is not None and config.default_proposer == "off":
-            self.rollback.not_expected()
-            self._apply_rollback_depth()
+        if self.ledger.rollback is not None and config.default_proposer == "off":
+            self.ledger.rollback.not_expected()
+            self.apply_rollback_depth()
         self.plugins.start()
 
     def _note(self, event: str, message: str) -> None:
@@ -236,71 +226,47 @@ class ModelRuntime:
         return True
 
     @property
-    def mtp_head_pays(self) -> bool:
-        """Whether the MTP head can pay at the pooled acceptance (True until measured)."""
+    def head_prices(self) -> HeadPrices | None:
+        """What the MTP head costs on this context now (None: not measured)."""
         m, curve = self.mtp_costs, self.curve
         if m is None or curve is None:
-            return True
-        return self._head_pays(m, curve, self.mtp_acceptance.estimates())
-
-    def _head_pays(self, m: MtpCosts, curve: CostCurve,
-                   acceptances: Sequence[Sequence[float]]) -> bool:
-        """Whether the head pays at ``acceptances``, judged where the rollback snapshots
-        are kept (the depth an adaptive context returns to when speculation uses it),
-        their cost per forward counted against the head."""
-        ctx, rollback, costs = self.context, self.rollback, self.costs
-        overhead, depth = m.overhead, ctx.rollback_window
-        if rollback is not None:
-            depth = rollback.full
-            overhead += rollback.snapshot_overhead(
-                costs.decode_seconds() if costs is not None else None)
-        return mtp_head_pays(curve, overhead=overhead, draft_cost=m.draft_cost,
-                             k_max=curve.max_k, acceptances=acceptances,
-                             repair=RepairCost(depth) if ctx.recurrent else None)
-
-    def _releasing(self, gen: Generation, *, follows_head: bool,
-                   ) -> Callable[[SequenceSession, Sequence[int]], None]:
-        """``gen``'s release: what it learned about speculation recorded (the head's
-        acceptance pooled, how it ended, the rollback depth's evidence), its session
-        cached for prompts sharing its prefix."""
-        def release(session: SequenceSession, tokens: Sequence[int]) -> None:
-            stats = gen.stats
-            dropped = Refusal.MTP_HEAD_DROPPED in stats.refusals
-            pays_with_snapshots = False
-            if follows_head:
-                self.mtp_acceptance.add(stats.accepted_per_position,
-                                        stats.drafted_per_position)
-                pays_with_snapshots = self._pays_with_snapshots(gen)
-                # A head dropped only for want of snapshots is not held against it.
-                self.head_choice.ended(dropped=dropped and not pays_with_snapshots)
-            if self.rollback is not None:
-                self.rollback.ended(RequestOutcome(
-                    tokens=stats.emitted, accepted=stats.accepted, dropped_head=dropped,
-                    head_pays_with_snapshots=pays_with_snapshots))
-            self.prefix_cache.store(session, tokens)
-        return release
-
-    def _pays_with_snapshots(self, gen: Generation) -> bool:
-        """Whether ``gen``, which followed the head without rollback snapshots, measured
-        an acceptance at which the head would pay with them."""
-        m, curve, rollback = self.mtp_costs, self.curve, self.rollback
-        if rollback is None or rollback.depth != 0 or m is None or curve is None:
-            return False
-        own = PooledAcceptance(min_drafts=OWN_EVIDENCE_DRAFTS)
-        own.add(gen.stats.accepted_per_position, gen.stats.drafted_per_position)
-        estimates = own.estimates()
-        return bool(estimates) and self._head_pays(m, curve, estimates)
+            return None
+        return HeadPrices(m, curve, self.context.rollback_window, self.context.recurrent,
+                          self.costs.decode_seconds() if self.costs is not None else None)
 
     @property
-    def snapshots_wanted_back(self) -> bool:
-        """The rollback snapshots were dropped and are wanted back (rebuilt when idle)."""
-        return self.rollback is not None and self.rollback.wanted > self.rollback.depth
+    def mtp_head_pays(self) -> bool:
+        """Whether the MTP head can pay at the pooled acceptance (True until measured)."""
+        return self.ledger.head_pays(self.head_prices)
 
-    def _apply_rollback_depth(self) -> None:
+    def release(self, ending: Ending | None) -> None:
+        """An ended generation handed back (:meth:`Generation.close` with
+        ``keep_session``): what it learned goes to the ledger, its session to the prefix
+        cache."""
+        if ending is None:
+            return
+        self.ledger.ended(ending.stats, followed_head=ending.followed_head,
+                          prices=self.head_prices)
+        self.prefix_cache.store(ending.session, ending.tokens)
+
+    def finish(self, gen: Generation) -> None:
+        """Close ``gen`` and release what it leaves (:meth:`release`)."""
+        self.release(gen.close(keep_session=True))
+
+    def run(self, gen: Generation) -> Iterator[TokenEvent]:
+        """``gen`` to its end, in-process (``meshd generate``, the bench, tests): its
+        events as tokens are committed, then :meth:`finish`."""
+        try:
+            yield from gen.events()
+        finally:
+            self.finish(gen)
+
+    def apply_rollback_depth(self) -> None:
         """Rebuild the context at the rollback depth the evidence asks for, once no
-        request is running on it (cached sessions are dropped: they live in it).
-        Runs on the model's worker thread, before a new request opens its session."""
-        rollback, old = self.rollback, self.context
+        request is running on it (cached sessions are dropped: they live in it). Runs
+        on the model's compute thread: the scheduler's step before it admits requests,
+        and (in-process) as a generation is made."""
+        rollback, old = self.ledger.rollback, self.context
         if rollback is None or rollback.wanted == rollback.depth:
             return
         if len(old.sessions) > len(self.prefix_cache):
@@ -447,7 +413,8 @@ class ModelRuntime:
         if name == "off":
             return None
         if name == "auto":
-            return "mtp" if self._auto_may_follow_head() and self.head_choice.due else "ngram"
+            return ("mtp" if self._auto_may_follow_head() and self.ledger.head_choice.due
+                    else "ngram")
         return name.partition(":")[0]
 
     def _auto_may_follow_head(self) -> bool:
@@ -506,7 +473,7 @@ class ModelRuntime:
             registry=self.registry if Need.REGISTRY in needs else None,
             cost_curve_now=(lambda: self.curve) if (
                 Need.LIVE_COST_CURVE in needs and adaptive and self.curve is not None) else None,
-            match_stats=self.ngram_stats if Need.MATCH_STATS in needs else None,
+            match_stats=self.ledger.ngram_stats if Need.MATCH_STATS in needs else None,
         )
 
     @property
@@ -540,7 +507,7 @@ class ModelRuntime:
         if need > self.context.config.n_ctx_seq:
             raise PromptTooLong(self.prompt_too_long(len(prompt)))
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
-        self._apply_rollback_depth()  # before anything binds to the context
+        self.apply_rollback_depth()  # before anything binds to the context
         resolved = self.resolve_proposer(proposer)
         state = None if grammar is None else GrammarState(
             self.grammar_vocab.tokenizer(), grammar, n_vocab=self.model.info.n_vocab,
@@ -548,8 +515,8 @@ class ModelRuntime:
         prop, head = self.make_proposer(proposer, proposer_options, prompt,
                                         adaptive=adaptive)
         if ((proposer or self.config.default_proposer) == "auto"
-                and self._auto_may_follow_head() and not self.head_choice.due):
-            self.head_choice.skip()  # served without a head that earlier requests dropped
+                and self._auto_may_follow_head() and not self.ledger.head_choice.due):
+            self.ledger.head_choice.skip()  # served without a head that earlier requests dropped
         if k == 0 and prop is not None:
             prop.close()
             prop = None
@@ -581,13 +548,13 @@ class ModelRuntime:
                 settings=SpeculationSettings(
                     draft_max=k,
                     adaptive=adaptive and not (prop and prop.capabilities.decides_length),
-                    prior_acceptance=self.mtp_acceptance.prior() if follow_mtp else None,
+                    prior_acceptance=(self.ledger.mtp_acceptance.prior() if follow_mtp
+                                      else None),
                 ),
                 mtp_head=head,
                 grammar=state, logprobs=logprobs,
             )
             gen.proposer_name = resolved
-            gen.on_release = self._releasing(gen, follows_head=follow_mtp)
             return gen
         except Exception:
             if prop is not None:

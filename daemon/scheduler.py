@@ -175,6 +175,10 @@ class Scheduler:
     def active(self) -> int:
         return len(self._active)
 
+    def running(self) -> list[Generation]:
+        """The generation of every request decoding now."""
+        return [h.generation for h in self._active if h.generation is not None]
+
     @property
     def queued(self) -> int:
         return len(self._waiting)
@@ -303,7 +307,7 @@ class Scheduler:
         speculating request without them (each window checkpointed and replayed, no
         shared forwards). Waiting is bounded by :data:`SNAPSHOT_WAIT_S`; past it,
         admissions go on and the switch waits for an idle moment."""
-        if not self._active or not self.runtime.snapshots_wanted_back:
+        if not self._active or not self.runtime.ledger.snapshots_wanted_back:
             self._hold_since = None
             return False
         now = time.monotonic()
@@ -384,7 +388,7 @@ class Scheduler:
             if isinstance(result, Exception):
                 gen = handle.generation
                 assert gen is not None
-                await self.run_sync(gen.close)
+                await self.run_sync(self.runtime.finish, gen)
                 self._active.remove(handle)
                 self._finish(handle, GenerationFailed("model", str(result), gen.stats))
                 continue
@@ -436,7 +440,7 @@ class Scheduler:
         assert gen is not None
         if not gen.done:
             return False
-        await self.run_sync(gen.close)  # releases the slot
+        await self.run_sync(self.runtime.finish, gen)  # releases the slot
         assert gen.finish is not None
         ran = gen.stats.proposer_that_ran(handle.proposer)
         self._account(ran, gen.stats)
@@ -473,7 +477,11 @@ def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest]
     """Open a generation for each request and start them (their prompts prefilled
     together, first tokens): each one's generation, the proposer it was given and its
     first events, or why it failed. Runs on the compute thread: the runtime may load a
-    draft model, trim or evict cached sessions, and the prefill is a forward."""
+    draft model, trim or evict cached sessions, and the prefill is a forward.
+
+    First, the context rebuild the rollback evidence asks for (it happens only while no
+    request runs, before anything binds to the context)."""
+    runtime.apply_rollback_depth()
     results: list[Admitted | GenerationFailed] = []
     opened: list[Generation] = []
     try:
@@ -501,7 +509,7 @@ def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest]
         gen = result[0]
         outcome = next(started)
         if isinstance(outcome, NativeError):
-            gen.close()
+            runtime.finish(gen)
             results[i] = GenerationFailed("model", str(outcome), gen.stats)
         elif isinstance(outcome, Exception):  # a bug: every generation is closed
             for g in opened:

@@ -11,11 +11,11 @@ engine never commits a token past it (see :class:`StopMatcher`).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence, Set
 
 from attrs import frozen
 
-__all__ = ["StopMatcher", "StopResult"]
+__all__ = ["StopMatcher", "StopResult", "cut_at_stop"]
 
 
 @frozen
@@ -141,3 +141,21 @@ class StopMatcher:
         for automaton in self._automata:
             automaton.state = 0
         return text
+
+
+def cut_at_stop(candidates: Sequence[int], eog: Set[int], text_of: Callable[[int], str],
+                matcher: StopMatcher) -> tuple[list[str], int | None]:
+    """A verified window's stop cut (between ``decision.accepted_prefix`` and
+    ``decision.settle``): each candidate's text (``text_of``) goes through ``matcher`` in
+    order until a stop string completes. Returns the text each candidate releases and the
+    index of the one that completed a stop (None: none). End-of-generation tokens are
+    not text: one ends the prefix, and is neither pushed nor given text."""
+    texts: list[str] = []
+    for j, token in enumerate(candidates):
+        if token in eog:
+            break
+        result = matcher.push(text_of(token))
+        texts.append(result.text)
+        if result.stopped:
+            return texts, j
+    return texts, None

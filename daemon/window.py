@@ -1,4 +1,4 @@
-"""A verify window, and the MTP head as the engine hands it to a proposer.
+"""A verify window, its judgement, and the MTP head as the engine hands it to a proposer.
 
 Apart from :mod:`meshd.daemon.engine` so that what plans windows together
 (:mod:`meshd.daemon.window_sharing`) can use them without importing the engine.
@@ -9,6 +9,8 @@ from __future__ import annotations
 import attrs
 
 from meshd.native.session import SequenceSession
+from meshd.policy.decision import Decision
+from meshd.protocol.messages import TokenLogprob
 
 
 @attrs.frozen
@@ -29,6 +31,18 @@ class Window:
     def drafted(self) -> int:
         """The proposer's drafts in this window."""
         return len(self.draft) if self.real is None else self.real
+
+
+@attrs.frozen
+class Judged:
+    """A verified window's decision, with the text and log-probabilities of the tokens it
+    commits: all that applying it needs (``Generation.apply``)."""
+
+    decision: Decision
+    #: The text each committed token releases (an end-of-generation token has none).
+    texts: tuple[str, ...] = ()
+    #: Each committed token's log-probability, when the request asked for them.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class MtpHead:

@@ -2,9 +2,13 @@
 
 Each step the engine's last committed token, ``last``, is not yet in the model's state
 (it would sit at position ``base``). One target forward over ``[last, d_0 .. d_{k-1}]``
-yields the target's own next token after each row, ``p_0 .. p_k``; :func:`decide` turns
-those facts into a :class:`Decision`: the tokens committed, why the request finished (if
-it did), and how to repair the state. Pure, so every rule is tested exhaustively.
+yields the target's own next token after each row, ``p_0 .. p_k``. Two pure steps turn
+those facts into a :class:`Decision` (the tokens committed, why the request finished, if
+it did, and how to repair the state): :func:`accepted_prefix` walks the candidates up to
+a cancel, the budget or an end-of-generation token; the engine then cuts that prefix at
+the first completed stop string (its text assembly, the one impure part), and
+:func:`settle` decides the commit and the repair given that cut. :func:`decide` is the
+two with a known cut. Pure, so every rule is tested exhaustively.
 
 The invariant is the repair rule: after ``n`` commits the state keeps exactly the first
 ``n`` of the window's ``k + 1`` entries. Keeping any rejected row would make the model
@@ -15,20 +19,22 @@ every verified row was committed.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Sequence, Set
 
 from attrs import field, frozen
 
 __all__ = [
     "Decision",
     "FinishReason",
+    "Prefix",
     "Repair",
     "RepairCaps",
     "RepairKind",
-    "StopAfter",
     "UnrepairableWindow",
+    "accepted_prefix",
     "decide",
     "needs_checkpoint",
+    "settle",
 ]
 
 
@@ -144,9 +150,19 @@ class UnrepairableWindow(RuntimeError):
     """
 
 
-StopAfter = Callable[[int, int], bool]
-"""``stop_after(j, token)``: does committing candidate ``j`` (0-based within the
-window), whose token is ``token``, complete a stop string?"""
+@frozen
+class Prefix:
+    """What a verified window commits unless a stop string ends it sooner.
+
+    ``candidates``: ``d_0 .. d_{a-1}, p_a`` up to the first that the request may not
+    commit (cancel, budget) or through the first end-of-generation token. ``matched``:
+    ``a``, the leading drafts the target agreed with. ``finish``: the walk's own end
+    (CANCELLED, LENGTH or EOG), or None.
+    """
+
+    candidates: tuple[int, ...]
+    matched: int
+    finish: FinishReason | None
 
 
 def needs_checkpoint(k: int, caps: RepairCaps) -> bool:
@@ -167,44 +183,31 @@ def needs_checkpoint(k: int, caps: RepairCaps) -> bool:
     return caps.recurrent and k > 0 and k > caps.rollback_window
 
 
-def decide(
+def accepted_prefix(
     *,
-    last: int,
-    base: int,
     draft: Sequence[int],
     predictions: Sequence[int],
     remaining: int,
     eog: Set[int],
-    caps: RepairCaps,
     cancelled_at: int | None = None,
-    stop_after: StopAfter | None = None,
-) -> Decision:
-    """Decide what one verify window commits and how to repair the model state.
+) -> Prefix:
+    """Walk the candidates ``d_0 .. d_{a-1}, p_a`` one at a time.
 
     ``predictions[i]`` is the target's next token after row ``i``; it may be shorter
     than ``k + 1`` (seeded sampling draws row by row and may stop at the first
     mismatch), but it must cover every candidate the walk reaches.
 
-    The walk goes over candidates ``d_0 .. d_{a-1}, p_a`` one at a time. Before
-    candidate ``j``: if ``cancelled_at`` is set and ``j >= cancelled_at`` the request is
-    CANCELLED; if ``j >= remaining`` it is LENGTH; neither commits candidate ``j``. After
-    committing it: a token in ``eog`` is EOG; else ``stop_after(j, token)`` true is STOP.
-    Any finish ends the walk. ``stop_after`` is called exactly once per committed
-    non-EOG token, in order, and never for an uncommitted one, so a stateful stop
-    matcher behind it stays in step with the committed text.
+    Before candidate ``j``: if ``cancelled_at`` is set and ``j >= cancelled_at`` the
+    request is CANCELLED; if ``j >= remaining`` it is LENGTH; neither takes candidate
+    ``j``. A candidate in ``eog`` is taken and ends the walk (EOG).
 
     ``cancelled_at`` is relative to this window: 0 means "cancelled now" (nothing more
     is committed); a larger index lets the request run until that many tokens of the
     window are committed, so "cancel once N tokens are out" lands exactly on token N
     even when N falls in a later window. A walk that ends before reaching the index
     does not finish the request on its account.
-
-    Raises ValueError on inconsistent inputs and :class:`UnrepairableWindow` when a
-    recurrent state cannot be repaired for a request that has not finished.
     """
     k = len(draft)
-    if base < 0:
-        raise ValueError(f"base must be >= 0, got {base}")
     if remaining < 0:
         raise ValueError(f"remaining must be >= 0, got {remaining}")
     if cancelled_at is not None and cancelled_at < 0:
@@ -222,7 +225,7 @@ def decide(
             break
         matched += 1
 
-    committed: list[int] = []
+    candidates: list[int] = []
     finish: FinishReason | None = None
     for j in range(matched + 1):
         if cancelled_at is not None and j >= cancelled_at:
@@ -240,24 +243,73 @@ def decide(
                     f"{j} accepted drafts) but only {len(predictions)} were given"
                 )
             token = predictions[j]
-        committed.append(token)
+        candidates.append(token)
         if token in eog:
             finish = FinishReason.EOG
             break
-        if stop_after is not None and stop_after(j, token):
-            finish = FinishReason.STOP
-            break
+    return Prefix(tuple(candidates), matched, finish)
 
+
+def settle(
+    prefix: Prefix,
+    *,
+    last: int,
+    base: int,
+    draft: Sequence[int],
+    caps: RepairCaps,
+    stop_at: int | None = None,
+) -> Decision:
+    """What the window commits and how to repair the state, given the stop cut.
+
+    ``stop_at``: the first candidate whose commit completes a stop string (never an
+    end-of-generation token); it is committed, the rest are not, and the request
+    finishes STOP. None: no stop string completed, and the walk's finish stands.
+
+    Raises ValueError on inconsistent inputs and :class:`UnrepairableWindow` when a
+    recurrent state cannot be repaired for a request that has not finished.
+    """
+    if base < 0:
+        raise ValueError(f"base must be >= 0, got {base}")
+    committed, finish = prefix.candidates, prefix.finish
+    if stop_at is not None:
+        if not 0 <= stop_at < len(committed) or (
+                stop_at == len(committed) - 1 and finish is FinishReason.EOG):
+            raise ValueError(f"stop_at {stop_at} is not a candidate that can complete a "
+                             f"stop string ({len(committed)} candidates, finish {finish})")
+        committed, finish = committed[: stop_at + 1], FinishReason.STOP
     n = len(committed)
     repair = _repair(last=last, base=base, draft=draft, n=n, caps=caps, finish=finish)
     return Decision(
-        committed=tuple(committed),
-        accepted=min(n, matched),
-        matched=matched,
+        committed=committed,
+        accepted=min(n, prefix.matched),
+        matched=prefix.matched,
         finish=finish,
         repair=repair,
-        verified_rows=k + 1,
+        verified_rows=len(draft) + 1,
     )
+
+
+def decide(
+    *,
+    last: int,
+    base: int,
+    draft: Sequence[int],
+    predictions: Sequence[int],
+    remaining: int,
+    eog: Set[int],
+    caps: RepairCaps,
+    cancelled_at: int | None = None,
+    stop_at: int | None = None,
+) -> Decision:
+    """:func:`accepted_prefix` then :func:`settle`, for a caller that knows which
+    candidate would complete a stop string (``stop_at``); a cut the walk does not reach,
+    or on an end-of-generation token, is no cut (EOG wins)."""
+    prefix = accepted_prefix(draft=draft, predictions=predictions, remaining=remaining,
+                             eog=eog, cancelled_at=cancelled_at)
+    if stop_at is not None and (stop_at >= len(prefix.candidates)
+                                or prefix.candidates[stop_at] in eog):
+        stop_at = None
+    return settle(prefix, last=last, base=base, draft=draft, caps=caps, stop_at=stop_at)
 
 
 def _repair(

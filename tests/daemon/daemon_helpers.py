@@ -90,7 +90,7 @@ def reference(runtime: ModelRuntime, prompt: Sequence[int], *, max_tokens: int,
     """
     gen = runtime.generation(list(prompt), max_tokens=max_tokens, sampling=sampling,
                              stop=stop, proposer=proposer)
-    for _ in gen.run():
+    for _ in runtime.run(gen):
         pass
     assert gen.finish is not None
     return list(gen.committed), gen.text, gen.finish.value

@@ -68,7 +68,7 @@ def _run(rt: ModelRuntime, prompt: list[int], sampling: SamplingParams,
         name = f"draft:{testmodels.test_model_path('llama')}"
     gen = rt.generation(prompt, max_tokens=60, sampling=sampling, proposer=name,
                         adaptive=False, proposer_options=options or OPTIONS.get(proposer))
-    for _ in gen.run():
+    for _ in rt.run(gen):
         pass
     return list(gen.committed), gen.stats.verify_calls, dict(gen.stats.refusals)
 

@@ -83,7 +83,7 @@ def generate(rt: ModelRuntime, prompt: list[int], grammar: str, proposer: str,
              sampling: SamplingParams, max_tokens: int = 160) -> tuple[str, object]:
     gen = rt.generation(prompt, max_tokens=max_tokens, proposer=proposer, grammar=grammar,
                         sampling=sampling)
-    text = "".join(ev.text for ev in gen.run())
+    text = "".join(ev.text for ev in rt.run(gen))
     return text, gen
 
 

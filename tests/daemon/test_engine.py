@@ -80,7 +80,7 @@ def generate(
                         proposer_options=OPTIONS.get(proposer))
     if cancel_at is not None:
         gen.cancel(at_emitted=cancel_at)
-    for _ in gen.run():
+    for _ in rt.run(gen):
         pass
     assert rt.idle_slots == rt.context.config.n_seq_max
     return gen
@@ -404,7 +404,7 @@ def test_an_mtp_head_that_cannot_pay_is_dropped(kind: str) -> None:
         rt.curve = CostCurve([1.0 + k for k in range(K_MAX + 1)])
         gen = rt.generation(prompt, max_tokens=200, proposer="mtp", adaptive=True)
         forwards_at_drop = None
-        for _ in gen.run():
+        for _ in rt.run(gen):
             if forwards_at_drop is None and gen.stats.refusals.get("mtp_head_dropped"):
                 forwards_at_drop = rt.context.mtp.forwards
         assert gen.committed == ref.committed
@@ -453,9 +453,9 @@ def test_auto_follows_the_heads_acceptance_pooled_over_requests(
         assert rt.resolve_proposer("auto") == "mtp"
         prompt = prompt_for(rt, "pooled acceptance")
         gen = rt.generation(prompt, max_tokens=64, proposer="mtp", adaptive=False)
-        for _ in gen.run():
+        for _ in rt.run(gen):
             pass
-        assert gen.stats.drafted >= rt.mtp_acceptance.min_drafts
+        assert gen.stats.drafted >= rt.ledger.mtp_acceptance.min_drafts
         assert rt.resolve_proposer("auto") == auto
         assert rt.resolve_proposer("mtp") == "mtp"
     finally:
@@ -477,16 +477,16 @@ def test_auto_serves_without_a_head_that_earlier_requests_dropped() -> None:
 
         def serve() -> Generation:
             gen = rt.generation(prompt, max_tokens=48, proposer="auto")
-            for _ in gen.run():
+            for _ in rt.run(gen):
                 pass
             return gen
 
         first = serve()
         assert first.proposer_name == "mtp"
         assert first.stats.refusals.get("mtp_head_dropped") == 1
-        assert 0 < first.stats.drafted < rt.mtp_acceptance.min_drafts, first.stats.drafted
+        assert 0 < first.stats.drafted < rt.ledger.mtp_acceptance.min_drafts, first.stats.drafted
         assert first.stats.accepted == 0
-        for _ in range(rt.head_choice.explore_every):
+        for _ in range(rt.ledger.head_choice.explore_every):
             gen = serve()
             assert gen.proposer_name == "ngram" and gen.stats.session.mtp_ms == 0.0
         again = serve()

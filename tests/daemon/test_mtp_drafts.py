@@ -104,7 +104,7 @@ def meshd_steps(kind: str, prompt: list[int], n_max: int) -> tuple[list[int], li
     assert gen.proposer is not None
     recorder = Recorder(gen.proposer)
     gen.proposer = recorder
-    for _ in gen.run():
+    for _ in rt.run(gen):
         pass
     assert len(gen.committed) == TOKENS
     assert sum(s.accepted for s in recorder.steps) == gen.stats.accepted

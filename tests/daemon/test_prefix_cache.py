@@ -28,7 +28,7 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[ModelRuntime, ModelRu
 
 def run(rt: ModelRuntime, prompt: list[int], proposer: str = "off") -> list[int]:
     gen = rt.generation(prompt, max_tokens=40, proposer=proposer, adaptive=False)
-    for _ in gen.run():
+    for _ in rt.run(gen):
         pass
     return gen.committed
 

@@ -46,7 +46,7 @@ def generate(rt: ModelRuntime, text: str, proposer: str, max_tokens: int) -> Gen
     prompt = rt.tokenize_prompt(rt.render_chat([{"role": "user", "content": text}]),
                                 chat=True)
     gen = rt.generation(prompt, max_tokens=max_tokens, proposer=proposer)
-    for _ in gen.run():
+    for _ in rt.run(gen):
         pass
     return gen
 

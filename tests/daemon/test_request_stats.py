@@ -43,7 +43,7 @@ def llama() -> Iterator[ModelRuntime]:
 def generate(rt: ModelRuntime, text: str, **kw: object) -> GenerationStats:
     prompt = rt.tokenize_prompt(rt.render_chat([{"role": "user", "content": text}]), chat=True)
     gen = rt.generation(prompt, max_tokens=8, adaptive=False, **kw)  # type: ignore[arg-type]
-    for _ in gen.run():
+    for _ in rt.run(gen):
         pass
     return gen.stats
 
@@ -87,7 +87,7 @@ def test_verify_time_is_the_drafted_part_of_decode_time() -> None:
         for _ in range(2):
             gen = rt.generation(rt.tokenize_prompt("hello there", chat=False), max_tokens=30,
                                 proposer="mtp", adaptive=False)
-            for _ in gen.run():
+            for _ in rt.run(gen):
                 pass
             runs.append(gen.stats)
     assert runs[0].session.target_forwards == runs[1].session.target_forwards  # no running totals

@@ -22,7 +22,7 @@ from meshd.testing import testmodels
 
 def _serve(rt: ModelRuntime, prompt: list[int], proposer: str) -> Generation:
     gen = rt.generation(prompt, max_tokens=40, proposer=proposer)
-    for _ in gen.run():
+    for _ in rt.run(gen):
         pass
     return gen
 
@@ -54,7 +54,7 @@ def test_snapshots_follow_speculation_and_tokens_do_not_change() -> None:
         assert again.stats.session.checkpoints == 0  # windows within the snapshots
     finally:
         rt.close()
-    assert rt.rollback is not None
+    assert rt.ledger.rollback is not None
 
 
 def test_a_daemon_whose_default_is_off_starts_without_snapshots() -> None:
@@ -91,7 +91,7 @@ def test_a_dropped_head_drops_the_snapshots_after_that_request() -> None:
         gen = rt.generation(prompt, max_tokens=120, proposer="mtp")
         # The head's drafts are judged per position, not by copy runs.
         assert gen.gate.adaptive is not None and not gen.gate.adaptive.streaks
-        for _ in gen.run():
+        for _ in rt.run(gen):
             pass
         assert "mtp_head_dropped" in gen.stats.refusals
         _serve(rt, prompt, "off")
@@ -109,7 +109,7 @@ def test_fixed_depth_when_adaptation_is_off() -> None:
         prompt = rt.tokenize_prompt("snapshots stay", chat=False)
         for _ in range(QUIET_REQUESTS + 1):
             _serve(rt, prompt, "off")
-        assert rt.context.rollback_window == 4 and rt.rollback is None
+        assert rt.context.rollback_window == 4 and rt.ledger.rollback is None
     finally:
         rt.close()
 
@@ -155,14 +155,14 @@ async def test_admissions_wait_for_the_snapshots_to_come_back(anyio_backend: str
                 clients.start_soon(run, "mtp", GenerationRequest(
                     tuple(prompt), max_tokens=40, proposer="mtp"))
                 await until("mtp done")
-                assert rt.snapshots_wanted_back and "long done" not in order
+                assert rt.ledger.snapshots_wanted_back and "long done" not in order
                 clients.start_soon(run, "next", GenerationRequest(
                     tuple(prompt), max_tokens=20, proposer="mtp"))
             tg.cancel_scope.cancel()
         # A slot was free, yet the third request waited for the long one to end.
         assert order.index("long done") < order.index("next first")
         assert rt.context.rollback_window == 4
-        assert not rt.snapshots_wanted_back
+        assert not rt.ledger.snapshots_wanted_back
     finally:
         rt.close()
 
@@ -201,6 +201,6 @@ def test_a_refused_rebuild_keeps_the_old_depth_and_stops_trying(
         assert rt.context is after_first_try  # no rebuild on every request
         assert rt.context.rollback_window == 0
         assert [e for e, _ in notes].count("rollback_depth_failed") == 1
-        assert rt.rollback is not None and rt.rollback.stuck
+        assert rt.ledger.rollback is not None and rt.ledger.rollback.stuck
     finally:
         rt.close()

@@ -51,7 +51,7 @@ def _config(kind: str = "qwen35", **kw: object) -> RuntimeConfig:
 def _generate(rt: ModelRuntime, proposer: str) -> tuple[list[int], tuple[int, int, int]]:
     gen = rt.generation(rt.tokenize_prompt(PROMPT, chat=False), max_tokens=40,
                         proposer=proposer, adaptive=False)
-    list(gen.run())
+    list(rt.run(gen))
     st = gen.stats
     return list(gen.committed), (st.drafted, st.accepted, st.session.target_forwards)
 

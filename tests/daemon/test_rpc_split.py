@@ -45,7 +45,7 @@ def _generate(rt: ModelRuntime, proposer: str, max_tokens: int = 48,
               ) -> tuple[list[int], tuple[int, int, int]]:
     gen = rt.generation(rt.tokenize_prompt(PROMPT, chat=False), max_tokens=max_tokens,
                         proposer=proposer, adaptive=False)
-    list(gen.run())
+    list(rt.run(gen))
     st = gen.stats
     return list(gen.committed), (st.drafted, st.accepted, st.session.target_forwards)
 

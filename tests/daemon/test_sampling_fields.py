@@ -65,7 +65,7 @@ def _prompt(rt: ModelRuntime) -> list[int]:
 
 def _run(rt: ModelRuntime, proposer: str, params: SamplingParams) -> list[int]:
     gen = rt.generation(_prompt(rt), max_tokens=48, proposer=proposer, sampling=params)
-    for _ in gen.run():
+    for _ in rt.run(gen):
         pass
     return list(gen.committed)
 

@@ -135,7 +135,7 @@ def test_forced_calls_hold_on_a_synthetic_qwen35() -> None:
         prompt = rt.tokenize_prompt("Call a tool. ", chat=False)
         for proposer in ("off", "mtp"):
             gen = rt.generation(prompt, max_tokens=400, proposer=proposer, grammar=grammar)
-            text = "".join(e.text for e in gen.run())
+            text = "".join(e.text for e in rt.run(gen))
             content, calls = answer_calls(text, spec, finished=gen.finish.value == "eog")
             assert gen.finish.value == "eog", text
             _valid(calls)

@@ -233,7 +233,7 @@ def test_a_request_alone_pads_its_window_to_a_cheaper_forward(
     monkeypatch.setattr(SequenceSession, "verify", spy)
     monkeypatch.setattr(Generation, "_propose", short)
     try:
-        for _ in gen.run():
+        for _ in runtime.run(gen):
             pass
         assert list(gen.committed) == alone
         assert gen.stats.verify_calls > 0 and len(gen.stats.drafted_per_position) <= 2

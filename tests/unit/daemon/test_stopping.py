@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.daemon.stopping import StopMatcher, StopResult
-from meshd.policy.decision import FinishReason, RepairCaps, decide
+from meshd.daemon.stopping import StopMatcher, StopResult, cut_at_stop
+from meshd.policy.decision import FinishReason, RepairCaps, accepted_prefix, settle
 
 
 def reference(text: str, stops: Sequence[str]) -> tuple[str, int | None]:
@@ -177,24 +177,30 @@ def test_invalid() -> None:
         m.push("more")
 
 
-def test_backs_stop_after_in_decide() -> None:
-    """The engine's wiring: the matcher completes the stop on the right token."""
+def test_the_stop_cut_over_a_windows_prefix() -> None:
+    """The engine's wiring: the matcher completes the stop on the right token, and the
+    window commits through it and no further."""
     vocab = {1: "The", 2: " end", 3: "<", 4: "/s", 5: ">", 6: " more"}
-    matcher = StopMatcher(["</s>"])
-    shown: list[str] = []
-
-    def stop_after(_j: int, token: int) -> bool:
-        result = matcher.push(vocab[token])
-        shown.append(result.text)
-        return bool(result.stopped)
-
-    d = decide(
-        last=1, base=0, draft=[2, 3, 4, 5, 6], predictions=[2, 3, 4, 5, 6, 6], remaining=10,
-        eog=set(), caps=RepairCaps(recurrent=False), stop_after=stop_after,
-    )
+    prefix = accepted_prefix(draft=[2, 3, 4, 5, 6], predictions=[2, 3, 4, 5, 6, 6],
+                             remaining=10, eog=set())
+    texts, stop_at = cut_at_stop(prefix.candidates, set(), vocab.__getitem__,
+                                 StopMatcher(["</s>"]))
+    d = settle(prefix, last=1, base=0, draft=[2, 3, 4, 5, 6], caps=RepairCaps(False),
+               stop_at=stop_at)
     assert d.committed == (2, 3, 4, 5)
     assert d.finish is FinishReason.STOP
-    assert "".join(shown) == " end"
+    assert "".join(texts) == " end"
+
+
+def test_the_stop_cut_never_pushes_an_end_of_generation_token() -> None:
+    pushed: list[int] = []
+
+    def text_of(token: int) -> str:
+        pushed.append(token)
+        return "x"
+
+    texts, stop_at = cut_at_stop((7, 8, 9), {9}, text_of, StopMatcher(["y"]))
+    assert (pushed, texts, stop_at) == ([7, 8], ["x", "x"], None)
 
 
 def _long_stop(n: int) -> str:

@@ -23,15 +23,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from meshd.daemon.stopping import StopResult, cut_at_stop
 from meshd.policy.decision import (
     Decision,
     FinishReason,
+    Prefix,
     Repair,
     RepairCaps,
     RepairKind,
     UnrepairableWindow,
+    accepted_prefix,
     decide,
     needs_checkpoint,
+    settle,
 )
 
 EOG = 99
@@ -127,23 +131,24 @@ class Scenario:
     def base(self) -> int:
         return len(self.history)
 
-    def stop_after(self, j: int, token: int) -> bool:
-        self.calls.append((j, token))
-        return j in self.stop_indices or token in self.stop_tokens
+    def text_of(self, token: int) -> str:
+        self.calls.append((len(self.calls), token))
+        return "t"
+
+    def push(self, text: str) -> StopResult:
+        j, token = self.calls[-1]
+        return StopResult(text, stopped=j in self.stop_indices or token in self.stop_tokens)
 
     def run(self, caps: RepairCaps | None = None) -> Decision:
+        """The engine's judgement: the accepted prefix, the stop cut, the settlement."""
         self.calls.clear()
-        return decide(
-            last=self.last,
-            base=self.base,
-            draft=self.draft,
-            predictions=self.predictions,
-            remaining=self.remaining,
-            eog=self.eog,
-            caps=self.caps if caps is None else caps,
-            cancelled_at=self.cancelled_at,
-            stop_after=self.stop_after,
-        )
+        prefix = accepted_prefix(draft=self.draft, predictions=self.predictions,
+                                 remaining=self.remaining, eog=self.eog,
+                                 cancelled_at=self.cancelled_at)
+        texts, stop_at = cut_at_stop(prefix.candidates, self.eog, self.text_of, self)
+        assert len(texts) == len(self.calls)
+        return settle(prefix, last=self.last, base=self.base, draft=self.draft,
+                      caps=self.caps if caps is None else caps, stop_at=stop_at)
 
 
 def leading_matches(draft: Sequence[int], predictions: Sequence[int]) -> int:
@@ -228,7 +233,7 @@ def check(s: Scenario) -> Decision | None:
     assert n <= s.remaining
     if d.finish is None:
         assert n == d.matched + 1, "a continuing request commits every candidate"
-    # stop_after: once per committed non-EOG token, in order, never for others.
+    # The stop cut: once per committed non-EOG token, in order, never for others.
     assert s.calls == [(j, t) for j, t in enumerate(d.committed) if t not in s.eog]
     # EOG can only be the final committed token.
     assert all(t not in s.eog for t in d.committed[:-1])
@@ -520,33 +525,37 @@ def test_remaining_zero_commits_nothing() -> None:
 
 
 def test_stop_string_mid_window() -> None:
-    calls: list[tuple[int, int]] = []
-
-    def stop_after(j: int, token: int) -> bool:
-        calls.append((j, token))
-        return token == 3
-
     d = decide(
         last=1, base=0, draft=[2, 3, 4], predictions=[2, 3, 4, 5], remaining=10, eog=set(),
-        caps=RepairCaps(True, 3), stop_after=stop_after,
+        caps=RepairCaps(True, 3), stop_at=1,
     )
-    assert calls == [(0, 2), (1, 3)]
     assert d.committed == (2, 3) and d.finish is FinishReason.STOP
     assert d.repair == Repair(RepairKind.ROLLBACK_IN_PLACE, keep_to=2, remove=2)
 
 
-def test_eog_wins_over_stop_and_skips_predicate() -> None:
-    calls: list[tuple[int, int]] = []
-
-    def stop_after(j: int, token: int) -> bool:
-        calls.append((j, token))
-        return True
-
+def test_eog_wins_over_stop() -> None:
     d = decide(
         last=1, base=0, draft=[EOG], predictions=[EOG, 5], remaining=10, eog={EOG},
-        caps=RepairCaps(False), stop_after=stop_after,
+        caps=RepairCaps(False), stop_at=0,
     )
-    assert d.committed == (EOG,) and d.finish is FinishReason.EOG and calls == []
+    assert d.committed == (EOG,) and d.finish is FinishReason.EOG
+
+
+def test_a_stop_past_the_walk_is_no_cut() -> None:
+    d = decide(
+        last=1, base=0, draft=[2, 3, 4], predictions=[2, 3, 4, 5], remaining=2, eog=set(),
+        caps=RepairCaps(False), stop_at=3,
+    )
+    assert d.committed == (2, 3) and d.finish is FinishReason.LENGTH
+
+
+def test_settle_refuses_a_cut_it_cannot_make() -> None:
+    prefix = Prefix(candidates=(2, EOG), matched=1, finish=FinishReason.EOG)
+    for bad in (-1, 1, 2):
+        with pytest.raises(ValueError, match="stop_at"):
+            settle(prefix, last=1, base=0, draft=[2], caps=RepairCaps(False), stop_at=bad)
+    d = settle(prefix, last=1, base=0, draft=[2], caps=RepairCaps(False), stop_at=0)
+    assert d.committed == (2,) and d.finish is FinishReason.STOP
 
 
 def test_cancel_wins_over_length_at_same_index() -> None:

@@ -37,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-a", "--alias")
     p.add_argument("--api-key")
     p.add_argument("--cors-origins")
+    p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--spec-type")
     p.add_argument("--spec-draft-n-max", type=int)
     p.add_argument("-md", "--model-draft")
@@ -103,6 +104,8 @@ def meshd_serve_argv(meshd: str, argv: Sequence[str], model: Path,
         out += ["--api-key", flags.api_key]
     if flags.cors_origins:
         out += ["--cors-origins", flags.cors_origins]
+    if flags.slots is False:
+        out += ["--no-slots-endpoint"]
     if flags.model_draft:
         out += ["--draft-model", flags.model_draft]
     if flags.spec_type:

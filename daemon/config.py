@@ -242,6 +242,8 @@ class HttpSection:
                                         "answers (CORS; * for any, localhost for any "
                                         "loopback page)", flag="cors_origins",
                                         live=True)
+    slots_endpoint: bool = key(True, "serve llama-server's GET /slots (each slot's state, "
+                               "no prompt text)", flag="slots_endpoint", live=True)
 
 
 @attrs.frozen
@@ -553,7 +555,7 @@ def server_config(config: Config) -> ServerConfig:
         http=HttpConfig(max_header_bytes=h.max_header_bytes, max_body_bytes=h.max_body_bytes,
                         request_timeout_s=h.request_timeout_s,
                         idle_timeout_s=h.idle_timeout_s, api_key=h.api_key,
-                        cors_origins=h.cors_origins),
+                        cors_origins=h.cors_origins, slots_endpoint=h.slots_endpoint),
     )
 
 

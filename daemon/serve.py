@@ -81,6 +81,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--cors-origins", default=None, metavar="ORIGIN[,ORIGIN...]",
                    type=lambda text: [o.strip() for o in text.split(",") if o.strip()],
                    help="web origins whose pages may read the HTTP answers (* for any)")
+    p.add_argument("--slots-endpoint", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve llama-server's GET /slots: each slot's state, no prompt text "
+                        "(default: on)")
     p.add_argument("--slots", metavar="N", type=positive, default=opt.DEFAULT_SLOTS,
                    help="generations decoded together (sessions in the shared context)")
     p.add_argument("--prefix-cache-tokens", metavar="N", type=non_negative, default=None,

@@ -26,3 +26,5 @@ class HttpConfig:
     """The TCP listener's Bearer key (None: none asked; the Unix socket never asks)."""
     cors_origins: tuple[str, ...] = ()
     """Web origins whose pages may read the answers (``*``: any); none by default."""
+    slots_endpoint: bool = True
+    """Serve llama-server's ``GET /slots`` (each slot's state; no prompt text)."""

@@ -4,9 +4,10 @@
 API, streamed or not), ``GET /v1/models`` and ``GET /v1/models/{id}``; llama-server's
 un-prefixed ``/chat/completions`` and ``/models`` (aliases), its own ``/completion`` and
 ``/completions`` (its native shape), its input-token counts and its extras
-(``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /props``); ``GET /health`` and
-``GET /metrics`` (Prometheus). Every error is OpenAI's error object with a 4xx/5xx
-status, counted by code like the native protocol's errors; the connection stays usable.
+(``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /props``, ``GET /slots``);
+``GET /health`` and ``GET /metrics`` (Prometheus). Every error is OpenAI's error object
+with a 4xx/5xx status, counted by code like the native protocol's errors; the connection
+stays usable.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .llama_completion import serve_llama_completion
 from .openai_api import JSON, ApiError, error_body, json_bytes, parse_request
 from .responder import Responder
 from .responses import serve_response
+from .slots import slots
 
 __all__ = ["Routes"]
 
@@ -47,17 +49,17 @@ class Routes:
         self.log = log
 
     async def handle(self, method: str, target: str, body: bytes, out: Responder) -> None:
-        path = target.partition("?")[0]
+        path, _, query = target.partition("?")
         t0 = time.perf_counter()
         status = 200
         allowed: str | None = None
         try:
-            route = _route(path)
+            route = _route(path, query)
             if route is None:
                 raise ApiError(404, f"no endpoint {path}; see /v1/completions, "
                                     "/v1/chat/completions, /v1/responses, /v1/models, "
                                     "/completion, /tokenize, /detokenize, /apply-template, "
-                                    "/props, "
+                                    "/props, /slots, "
                                     "/health, /metrics", code="not_found")
             allowed, handler = route
             if method != allowed:
@@ -184,12 +186,14 @@ _ROUTES: Final[dict[str, tuple[str, _Handler]]] = {
 _MODEL_PREFIXES: Final = ("/v1/models/", "/models/")
 
 
-def _route(path: str) -> tuple[str, _Handler] | None:
+def _route(path: str, query: str) -> tuple[str, _Handler] | None:
     """The method and handler of ``path``; ``/v1/models/{id}`` carries its (URL-encoded)
-    id to the handler."""
+    id to the handler, ``/slots`` its query."""
     route = _ROUTES.get(path)
     if route is not None:
         return route
+    if path == "/slots":
+        return "GET", functools.partial(slots, query=query)
     for prefix in _MODEL_PREFIXES:
         if path.startswith(prefix) and len(path) > len(prefix):
             model_id = urllib.parse.unquote(path.removeprefix(prefix))

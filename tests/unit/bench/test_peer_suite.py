@@ -44,6 +44,9 @@ def test_meshd_serve_gets_what_llama_server_was_asked() -> None:
     assert value("--chat-template-file") == str(Path("../t.jinja").resolve())
     assert value("-s") == str(SOCK)
     assert "--temp" in serve.ignored and "--jinja" in serve.ignored
+    assert "--no-slots-endpoint" in serve.argv  # llama-server's --no-slots
+    on = meshd_serve_argv("meshd", ["--slots"], MODEL, SOCK).argv
+    assert "--no-slots-endpoint" not in on and "--slots-endpoint" not in on
 
 
 def test_auto_parallel_is_four_unified_slots() -> None:

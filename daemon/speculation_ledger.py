@@ -11,10 +11,10 @@ acceptance by match length. The runtime hands every ended generation here
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
-from meshd.native.calibrate import MtpCosts
 from meshd.plugins.match_stats import SharedMatchStats
 from meshd.policy.acceptance import PooledAcceptance
 from meshd.policy.costs import CostCurve, RepairCost
@@ -22,7 +22,10 @@ from meshd.policy.gate import Refusal, mtp_head_pays
 from meshd.policy.head_choice import HeadChoice
 from meshd.policy.rollback_depth import OWN_EVIDENCE_DRAFTS, RequestOutcome, RollbackDepth
 
-from .generation_stats import GenerationStats
+if TYPE_CHECKING:  # types only: the ledger itself runs no llama.cpp (a fast-tier test)
+    from meshd.native.calibrate import MtpCosts
+
+    from .generation_stats import GenerationStats
 
 __all__ = ["HeadPrices", "SpeculationLedger"]
 

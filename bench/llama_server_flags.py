@@ -33,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-np", "--parallel", type=int, default=-1)
     p.add_argument("--kv-unified", "-kvu", action="store_true")
     p.add_argument("-t", "--threads", type=int)
+    p.add_argument("-s", "--seed", type=int, default=-1)
     p.add_argument("-n", "--n-predict", type=int)
     p.add_argument("-a", "--alias")
     p.add_argument("--api-key")
@@ -100,6 +101,8 @@ def meshd_serve_argv(meshd: str, argv: Sequence[str], model: Path,
         out += ["-t", str(flags.threads)]
     if flags.n_predict is not None and flags.n_predict > 0:
         out += ["--max-tokens", str(flags.n_predict)]
+    if flags.seed >= 0:  # -1: llama-server's random one per request, as meshd's default
+        out += ["--seed", str(flags.seed)]
     if flags.api_key:
         out += ["--api-key", flags.api_key]
     if flags.cors_origins:

@@ -175,6 +175,11 @@ class ServeSection:
                                   live=True, validator=_positive)
     max_tokens: int = key(opt.DEFAULT_MAX_TOKENS, "max_tokens of a request that does not say",
                           flag="max_tokens", live=True, validator=_positive)
+    seed: int | None = key(None, "the seed of sampled requests that send none, so equal "
+                           "requests give equal answers (default: a random one per "
+                           "request, reported in its answer)", flag="seed", live=True,
+                           validator=v.optional(v.and_(v.ge(0), v.lt(1 << 64))),
+                           example="42")
     max_tokens_limit: int | None = key(None, "largest max_tokens accepted (default: the "
                                        "context length)", flag="max_tokens_limit", live=True,
                                        validator=_positive, example=4096)
@@ -546,7 +551,7 @@ def server_config(config: Config) -> ServerConfig:
     allow-list names a user or group that does not exist)."""
     s, h = config.serve, config.http
     return ServerConfig(
-        max_tokens_default=s.max_tokens, max_tokens_limit=s.max_tokens_limit,
+        max_tokens_default=s.max_tokens, max_tokens_limit=s.max_tokens_limit, seed=s.seed,
         max_queue=s.max_queue, stream_interval_s=s.stream_interval_ms / 1000,
         shutdown_grace_s=s.shutdown_grace,
         peers=PeerPolicy.from_names(s.allow_users, s.allow_groups),

@@ -96,8 +96,10 @@ class RowConstraint(Protocol):
 CHOSEN_SEED_BITS = 63
 
 
-def with_chosen_seed(params: SamplingParams) -> SamplingParams:
-    """``params`` with a seed: unseeded sampling gets one chosen at random here.
+def with_chosen_seed(params: SamplingParams, default: int | None = None) -> SamplingParams:
+    """``params`` with a seed: unseeded sampling gets ``default`` (the daemon's
+    ``--seed``, as llama-server's: equal requests then give equal answers), else one
+    chosen at random here.
 
     Why: a sampled request without a seed cannot be verified exactly (the stream from an
     unknown seed cannot be replayed row by row), so it would run without speculation. A
@@ -107,7 +109,8 @@ def with_chosen_seed(params: SamplingParams) -> SamplingParams:
     """
     if params.greedy or params.seed is not None:
         return params
-    return attrs.evolve(params, seed=secrets.randbits(CHOSEN_SEED_BITS))
+    return attrs.evolve(params, seed=secrets.randbits(CHOSEN_SEED_BITS)
+                        if default is None else default)
 
 
 class Sampler:

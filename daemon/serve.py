@@ -103,6 +103,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "without it the draft proposer is refused)")
     p.add_argument("--max-tokens", metavar="N", type=positive, default=opt.DEFAULT_MAX_TOKENS,
                    help="max_tokens of a request that does not say")
+    p.add_argument("--seed", metavar="N", type=non_negative, default=None,
+                   help="the seed of sampled requests that send none, so equal requests "
+                        "give equal answers (default: a random one per request)")
     p.add_argument("--max-tokens-limit", metavar="N", type=positive, default=None,
                    help="largest max_tokens accepted (default: the context length)")
     defaults = ServerConfig()

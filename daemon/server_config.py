@@ -26,6 +26,8 @@ class ServerConfig:
     max_tokens_default: int = DEFAULT_MAX_TOKENS
     max_tokens_limit: int | None = None
     """Largest ``max_tokens`` accepted; ``None`` means the per-session context length."""
+    seed: int | None = None
+    """The seed of sampled requests that send none (None: a random one per request)."""
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_queue: int = DEFAULT_MAX_QUEUE
     """Generations waiting for a slot before new ones are answered ``busy``."""

@@ -440,7 +440,7 @@ class Service:
         try:
             # Unseeded sampling gets a daemon-chosen seed (reported in ``done``), so it
             # can be verified exactly and speculation runs for API clients by default.
-            sampling = with_chosen_seed(sampling_params(request.sampling))
+            sampling = with_chosen_seed(sampling_params(request.sampling), self.config.seed)
         except ValueError as exc:
             raise BadRequest(f"generate.sampling: {exc}", request_id=rid) from exc
         try:

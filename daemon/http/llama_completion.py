@@ -198,7 +198,7 @@ def _adjust(routes: RouteContext, req: LlamaRequest, bias: tuple[tuple[int, floa
 async def serve_llama_completion(routes: RouteContext, raw: bytes, out: Responder) -> None:
     """Answer a ``/completion`` request: one object, or an array for several prompts
     (streamed: each prompt's events in turn, told apart by ``index``)."""
-    req = parse_llama_request(json_object(raw))
+    req = parse_llama_request(json_object(raw), seed=routes.service.config.seed)
     service = routes.service
     async with service.holding(served_name(service, req.model), None) as rt:
         resolved = await anyio.to_thread.run_sync(functools.partial(_resolve, rt, req))

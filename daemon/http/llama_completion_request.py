@@ -277,13 +277,13 @@ def _sampling(body: Mapping[str, Any]) -> wire.SamplingParams:
         raise ApiError(400, message, param=param) from None
 
 
-def _one_seed(sampling: wire.SamplingParams) -> wire.SamplingParams:
-    """Sampling without a seed gets one chosen here, for all of the request's prompts
-    (as llama-server's server-wide seed serves them all), so equal prompts give equal
-    answers; ``n_cmpl``'s copies add their index to it."""
+def _one_seed(sampling: wire.SamplingParams, default: int | None) -> wire.SamplingParams:
+    """Sampling without a seed gets the daemon's ``--seed`` or one chosen here, for all
+    of the request's prompts (as llama-server's server-wide seed serves them all), so
+    equal prompts give equal answers; ``n_cmpl``'s copies add their index to it."""
     if sampling.seed is not None or sampling.temperature == 0.0:
         return sampling
-    return attrs.evolve(sampling, seed=secrets.randbits(63))
+    return attrs.evolve(sampling, seed=secrets.randbits(63) if default is None else default)
 
 
 def _response_fields(value: object) -> tuple[str, ...]:
@@ -321,7 +321,7 @@ def _refused(body: Mapping[str, Any]) -> ApiError | None:
     return None
 
 
-def parse_llama_request(body: Mapping[str, Any]) -> LlamaRequest:
+def parse_llama_request(body: Mapping[str, Any], *, seed: int | None = None) -> LlamaRequest:
     """Validate a ``/completion`` body; raises ApiError (400) naming the first bad field.
     Fields this does not read are accepted and ignored, as llama-server accepts them."""
     if "prompt" not in body:
@@ -350,7 +350,7 @@ def parse_llama_request(body: Mapping[str, Any]) -> LlamaRequest:
         raise _bad("keep_alive", str(exc)) from None
     try:
         generate = Generate(id="completion", prompt=TOKEN_PROMPT_PLACEHOLDER,
-                            sampling=_one_seed(_sampling(body)), stop=_stop(body.get("stop")),
+                            sampling=_one_seed(_sampling(body), seed), stop=_stop(body.get("stop")),
                             constraint=constraint, keep_alive=keep_alive)
     except BadRequest as exc:
         message, param = api_field(exc.message, exc.field)

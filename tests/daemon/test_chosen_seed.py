@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
@@ -167,3 +168,33 @@ async def test_done_reports_the_seed_that_replays_the_request() -> None:
         assert greedy.done.seed is None
     finally:
         rt.close()
+
+
+@pytest.mark.anyio
+async def test_the_daemons_seed_serves_every_unseeded_request(
+        smollm2_runtime: ModelRuntime) -> None:
+    """``--seed N`` (llama-server's): a sampled request that sends no seed is sampled
+    with N, natively and over HTTP, so equal requests give equal answers; one that sends
+    its own seed keeps it."""
+    config = ServerConfig(seed=42)
+    async with running_daemon(smollm2_runtime, config) as (server, path), \
+            Client.connect(path) as client:
+        runs = [await client.generate("the same request", max_tokens=30,
+                                      temperature=0.9).collect() for _ in range(2)]
+        own = await client.generate("the same request", max_tokens=30, temperature=0.9,
+                                    seed=7).collect()
+        transport = httpx.AsyncHTTPTransport(uds=path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://meshd",
+                                     timeout=60) as http:
+            body = {"prompt": "the same request", "max_tokens": 30, "temperature": 0.9}
+            oai = [(await http.post("/v1/completions", json=body)).json() for _ in range(2)]
+            llama = [(await http.post("/completion", json={
+                "prompt": "the same request", "n_predict": 30, "temperature": 0.9,
+            })).json() for _ in range(2)]
+        await wait_idle(server)
+    assert [r.done.seed for r in runs] == [42, 42] and own.done.seed == 7
+    assert list(runs[0].token_ids) == list(runs[1].token_ids) != list(own.token_ids)
+    assert [r["meshd"]["seed"] for r in oai] == [42, 42]
+    # (each API has its own sampling defaults, so only its own answers compare)
+    assert oai[0]["choices"][0]["text"] == oai[1]["choices"][0]["text"]
+    assert llama[0]["content"] == llama[1]["content"]

@@ -40,6 +40,7 @@ def test_meshd_serve_gets_what_llama_server_was_asked() -> None:
     assert value("--slots") == "2"
     assert value("--max-tokens") == "64"
     assert value("--api-key") == "k"
+    assert value("--seed") == "42"
     assert value("--reasoning") == "off"
     assert value("--chat-template-file") == str(Path("../t.jinja").resolve())
     assert value("-s") == str(SOCK)

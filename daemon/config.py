@@ -537,7 +537,10 @@ def explicit_flags(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, dest, None)
         if dest == "model" and isinstance(value, list):
             continue
-        if value is None or value is False or value == [] or isinstance(value, ShownDefault):
+        # A store_true flag left out reads False; a key whose default is True has an
+        # on/off flag (default None), whose False was given.
+        if value is None or (value is False and f.default is not True) or value == [] \
+                or isinstance(value, ShownDefault):
             continue
         out[dest] = value
     return out

@@ -262,3 +262,16 @@ def test_the_k_cache_type_reaches_the_runtime_from_flag_and_file(tmp_path: Path)
     assert cfg.load(path, environ={}, flags={}).config.model.cache_type_k == "bf16"
     with pytest.raises(SystemExit):
         _serve_parser().parse_args(["--cache-type-k", "q8_0"])
+
+
+def test_an_on_by_default_key_is_turned_off_by_its_flag_over_the_file(tmp_path: Path) -> None:
+    """``--no-slots-endpoint`` (a key whose default is on): its False is a given flag,
+    where a left-out store_true flag's False is not."""
+    path = tmp_path / "meshd.toml"
+    path.write_text("[http]\nslots_endpoint = true\n")
+    off = _serve_parser().parse_args(["--config", str(path), "--no-slots-endpoint"])
+    loaded = cfg.load(str(path), environ={}, flags=cfg.explicit_flags(off)).config
+    assert cfg.server_config(loaded).http.slots_endpoint is False
+    left_out = _serve_parser().parse_args(["--config", str(path)])
+    loaded = cfg.load(str(path), environ={}, flags=cfg.explicit_flags(left_out)).config
+    assert cfg.server_config(loaded).http.slots_endpoint is True

@@ -27,8 +27,8 @@ import jinja2.sandbox
 from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "close_thinking",
-           "model_template", "read_template_file", "thinking_of"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "ModelChat", "close_thinking",
+           "continues_final", "model_template", "read_template_file", "thinking_of"]
 
 #: The markers reasoning models open and close their thinking with.
 _THINKING_TAGS: Final = (("<think>", "</think>"), ("<|START_THINKING|>", "<|END_THINKING|>"))
@@ -115,21 +115,40 @@ class ChatTemplate:
                add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None,
                thinking: bool | None = None,
-               variables: Mapping[str, Any] | None = None) -> str:
+               variables: Mapping[str, Any] | None = None,
+               continue_final: bool = False) -> str:
         """The prompt for ``messages``; raises ChatTemplateError when the template
         refuses them or fails on them.
 
         ``thinking``: the ``enable_thinking`` of reasoning templates (None: theirs; False
         also closes the thinking block, :func:`close_thinking`). ``variables``: more
-        template variables (a request's ``chat_template_kwargs``).
+        template variables (a request's ``chat_template_kwargs``). ``continue_final``:
+        the prompt ends inside the final (assistant) message, right after its text, so
+        the model goes on writing it (a prefill: vLLM's ``continue_final_message``).
         """
         extra = dict(variables or {})
         if thinking is not None:
             extra["enable_thinking"] = thinking
+        if continue_final:
+            return self._continuation(messages, tools, extra)
         prompt = self._render(messages, add_generation_prompt, tools, extra)
         if extra.get("enable_thinking") is False and add_generation_prompt:
             prompt = close_thinking(prompt, self.source)
         return prompt
+
+    def _continuation(self, messages: Sequence[Mapping[str, Any]],
+                      tools: Sequence[Mapping[str, Any]] | None,
+                      extra: Mapping[str, Any]) -> str:
+        """The conversation rendered with a mark after the final message's text, cut at
+        the mark: whatever the template puts after a message (its end-of-turn) is gone."""
+        *before, last = messages
+        marked = {**last, "content": f"{last.get('content') or ''}{_CONTINUE_MARK}"}
+        prompt = self._render([*before, marked], False, tools, extra)
+        cut = prompt.rfind(_CONTINUE_MARK)
+        if cut < 0:
+            raise ChatTemplateError("the chat template does not show the final message's "
+                                    "text, so it cannot be continued")
+        return prompt[:cut]
 
     def _render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
                 tools: Sequence[Mapping[str, Any]] | None, extra: Mapping[str, Any]) -> str:
@@ -188,6 +207,22 @@ def model_template(model: Model, source: str | None = None) -> ChatTemplate:
     return ChatTemplate(source, bos_token=bos, eos_token=eos)
 
 
+#: Marks where a continued message's text ends (never in a message: it holds NULs).
+_CONTINUE_MARK: Final = "\x00meshd-continue\x00"
+
+
+def continues_final(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a conversation asks to be continued rather than answered: it ends with an
+    assistant message (a prefill, as llama-server and Anthropic's API take it).
+    ChatTemplateError for two assistant messages at the end (which one goes on?)."""
+    if not messages or messages[-1].get("role") != "assistant":
+        return False
+    if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+        raise ChatTemplateError("the conversation ends with two assistant messages; "
+                                "only a final one can be continued")
+    return True
+
+
 class ModelChat:
     """A model's chat template, compiled on first use, thinking as ``--reasoning`` says
     unless a request's variables (``chat_template_kwargs``) set ``enable_thinking``."""
@@ -200,10 +235,13 @@ class ModelChat:
                add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None,
                variables: Mapping[str, Any] | None = None) -> str:
-        """The prompt; ChatTemplateError when the model has no template or it fails."""
+        """The prompt (a conversation ending with an assistant message is continued:
+        :func:`continues_final`); ChatTemplateError when the model has no template or it
+        fails."""
         if self._template is None:
             self._template = model_template(self._model)
         given = dict(variables or {})
         thinking = given.pop("enable_thinking", thinking_of(self._reasoning))
         return self._template.render(messages, add_generation_prompt=add_generation_prompt,
-                                     tools=tools, thinking=bool(thinking), variables=given)
+                                     tools=tools, thinking=bool(thinking), variables=given,
+                                     continue_final=continues_final(messages))

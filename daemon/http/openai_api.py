@@ -37,7 +37,7 @@ from ..generation_stats import GenerationStats
 from ..mapping import speculation_stats
 from .logprobs_format import requested_logprobs
 from .output_format import FormatError, output_constraint
-from .request_fields import check_fields, keep_alive_seconds
+from .request_fields import check_continuation, check_fields, keep_alive_seconds
 from .timings_format import timings
 from .tool_calls import (
     ToolError,
@@ -391,7 +391,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     n = body.get("n", 1)
     if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
         raise _bad("n", f"must be an integer from 1 to {MAX_CHOICES}")
-    refused = check_fields(body, chat=chat)
+    refused = check_fields(body, chat=chat) or (check_continuation(body) if chat else None)
     if refused is not None:
         raise _bad(*refused)
     try:

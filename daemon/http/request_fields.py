@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from meshd.clients.argtypes import duration_seconds
 
-__all__ = ["LLAMA_SERVER_FIELDS", "check_fields", "keep_alive_seconds"]
+__all__ = ["LLAMA_SERVER_FIELDS", "check_continuation", "check_fields", "keep_alive_seconds"]
 
 _LLAMA_SERVED: Final = frozenset({
     # per-chunk ``timings`` and ``prompt_progress`` in streams
@@ -38,7 +38,9 @@ _HANDLED: Final = frozenset({
     "repeat_last_n", "min_p", "typical_p", "logit_bias", "logprobs", "top_logprobs",
     "tools", "tool_choice", "parallel_tool_calls", "prediction", "keep_alive",
 }) | _LLAMA_SERVED
-_PER_ENDPOINT: Final = {True: frozenset({"messages"}), False: frozenset({"prompt"})}
+_PER_ENDPOINT: Final = {True: frozenset({"messages", "continue_final_message",
+                                         "add_generation_prompt"}),
+                        False: frozenset({"prompt"})}
 
 _LLAMA_NO_EFFECT: Final = frozenset({
     # meshd always reuses cached prompt prefixes.
@@ -93,7 +95,8 @@ LLAMA_SERVER_FIELDS: Final = _LLAMA_SERVED | _LLAMA_NO_EFFECT | frozenset(_LLAMA
 unless off): the Responses API passes them on to the chat request as they are."""
 
 _BOOLEAN: Final = frozenset({"timings_per_token", "return_progress", "cache_prompt",
-                             "verbose", "return_tokens"})
+                             "verbose", "return_tokens", "continue_final_message",
+                             "add_generation_prompt"})
 _INTEGER: Final = frozenset({"id_slot", "n_cache_reuse", "sse_ping_interval", "n_keep",
                              "n_discard"})
 
@@ -140,6 +143,31 @@ def check_fields(body: Mapping[str, Any], *, chat: bool) -> tuple[str, str] | No
             return key, f"unrecognized request argument{where}"
         if not _is_default(value, defaults):
             return key, "is not supported by meshd"
+    return None
+
+
+def check_continuation(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """vLLM's and llama-server's ``continue_final_message`` / ``add_generation_prompt``
+    (types checked): the field to refuse and why, or None. A conversation that ends with
+    an assistant message is continued whatever they say (a prefill); they may only ask
+    for that, never both it and a new turn, and never a prompt without a turn to
+    continue (the native protocol has no such prompt)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None  # (refused where the messages are read)
+    last = messages[-1]
+    final = last.get("role") if isinstance(last, Mapping) else None
+    continuing = bool(body.get("continue_final_message"))
+    if continuing and body.get("add_generation_prompt", True) is not False:
+        return ("continue_final_message", "cannot be true while add_generation_prompt is "
+                "true (set add_generation_prompt to false)")
+    if (continuing or body.get("add_generation_prompt") is False) and final != "assistant":
+        return (("continue_final_message" if continuing else "add_generation_prompt"),
+                "asks to continue the final message, and that is not an assistant message")
+    if final == "assistant" and isinstance(last, Mapping) and last.get("tool_calls"):
+        return (f"messages[{len(messages) - 1}].tool_calls",
+                "an assistant message with tool calls cannot be continued: send the "
+                "calls' results as tool messages")
     return None
 
 

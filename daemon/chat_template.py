@@ -160,9 +160,12 @@ class ChatTemplate:
             add_generation_prompt=add_generation_prompt,
             raise_exception=_raise_exception,
             strftime_now=_strftime_now,
-            # Meta's Llama 3.x templates print it ("Today Date"), as llama.cpp passes it.
+            # Meta's Llama 3.x templates print it ("Today Date"), and FireFunction's
+            # ``datetime``, as llama.cpp passes them.
             date_string=datetime.date.today().strftime("%d %b %Y"),
-            functions=None,
+            datetime=datetime.date.today().strftime("%b %d %Y"),
+            # (a string: FireFunction's template appends it to its system prompt)
+            functions="",
             function_call=None,
             tools=list(tools) if tools is not None else None,
             tool_choice=None,

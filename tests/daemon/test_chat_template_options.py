@@ -52,6 +52,16 @@ def test_reasoning_off_leaves_other_templates_alone() -> None:
     assert template.render(ASK, thinking=False) == template.render(ASK, thinking=True)
 
 
+def test_templates_get_the_date_as_llama_cpp_passes_it() -> None:
+    """FireFunction v2's template appends ``functions`` and ``datetime`` (llama.cpp's
+    "%b %d %Y") to its system prompt; Llama 3.x prints ``date_string``."""
+    template = ChatTemplate("{%- set suffix = 'Functions:' + '\n' + functions -%}"
+                            "{{ suffix }}\nToday is {{ datetime }}; {{ date_string }}")
+    today = datetime.date.today()
+    assert template.render(ASK) == (f"Functions:\n\nToday is {today.strftime('%b %d %Y')}; "
+                                    f"{today.strftime('%d %b %Y')}")
+
+
 def test_request_variables_never_replace_the_template_s_own() -> None:
     template = ChatTemplate("{{ messages[0].content }}|{{ flavour }}|{{ add_generation_prompt }}")
     assert template.render(ASK, variables={"flavour": "tart", "messages": [],

@@ -132,7 +132,8 @@ async def apply_template(service: Service, raw: bytes, out: Responder) -> None:
 
 async def props(service: Service, _raw: bytes, out: Responder) -> None:
     """The part of llama-server's ``GET /props`` that holds for meshd: the context per
-    slot, the default ``max_tokens``, the slots, the model file and its template."""
+    slot, the default ``max_tokens`` and seed, the slots, the model file and its
+    template."""
     async with service.holding(None, None) as rt:
         await _props(service, rt, out)
 
@@ -143,7 +144,9 @@ async def _props(service: Service, rt: ModelRuntime, out: Responder) -> None:
         "default_generation_settings": {
             "n_ctx": config.n_ctx_seq,
             "params": {"n_predict": service.config.max_tokens_default,
-                       "max_tokens": service.config.max_tokens_default},
+                       "max_tokens": service.config.max_tokens_default,
+                       # --seed, else -1 (llama-server's: a random seed per request)
+                       "seed": -1 if service.config.seed is None else service.config.seed},
         },
         "total_slots": config.n_seq_max,
         "model_path": rt.model.info.path,

@@ -191,6 +191,8 @@ async def test_the_daemons_seed_serves_every_unseeded_request(
             llama = [(await http.post("/completion", json={
                 "prompt": "the same request", "n_predict": 30, "temperature": 0.9,
             })).json() for _ in range(2)]
+            props = (await http.get("/props")).json()
+            assert props["default_generation_settings"]["params"]["seed"] == 42
         await wait_idle(server)
     assert [r.done.seed for r in runs] == [42, 42] and own.done.seed == 7
     assert list(runs[0].token_ids) == list(runs[1].token_ids) != list(own.token_ids)

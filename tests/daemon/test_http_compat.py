@@ -118,6 +118,7 @@ async def test_llama_server_apply_template_and_props(smol: ModelRuntime) -> None
         assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
         props = (await http.get("/props")).json()
         assert props["default_generation_settings"]["n_ctx"] == 1024
+        assert props["default_generation_settings"]["params"]["seed"] == -1  # random
         assert props["total_slots"] == 2
         assert props["model_path"].endswith(".gguf")
         assert props["chat_template"] == smol.model.chat_template

@@ -88,6 +88,8 @@ class SpeculationSettings:
     adaptive: bool = True
     #: Acceptance the proposer showed in earlier requests (None: the generic prior).
     prior_acceptance: float | None = None
+    #: Acceptance of forced-token drafts in earlier requests (None: FORCED_PRIOR).
+    forced_prior: float | None = None
 
 
 class Generation:
@@ -154,8 +156,8 @@ class Generation:
         self.forced_gate: StepGate | None = None
         if grammar is not None and proposer is not None:
             self.forced = GrammarProposer(grammar.forced)
-            self.forced_gate = StepGate(costs, draft_max=settings.draft_max,
-                                        adaptive=True, prior=FORCED_PRIOR, streaks=False)
+            self.forced_gate = StepGate(costs, draft_max=settings.draft_max, adaptive=True,
+                                        prior=settings.forced_prior or FORCED_PRIOR, streaks=False)
         self.finish: FinishReason | None = None
         self.last = -1
         self.committed: list[int] = []

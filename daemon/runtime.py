@@ -550,6 +550,7 @@ class ModelRuntime:
                     adaptive=adaptive and not (prop and prop.capabilities.decides_length),
                     prior_acceptance=(self.ledger.mtp_acceptance.prior() if follow_mtp
                                       else None),
+                    forced_prior=self.ledger.forced_acceptance.prior(),
                 ),
                 mtp_head=head,
                 grammar=state, logprobs=logprobs,

@@ -58,6 +58,9 @@ class SpeculationLedger:
         #: Prompt lookup's acceptance by match length (it sets draft lengths only; every
         #: draft is verified, so output cannot change).
         self.ngram_stats = SharedMatchStats()
+        #: The acceptance of the tokens a constraint forces, drafted (the tokenizer may
+        #: prefer another split), over the constrained requests that drafted them.
+        self.forced_acceptance = PooledAcceptance()
 
     def head_pays(self, prices: HeadPrices | None,
                   acceptances: Sequence[Sequence[float]] | None = None) -> bool:
@@ -79,10 +82,11 @@ class SpeculationLedger:
 
     def ended(self, stats: GenerationStats, *, followed_head: bool,
               prices: HeadPrices | None) -> None:
-        """A request ended: the head's acceptance pooled (if it followed the head), how
-        it ended, and the rollback depth's evidence."""
+        """A request ended: its forced drafts' acceptance pooled, the head's (if it
+        followed the head), how it ended, and the rollback depth's evidence."""
         dropped = Refusal.MTP_HEAD_DROPPED in stats.refusals
         pays_with_snapshots = False
+        self.forced_acceptance.add([stats.forced_accepted], [stats.forced_drafted])
         if followed_head:
             self.mtp_acceptance.add(stats.accepted_per_position, stats.drafted_per_position)
             pays_with_snapshots = self._pays_with_snapshots(stats, prices)

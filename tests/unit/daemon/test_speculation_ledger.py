@@ -16,11 +16,12 @@ CHEAP = CostCurve([1.0 + 0.1 * k for k in range(5)])
 
 def ended(ledger: SpeculationLedger, *, accepted: list[int], drafted: list[int],
           dropped: bool = False, followed_head: bool = True,
-          prices: HeadPrices | None = None) -> None:
+          prices: HeadPrices | None = None, forced: tuple[int, int] = (0, 0)) -> None:
     stats: Any = SimpleNamespace(
         accepted_per_position=accepted, drafted_per_position=drafted,
         refusals={Refusal.MTP_HEAD_DROPPED: 1} if dropped else {},
-        emitted=64, accepted=accepted[0] if accepted else 0)
+        emitted=64, accepted=accepted[0] if accepted else 0,
+        forced_accepted=forced[0], forced_drafted=forced[1])
     ledger.ended(stats, followed_head=followed_head, prices=prices)
 
 
@@ -67,3 +68,13 @@ def test_quiet_requests_drop_the_snapshots_and_a_speculating_one_wants_them_back
     rollback.switched(0, decode_s=None)
     ended(ledger, accepted=[60], drafted=[64], followed_head=False)
     assert rollback.wanted == 4 and ledger.snapshots_wanted_back
+
+
+def test_forced_drafts_acceptance_is_pooled_for_the_next_constrained_requests() -> None:
+    ledger = SpeculationLedger(rollback=None)
+    assert ledger.forced_acceptance.prior() is None  # the engine's FORCED_PRIOR, then
+    ended(ledger, accepted=[], drafted=[], followed_head=False, forced=(10, 20))
+    assert ledger.forced_acceptance.prior() is None  # too little evidence yet
+    ended(ledger, accepted=[], drafted=[], followed_head=False, forced=(30, 60))
+    prior = ledger.forced_acceptance.prior()
+    assert prior is not None and 0.45 < prior < 0.55  # a tokenizer that splits otherwise

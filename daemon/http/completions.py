@@ -46,7 +46,7 @@ from .responder import Responder, RouteContext
 from .timings_format import live_timings, prompt_progress, timings
 
 __all__ = ["Adjust", "Started", "finish_reason_of", "generation_failure", "log_finished",
-           "serve_completion", "served_name", "started"]
+           "receive_batch", "serve_completion", "served_name", "started"]
 
 _MAX_EVENTS_PER_WRITE: Final = 256
 _SSE: Final = "text/event-stream"
@@ -67,6 +67,23 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
             await _stream(routes, req, handle, out, prompt_tokens, seed, entry)
         else:
             await _collect(routes, req, handle, out, prompt_tokens, seed, entry)
+
+
+async def receive_batch(handle: GenerationHandle) -> list[Any]:
+    """The next events of a stream: at least one, and whatever else is already there (up
+    to a bound), so one write carries them; a stream that ends without its result gives
+    a failure."""
+    try:
+        batch: list[Any] = [await handle.events.receive()]
+    except anyio.EndOfStream:
+        return [GenerationFailed("model", "the generation ended without a result")]
+    while not isinstance(batch[-1], Finished | GenerationFailed) \
+            and len(batch) < _MAX_EVENTS_PER_WRITE:
+        try:
+            batch.append(handle.events.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            break
+    return batch
 
 
 Adjust = Callable[[ModelRuntime, GenerationRequest], GenerationRequest]
@@ -211,16 +228,7 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
     held: list[str] = []  # the text of a request that offered tools
     async with handle.events:
         while True:
-            try:
-                batch = [await handle.events.receive()]
-            except anyio.EndOfStream:
-                batch = [GenerationFailed("model", "the generation ended without a result")]
-            while not isinstance(batch[-1], Finished | GenerationFailed) \
-                    and len(batch) < _MAX_EVENTS_PER_WRITE:
-                try:
-                    batch.append(handle.events.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
+            batch = await receive_batch(handle)
             final = batch[-1] if isinstance(batch[-1], Finished | GenerationFailed) else None
             if isinstance(final, GenerationFailed) and not started:
                 raise _failure(final)

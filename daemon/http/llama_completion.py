@@ -43,6 +43,7 @@ from .completions import (
     finish_reason_of,
     generation_failure,
     log_finished,
+    receive_batch,
     served_name,
     started,
 )
@@ -72,7 +73,6 @@ from .timings_format import live_timings
 
 __all__ = ["serve_llama_completion"]
 
-_MAX_EVENTS_PER_WRITE: Final = 256
 _SSE: Final = "text/event-stream"
 
 
@@ -370,7 +370,7 @@ class _Answer:
         self.first_at = None
         async with run.handle.events:
             while True:
-                batch = await _receive_batch(run.handle)
+                batch = await receive_batch(run.handle)
                 final = batch[-1] if isinstance(batch[-1], Finished | GenerationFailed) \
                     else None
                 if isinstance(final, GenerationFailed) and not self.streaming:
@@ -429,18 +429,3 @@ def _slot(handle: GenerationHandle) -> int:
     """The session slot the generation ran in (llama-server's ``id_slot``)."""
     gen = handle.generation
     return gen.session.seq_id if gen is not None else -1
-
-
-async def _receive_batch(handle: GenerationHandle) -> list[Any]:
-    """The next events: at least one, and whatever else is there (up to a bound)."""
-    try:
-        batch: list[Any] = [await handle.events.receive()]
-    except anyio.EndOfStream:
-        return [GenerationFailed("model", "the generation ended without a result")]
-    while not isinstance(batch[-1], Finished | GenerationFailed) \
-            and len(batch) < _MAX_EVENTS_PER_WRITE:
-        try:
-            batch.append(handle.events.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream):
-            break
-    return batch

@@ -238,18 +238,12 @@ class Generation:
         return outcome
 
     def events(self) -> Iterator[TokenEvent]:
-        """Generate to the end, yielding events as tokens are committed (not closing)."""
+        """Generate to the end, yielding events as tokens are committed; the owner closes
+        (``ModelRuntime.run`` does, handing the session on)."""
         if not self._started:
             yield from self.start()
         while not self.done:
             yield from self.step()
-
-    def run(self) -> Iterator[TokenEvent]:
-        """:meth:`events`, then :meth:`close` (``ModelRuntime.run`` hands the session on)."""
-        try:
-            yield from self.events()
-        finally:
-            self.close()
 
     def close(self, *, keep_session: bool = False) -> Ending | None:
         """Release the proposer and the session; with ``keep_session``, a usable session

@@ -35,6 +35,7 @@ from .openai_api import (
     CompletionRequest,
     chunk,
     completion_response,
+    context_exceeded,
     error_body,
     json_bytes,
     meshd_block,
@@ -127,7 +128,8 @@ async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
             gen = await service.start(asked, entry,
                                       adjust=adjusted if ids or adjust is not None else None)
         except ModelError as exc:  # (prepare raises it for a prompt over the context only)
-            raise _too_long(req, exc.message) from None
+            raise context_exceeded(exc.message, "messages" if req.chat else "prompt") \
+                from None
         except ProtocolError as exc:
             raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param,
                                          constraint_param=req.constraint_param) from None
@@ -143,12 +145,6 @@ async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
         yield Started(req, gen, handle, entry)
     finally:
         service.unregister(entry)
-
-
-def _too_long(req: CompletionRequest, message: str) -> ApiError:
-    """OpenAI's answer to a prompt over the context, with meshd's counts."""
-    return ApiError(400, message, param="messages" if req.chat else "prompt",
-                    code="context_length_exceeded")
 
 
 def served_name(service: Service, asked: str | None) -> str | None:

@@ -17,7 +17,14 @@ from meshd.protocol import ModelError, ProtocolError
 
 from ..service import InFlightGeneration
 from .completions import served_name
-from .openai_api import JSON, ApiError, CompletionRequest, json_bytes, parse_request
+from .openai_api import (
+    JSON,
+    ApiError,
+    CompletionRequest,
+    context_exceeded,
+    json_bytes,
+    parse_request,
+)
 from .responder import Responder, RouteContext
 from .responses_format import parse_responses_request
 
@@ -48,8 +55,8 @@ async def _count(routes: RouteContext, req: CompletionRequest, out: Responder) -
         try:
             gen = await service.prepare(asked, entry)
         except ModelError as exc:  # (a prompt over the context)
-            raise ApiError(400, exc.message, param="messages",
-                           code="context_length_exceeded") from None
+            raise context_exceeded(exc.message, "messages" if req.chat else "prompt") \
+                from None
         except ProtocolError as exc:
             raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param,
                                          constraint_param=req.constraint_param) from None

@@ -64,6 +64,8 @@ from .openai_api import (
     JSON,
     ApiError,
     CompletionRequest,
+    bad_field,
+    context_exceeded,
     error_body,
     json_bytes,
     json_object,
@@ -74,10 +76,6 @@ from .timings_format import live_timings
 __all__ = ["serve_llama_completion"]
 
 _SSE: Final = "text/event-stream"
-
-
-def _bad(param: str, detail: str) -> ApiError:
-    return ApiError(400, f"{param}: {detail}", param=param)
 
 
 # ------------------------------------------------------------------ with the model
@@ -92,8 +90,7 @@ class _Resolved:
 
 
 def _too_long(rt: ModelRuntime, n_tokens: int) -> ApiError:
-    return ApiError(400, rt.prompt_too_long(n_tokens), param="prompt",
-                    code="context_length_exceeded")
+    return context_exceeded(rt.prompt_too_long(n_tokens), "prompt")
 
 
 def _prompt_ids(rt: ModelRuntime, prompt: Prompt, param: str) -> tuple[int, ...]:
@@ -112,7 +109,7 @@ def _prompt_ids(rt: ModelRuntime, prompt: Prompt, param: str) -> tuple[int, ...]
                 raise _too_long(rt, len(out) + exc.n_tokens) from None
         else:
             if part >= n_vocab:
-                raise _bad(f"{param}[{i}]", f"must be a token id below the vocabulary size "
+                raise bad_field(f"{param}[{i}]", f"must be a token id below the vocabulary size "
                                             f"{n_vocab} (got {part})")
             out.append(part)
         if len(out) > most:
@@ -139,7 +136,7 @@ def _bias_ids(rt: ModelRuntime, req: LlamaRequest) -> tuple[tuple[int, float], .
         except TooManyTokens:
             ids = None
         if ids is None or len(ids) > room:
-            raise _bad("logit_bias", f"its text stands for more than {wire.MAX_LOGIT_BIAS} "
+            raise bad_field("logit_bias", f"its text stands for more than {wire.MAX_LOGIT_BIAS} "
                                      "tokens")
         out += [(t, bias) for t in ids]
     if req.ignore_eos:

@@ -24,7 +24,7 @@ import numpy.typing as npt
 from ..generation_stats import GenerationStats
 from ..logprobs import TokenLogprob
 from ..sampling import Sampler, SamplingParams
-from .timings_format import timings
+from .timings_format import live_timings, timings
 
 __all__ = ["NO_SEED", "SAMPLERS", "Outcome", "Settings", "final_body", "partial_body",
            "pick_fields", "probabilities", "sampled_distribution"]
@@ -231,9 +231,8 @@ def pick_fields(body: Mapping[str, Any], fields: Sequence[str]) -> dict[str, Any
 
 def _timings(outcome: Outcome) -> dict[str, Any]:
     if outcome.stats is None:
-        return {"cache_n": 0, "prompt_n": 0, "prompt_ms": 0.0, "prompt_per_token_ms": 0.0,
-                "prompt_per_second": 0.0, "predicted_n": 0, "predicted_ms": 0.0,
-                "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
+        return live_timings(prompt_n=0, cache_n=0, prompt_ms=0.0, predicted_n=0,
+                            predicted_ms=0.0)
     out = timings(outcome.stats)
     if outcome.hidden:
         out.update(predicted_n=0, predicted_ms=0.0, predicted_per_token_ms=0.0,

@@ -23,7 +23,7 @@ import attrs
 from meshd.protocol import BadRequest, Generate
 from meshd.protocol import messages as wire
 
-from .openai_api import TOKEN_PROMPT_PLACEHOLDER, ApiError, api_field
+from .openai_api import TOKEN_PROMPT_PLACEHOLDER, ApiError, api_field, bad_field, is_int
 from .request_fields import keep_alive_seconds
 
 __all__ = ["MAX_CANDIDATES", "MAX_N_PROBS", "MAX_PROMPTS", "BiasKey", "LlamaRequest", "Prompt",
@@ -86,14 +86,6 @@ class LlamaRequest:
         return self.generate.stop
 
 
-def _bad(param: str, detail: str) -> ApiError:
-    return ApiError(400, f"{param}: {detail}", param=param)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _given(body: Mapping[str, Any], names: Sequence[str]) -> tuple[str, Any]:
     """The first of ``names`` with a value (llama-server treats null as absent)."""
     for name in names:
@@ -111,10 +103,10 @@ def _number(body: Mapping[str, Any], names: str | Sequence[str], default: float,
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) \
             or not math.isfinite(value):
-        raise _bad(key, f"must be a number (got {str(value)[:64]!r})")
+        raise bad_field(key, f"must be a number (got {str(value)[:64]!r})")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         if hard:
-            raise _bad(key, f"must be between {lo:g} and {hi:g} (got {value!r})")
+            raise bad_field(key, f"must be between {lo:g} and {hi:g} (got {value!r})")
         value = min(max(value, lo if lo is not None else value),
                     hi if hi is not None else value)
     return value
@@ -131,7 +123,7 @@ def _flag(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _bad(name, "must be true or false")
+        raise bad_field(name, "must be true or false")
     return value
 
 
@@ -141,29 +133,29 @@ def _subprompt(value: object, param: str, *, nested: bool = False) -> Prompt:
     reads images)."""
     if isinstance(value, str):
         return (value,)
-    if isinstance(value, list) and all(isinstance(v, str) or _is_int(v) for v in value) \
-            and (not value or any(_is_int(v) for v in value)):
+    if isinstance(value, list) and all(isinstance(v, str) or is_int(v) for v in value) \
+            and (not value or any(is_int(v) for v in value)):
         for i, v in enumerate(value):
-            if _is_int(v) and v < 0:
-                raise _bad(f"{param}[{i}]", f"must be a token id (got {v})")
+            if is_int(v) and v < 0:
+                raise bad_field(f"{param}[{i}]", f"must be a token id (got {v})")
         return tuple(value)
     if isinstance(value, Mapping) and "prompt_string" in value and not nested:
         if value.get("multimodal_data") is not None:
-            raise _bad(param, "multimodal data provided, but the model does not support "
+            raise bad_field(param, "multimodal data provided, but the model does not support "
                               "multimodal requests")
         return _subprompt(value["prompt_string"], f"{param}.prompt_string", nested=True)
-    raise _bad(param, "must be a string, an array of token ids, an array of strings and "
+    raise bad_field(param, "must be a string, an array of token ids, an array of strings and "
                       "token ids, or an object with a prompt_string")
 
 
 def _prompts(value: object) -> tuple[Prompt, ...]:
     """llama-server's ``prompt``: one prompt, or an array of several (an array without
     token ids at its top level), each answered in turn."""
-    if isinstance(value, list) and not any(_is_int(v) for v in value):
+    if isinstance(value, list) and not any(is_int(v) for v in value):
         if not value:
-            raise _bad("prompt", "must not be empty")
+            raise bad_field("prompt", "must not be empty")
         if len(value) > MAX_PROMPTS:
-            raise _bad("prompt", f"at most {MAX_PROMPTS} prompts per request "
+            raise bad_field("prompt", f"at most {MAX_PROMPTS} prompts per request "
                                  f"(got {len(value)})")
         return tuple(_subprompt(v, f"prompt[{i}]") for i, v in enumerate(value))
     return (_subprompt(value, "prompt"),)
@@ -192,11 +184,11 @@ def _logit_bias(value: object) -> tuple[tuple[BiasKey, float], ...]:
     else:
         return ()
     if len(items) > wire.MAX_LOGIT_BIAS:
-        raise _bad("logit_bias", f"at most {wire.MAX_LOGIT_BIAS} entries (got {len(items)})")
+        raise bad_field("logit_bias", f"at most {wire.MAX_LOGIT_BIAS} entries (got {len(items)})")
     out: list[tuple[BiasKey, float]] = []
     for key, raw in items:
         bias = _bias_value(raw)
-        if bias is not None and (_is_int(key) or isinstance(key, str)):
+        if bias is not None and (is_int(key) or isinstance(key, str)):
             assert isinstance(key, int | str)
             out.append((key, bias))
     return tuple(out)
@@ -208,10 +200,10 @@ def _stop(value: object) -> tuple[str, ...]:
         return ()
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise _bad("stop", "must be a string or an array of strings")
+        raise bad_field("stop", "must be a string or an array of strings")
     kept = tuple(s for s in items if s)
     if len(kept) > wire.MAX_STOP_STRINGS:
-        raise _bad("stop", f"at most {wire.MAX_STOP_STRINGS} stop strings (got {len(kept)})")
+        raise bad_field("stop", f"at most {wire.MAX_STOP_STRINGS} stop strings (got {len(kept)})")
     return kept
 
 
@@ -223,20 +215,20 @@ def _constraint(body: Mapping[str, Any]) -> tuple[wire.Constraint | None, str, s
     try:
         if grammar is not None:
             if not isinstance(grammar, str):
-                raise _bad("grammar", "must be a GBNF grammar (a string)")
+                raise bad_field("grammar", "must be a GBNF grammar (a string)")
             if grammar:
                 return wire.Constraint(kind="gbnf", grammar=grammar), "grammar", grammar
             return None, "grammar", ""
         if schema is not None:
             if not isinstance(schema, dict):
-                raise _bad("json_schema", "must be a JSON schema object")
+                raise bad_field("json_schema", "must be a JSON schema object")
             if not schema:
                 return wire.Constraint(kind="json_object"), "json_schema", ""
             return (wire.Constraint(kind="json_schema", schema=schema), "json_schema",
                     json.dumps(schema))
     except BadRequest as exc:
         param = "grammar" if grammar is not None else "json_schema"
-        raise _bad(param, exc.message.partition(": ")[2] or exc.message) from None
+        raise bad_field(param, exc.message.partition(": ")[2] or exc.message) from None
     return None, "grammar", ""
 
 
@@ -246,8 +238,8 @@ def _seed(body: Mapping[str, Any]) -> int | None:
     value = body.get("seed")
     if value is None:
         return None
-    if not _is_int(value) or value > wire.MAX_SEED:
-        raise _bad("seed", f"must be an integer from -1 to {wire.MAX_SEED}")
+    if not is_int(value) or value > wire.MAX_SEED:
+        raise bad_field("seed", f"must be an integer from -1 to {wire.MAX_SEED}")
     if value == -1:
         return None
     return int(value) % 2**32 if value < 0 else int(value)
@@ -292,7 +284,7 @@ def _response_fields(value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
         return ()
     if len(value) > MAX_RESPONSE_FIELDS:
-        raise _bad("response_fields", f"at most {MAX_RESPONSE_FIELDS} fields")
+        raise bad_field("response_fields", f"at most {MAX_RESPONSE_FIELDS} fields")
     return tuple(value)
 
 
@@ -316,7 +308,7 @@ def _refused(body: Mapping[str, Any]) -> ApiError | None:
     for key, off in _OFF.items():
         value = body.get(key)
         if value is not None and (isinstance(value, bool) or not off(value)):
-            return _bad(key, f"is not supported by meshd (got {str(value)[:64]}; only its "
+            return bad_field(key, f"is not supported by meshd (got {str(value)[:64]}; only its "
                              "off value is accepted)")
     return None
 
@@ -325,29 +317,29 @@ def parse_llama_request(body: Mapping[str, Any], *, seed: int | None = None) -> 
     """Validate a ``/completion`` body; raises ApiError (400) naming the first bad field.
     Fields this does not read are accepted and ignored, as llama-server accepts them."""
     if "prompt" not in body:
-        raise _bad("prompt", "is required")
+        raise bad_field("prompt", "is required")
     prompts = _prompts(body["prompt"])
     refused = _refused(body)
     if refused is not None:
         raise refused
     n_cmpl = _integer(body, ("n_cmpl", "n"), 1, lo=1, hi=MAX_PROMPTS, hard=True)
     if len(prompts) * n_cmpl > MAX_PROMPTS:
-        raise _bad("n_cmpl", f"at most {MAX_PROMPTS} completions per request (prompts times "
+        raise bad_field("n_cmpl", f"at most {MAX_PROMPTS} completions per request (prompts times "
                              f"n_cmpl; got {len(prompts) * n_cmpl})")
     key, n_predict = _given(body, ("n_predict", "max_completion_tokens", "max_tokens"))
     if n_predict is not None:
         n_predict = _integer(body, key, -1, lo=-1, hi=_INT32_MAX, hard=True)
     n_probs = _integer(body, ("n_probs", "logprobs"), 0, lo=0)
     if n_probs > MAX_N_PROBS:
-        raise _bad("n_probs", f"must be at most {MAX_N_PROBS} (got {n_probs})")
+        raise bad_field("n_probs", f"must be at most {MAX_N_PROBS} (got {n_probs})")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise _bad("model", "must be a string")
+        raise bad_field("model", "must be a string")
     constraint, constraint_param, grammar = _constraint(body)
     try:
         keep_alive = keep_alive_seconds(body)
     except ValueError as exc:
-        raise _bad("keep_alive", str(exc)) from None
+        raise bad_field("keep_alive", str(exc)) from None
     try:
         generate = Generate(id="completion", prompt=TOKEN_PROMPT_PLACEHOLDER,
                             sampling=_one_seed(_sampling(body), seed), stop=_stop(body.get("stop")),

@@ -56,9 +56,12 @@ __all__ = [
     "ApiError",
     "CompletionRequest",
     "api_field",
+    "bad_field",
     "chunk",
     "completion_response",
+    "context_exceeded",
     "error_body",
+    "is_int",
     "json_bytes",
     "meshd_block",
     "parse_messages",
@@ -176,8 +179,15 @@ class CompletionRequest:
     """llama-server's: the stream reports the prompt's ``prompt_progress``."""
 
 
-def _bad(param: str, detail: str) -> ApiError:
+def bad_field(param: str, detail: str) -> ApiError:
+    """A 400 naming the request field ``param`` and what is wrong with it."""
     return ApiError(400, f"{param}: {detail}", param=param)
+
+
+def context_exceeded(message: str, param: str) -> ApiError:
+    """OpenAI's answer to a prompt over the context (``param``: its field), with
+    meshd's counts in ``message``."""
+    return ApiError(400, message, param=param, code="context_length_exceeded")
 
 
 def _from_protocol(exc: BadRequest) -> ApiError:
@@ -186,7 +196,7 @@ def _from_protocol(exc: BadRequest) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -200,7 +210,7 @@ def _number(body: Mapping[str, Any], key: str, default: float, lo: float, hi: fl
     if value is None:
         return default
     if not _is_number(value) or not lo <= value <= hi:
-        raise _bad(key, f"must be a number between {lo:g} and {hi:g} (got {value!r})")
+        raise bad_field(key, f"must be a number between {lo:g} and {hi:g} (got {value!r})")
     return float(value)
 
 
@@ -215,11 +225,11 @@ def _content(value: object, param: str) -> str:
         for i, part in enumerate(value):
             if not isinstance(part, Mapping) or part.get("type") != "text" \
                     or not isinstance(part.get("text"), str):
-                raise _bad(f"{param}[{i}]", "only text parts ({'type': 'text', 'text': ...}) "
+                raise bad_field(f"{param}[{i}]", "only text parts ({'type': 'text', 'text': ...}) "
                                             "are supported")
             parts.append(part["text"])
         return "".join(parts)
-    raise _bad(param, "must be a string or a list of text parts")
+    raise bad_field(param, "must be a string or a list of text parts")
 
 
 def parse_messages(value: object) -> tuple[ChatMessage, ...]:
@@ -228,23 +238,23 @@ def parse_messages(value: object) -> tuple[ChatMessage, ...]:
     template would render it as text the model was never trained on), and so is a
     turn with no content (an assistant's may be null)."""
     if not isinstance(value, list) or not value:
-        raise _bad("messages", "must be a non-empty array of messages")
+        raise bad_field("messages", "must be a non-empty array of messages")
     if len(value) > MAX_MESSAGES:
-        raise _bad("messages", f"must be an array of at most {MAX_MESSAGES} messages "
+        raise bad_field("messages", f"must be an array of at most {MAX_MESSAGES} messages "
                                f"(got {len(value)})")
     out: list[ChatMessage] = []
     for i, msg in enumerate(value):
         if not isinstance(msg, Mapping) or not msg:
-            raise _bad(f"messages[{i}]", "must be an object with role and content (got "
+            raise bad_field(f"messages[{i}]", "must be an object with role and content (got "
                                          f"{json.dumps(msg)[:64]})")
         role = msg.get("role")
         if not isinstance(role, str) or not role:
-            raise _bad(f"messages[{i}].role", "must be a non-empty string")
+            raise bad_field(f"messages[{i}].role", "must be a non-empty string")
         if role not in CHAT_ROLES:
-            raise _bad(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)} "
+            raise bad_field(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)} "
                                               f"(got {role[:64]!r})")
         if "content" not in msg and role != "assistant":
-            raise _bad(f"messages[{i}].content", f"a {role} message needs content")
+            raise bad_field(f"messages[{i}].content", f"a {role} message needs content")
         try:
             content = _content(msg.get("content"), f"messages[{i}].content")
             if role == "assistant" and msg.get("tool_calls"):
@@ -254,7 +264,7 @@ def parse_messages(value: object) -> tuple[ChatMessage, ...]:
         except BadRequest as exc:
             raise _from_protocol(exc.under(f"messages[{i}]")) from None
         except ToolError as exc:
-            raise _bad(exc.param, exc.message) from None
+            raise bad_field(exc.param, exc.message) from None
     return tuple(out)
 
 
@@ -269,7 +279,7 @@ def _offered(messages: tuple[ChatMessage, ...], tools: ToolSpec | None
 
 def _token_ids(value: list[Any]) -> tuple[int, ...] | None:
     """``value`` as token ids, or None when it is not an array of integers."""
-    if not value or not all(_is_int(t) and t >= 0 for t in value):
+    if not value or not all(is_int(t) and t >= 0 for t in value):
         return None
     return tuple(value)
 
@@ -278,19 +288,19 @@ def _prompt(value: object) -> tuple[str, tuple[int, ...] | None]:
     """The prompt as text or token ids: a string, an array of token ids, or an array of
     exactly one of either (several prompts would be several choices, which needs
     ``n`` > 1)."""
-    if isinstance(value, list) and value and not all(_is_int(t) for t in value):
+    if isinstance(value, list) and value and not all(is_int(t) for t in value):
         if len(value) > 1:
-            raise _bad("prompt", f"meshd serves one prompt per request (got {len(value)}); "
+            raise bad_field("prompt", f"meshd serves one prompt per request (got {len(value)}); "
                                  "send one request per prompt")
         value = value[0]
     if isinstance(value, list):
         ids = _token_ids(value)
         if ids is None:
-            raise _bad("prompt", "must be a non-empty array of token ids (non-negative "
+            raise bad_field("prompt", "must be a non-empty array of token ids (non-negative "
                                  "integers)")
         return TOKEN_PROMPT_PLACEHOLDER, ids
     if not isinstance(value, str) or not value:
-        raise _bad("prompt", "must be a non-empty string, an array of token ids, or an "
+        raise bad_field("prompt", "must be a non-empty string, an array of token ids, or an "
                              "array of exactly one of either")
     return value, None
 
@@ -303,13 +313,13 @@ def _logit_bias(value: object) -> dict[str, float] | None:
     if isinstance(value, dict):
         return value
     if not isinstance(value, list) or len(value) > wire.MAX_LOGIT_BIAS:
-        raise _bad("logit_bias", "must be an object of token ids to numbers in [-100, 100] "
+        raise bad_field("logit_bias", "must be an object of token ids to numbers in [-100, 100] "
                                  "(or an array of [token id, bias] pairs)")
     out: dict[str, float] = {}
     for i, pair in enumerate(value):
-        if (not isinstance(pair, list) or len(pair) != 2 or not _is_int(pair[0])
+        if (not isinstance(pair, list) or len(pair) != 2 or not is_int(pair[0])
                 or pair[0] < 0 or not (_is_number(pair[1]) or pair[1] is False)):
-            raise _bad(f"logit_bias[{i}]", "must be a [token id, bias or false] pair")
+            raise bad_field(f"logit_bias[{i}]", "must be a [token id, bias or false] pair")
         out[str(pair[0])] = -100.0 if pair[1] is False else float(pair[1])
     return out
 
@@ -319,7 +329,7 @@ def _prediction(value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, Mapping) or value.get("type") != "content":
-        raise _bad("prediction", "must be {'type': 'content', 'content': ...}")
+        raise bad_field("prediction", "must be {'type': 'content', 'content': ...}")
     return _content(value.get("content"), "prediction.content") or None
 
 
@@ -331,7 +341,7 @@ def _stop(value: object) -> tuple[str, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or len(items) > MAX_STOP_STRINGS:
         got = f" (got {len(items)})" if isinstance(items, list) else ""
-        raise _bad("stop", f"must be a non-empty string or an array of at most "
+        raise bad_field("stop", f"must be a non-empty string or an array of at most "
                            f"{MAX_STOP_STRINGS} of them{got}")
     return tuple(items)
 
@@ -342,8 +352,8 @@ def _max_tokens(body: Mapping[str, Any]) -> tuple[int | None, str]:
         value = body.get(key)
         if value is None:
             continue
-        if not _is_int(value) or value < 1:
-            raise _bad(key, f"must be a positive integer (got {value!r})")
+        if not is_int(value) or value < 1:
+            raise bad_field(key, f"must be a positive integer (got {value!r})")
         return int(value), key
     return None, "max_tokens"
 
@@ -353,19 +363,19 @@ def _speculative(value: object) -> wire.SpeculativeOverrides:
     if value is None:
         return wire.SpeculativeOverrides()
     if not isinstance(value, Mapping):
-        raise _bad("speculative", "must be an object (proposer, draft_max, enabled)")
+        raise bad_field("speculative", "must be an object (proposer, draft_max, enabled)")
     unknown = set(value) - {"proposer", "draft_max", "enabled"}
     if unknown:
-        raise _bad("speculative", f"unknown field(s) {sorted(unknown)}")
+        raise bad_field("speculative", f"unknown field(s) {sorted(unknown)}")
     enabled = value.get("enabled", True)
     if not isinstance(enabled, bool):
-        raise _bad("speculative.enabled", "must be true or false")
+        raise bad_field("speculative.enabled", "must be true or false")
     proposer = value.get("proposer")
     if proposer is not None and (not isinstance(proposer, str) or not proposer):
-        raise _bad("speculative.proposer", "must be a proposer name")
+        raise bad_field("speculative.proposer", "must be a proposer name")
     draft_max = value.get("draft_max")
-    if draft_max is not None and (not _is_int(draft_max) or not 1 <= draft_max <= 1024):
-        raise _bad("speculative.draft_max", "must be an integer from 1 to 1024")
+    if draft_max is not None and (not is_int(draft_max) or not 1 <= draft_max <= 1024):
+        raise bad_field("speculative.draft_max", "must be an integer from 1 to 1024")
     return wire.SpeculativeOverrides(proposer="off" if not enabled else proposer,
                                      draft_max=draft_max)
 
@@ -387,38 +397,38 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     body = json_object(raw)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise _bad("model", "must be a string")
+        raise bad_field("model", "must be a string")
     n = body.get("n", 1)
-    if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
-        raise _bad("n", f"must be an integer from 1 to {MAX_CHOICES}")
+    if not is_int(n) or not 1 <= n <= MAX_CHOICES:
+        raise bad_field("n", f"must be an integer from 1 to {MAX_CHOICES}")
     refused = check_fields(body, chat=chat) or (check_continuation(body) if chat else None)
     if refused is not None:
-        raise _bad(*refused)
+        raise bad_field(*refused)
     try:
         constraint, constraint_param = output_constraint(body)
     except BadRequest as exc:
         raise _from_protocol(exc.under("response_format")) from None
     except FormatError as exc:
-        raise _bad(exc.param, exc.message) from None
+        raise bad_field(exc.param, exc.message) from None
     try:
         tools = parse_tools(body) if chat else None
     except ToolError as exc:
-        raise _bad(exc.param, exc.message) from None
+        raise bad_field(exc.param, exc.message) from None
     if not chat and body.get("tools"):
-        raise _bad("tools", "tools are for /v1/chat/completions")
+        raise bad_field("tools", "tools are for /v1/chat/completions")
     if tools is not None and n > 1:
-        raise _bad("n", "tools are served with n=1 only")
+        raise bad_field("n", "tools are served with n=1 only")
     if tools is not None and constraint is not None and tool_constraint(tools) is not None:
-        raise _bad("tool_choice", f"a forced tool call and {constraint_param} cannot both "
+        raise bad_field("tool_choice", f"a forced tool call and {constraint_param} cannot both "
                                   "constrain the answer")
     if tools is not None and constraint is None:
         constraint, constraint_param = tool_constraint(tools), "tools"
     logprobs, why = requested_logprobs(body, chat=chat)
     if why is not None:
-        raise _bad(why.partition(":")[0], why.partition(": ")[2])
+        raise bad_field(why.partition(":")[0], why.partition(": ")[2])
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise _bad("stream", "must be true or false")
+        raise bad_field("stream", "must be true or false")
     # (check_fields has checked their types)
     timings_per_token = bool(body.get("timings_per_token"))
     return_progress = bool(body.get("return_progress"))
@@ -427,26 +437,26 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     if options is not None:
         if not isinstance(options, Mapping) or not isinstance(
                 options.get("include_usage", False), bool):
-            raise _bad("stream_options", "must be an object like {'include_usage': true}")
+            raise bad_field("stream_options", "must be an object like {'include_usage': true}")
         include_usage = bool(options.get("include_usage", False))
     seed = body.get("seed")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed <= wire.MAX_SEED):
-        raise _bad("seed", f"must be an integer from 0 to {wire.MAX_SEED}")
+    if seed is not None and (not is_int(seed) or not 0 <= seed <= wire.MAX_SEED):
+        raise bad_field("seed", f"must be an integer from 0 to {wire.MAX_SEED}")
     top_k = body.get("top_k", 0)
-    if not _is_int(top_k) or top_k < 0:
-        raise _bad("top_k", "must be a non-negative integer")
+    if not is_int(top_k) or top_k < 0:
+        raise bad_field("top_k", "must be a non-negative integer")
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
-        raise _bad("top_p", "must be greater than 0")
+        raise bad_field("top_p", "must be greater than 0")
     repeat_last_n = body.get("repeat_last_n", 64)
-    if not _is_int(repeat_last_n) or repeat_last_n < -1:
-        raise _bad("repeat_last_n", "must be an integer >= -1 (-1: the whole context)")
+    if not is_int(repeat_last_n) or repeat_last_n < -1:
+        raise bad_field("repeat_last_n", "must be an integer >= -1 (-1: the whole context)")
     typical_p = _number(body, "typical_p", 1.0, 0.0, 1.0)
     if typical_p == 0.0:
-        raise _bad("typical_p", "must be greater than 0")
+        raise bad_field("typical_p", "must be greater than 0")
     repeat_penalty = _number(body, "repeat_penalty", 1.0, 0.0, 100.0)
     if repeat_penalty == 0.0:
-        raise _bad("repeat_penalty", "must be greater than 0")
+        raise bad_field("repeat_penalty", "must be greater than 0")
     try:
         sampling = wire.SamplingParams(
             temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_k=top_k,
@@ -465,7 +475,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     try:
         keep_alive = keep_alive_seconds(body)
     except ValueError as exc:
-        raise _bad("keep_alive", str(exc)) from None
+        raise bad_field("keep_alive", str(exc)) from None
     try:
         generate = Generate(
             id=rid,

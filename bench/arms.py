@@ -37,7 +37,7 @@ from meshd.native.primitives import GGML_TYPES
 from meshd.native.session import SequenceSession
 from meshd.testing import testmodels
 
-from .workloads import BenchError, Workload
+from .workloads import ArmUnavailable, BenchError, Workload
 
 #: MTP acceptance of a synthetic model named without one (``qwen35``, ``mimo2``): below 1
 #: so drafts get rejected and every repair path runs.
@@ -54,10 +54,6 @@ QUANT_TYPES: Mapping[str, str] = {
 #: ``anchor-pld``'s draft length unless told: ``LlamaPromptLookupDecoding``'s own default
 #: (``num_pred_tokens=10``), i.e. what its users get.
 PLD_DEFAULT_TOKENS = 10
-
-
-class ArmUnavailable(Exception):
-    """This arm does not apply to this model (e.g. ``meshd-mtp`` without an MTP head)."""
 
 
 def render_prompt(rt: ModelRuntime, workload: Workload, *, room: int) -> tuple[list[int], bool]:

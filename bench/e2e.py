@@ -74,7 +74,7 @@ from meshd.clients.argtypes import non_negative_float, positive, positive_second
 from meshd.native.cpus import usable_cpus
 from meshd.native.errors import NativeError
 
-from .arms import ArmUnavailable, resolve_model
+from .arms import resolve_model
 from .e2e_arms import (
     ARM_NAMES,
     DEFAULT_WORKLOADS,
@@ -104,7 +104,7 @@ from .stream_client import (
     grammar_per_token,
     run_clients,
 )
-from .workloads import BenchError, Workload, load_workloads
+from .workloads import ArmUnavailable, BenchError, Workload, load_workloads
 
 __all__ = ["E2eConfig", "add_arguments", "cmd_bench_e2e", "run_e2e"]
 

@@ -23,9 +23,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .arms import ArmRunner, ArmSpec, ArmUnavailable, BenchModel, RunResult
+from .arms import ArmRunner, ArmSpec, BenchModel, RunResult
 from .processes import START_TIMEOUT_S, ServerProcess, clean_env, free_port, proc_cpu_s
-from .workloads import BenchError
+from .workloads import ArmUnavailable, BenchError
 
 #: llama-server's n-gram speculation types (``--spec-type``), each one arm.
 NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")

@@ -22,8 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 
-from .arms import ArmUnavailable
-from .workloads import BenchError
+from .workloads import ArmUnavailable, BenchError
 
 #: Seconds a server may take to load the model and answer ``/health``.
 START_TIMEOUT_S: Final = 180.0

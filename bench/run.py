@@ -75,7 +75,6 @@ from .arms import (
     REFERENCE_ARM,
     ArmRunner,
     ArmSpec,
-    ArmUnavailable,
     BenchModel,
     RunResult,
     default_draft,
@@ -87,7 +86,7 @@ from .arms import (
 from .llama_server import ARM_PREFIX, NGRAM_MODES, llama_server_arms, server_version
 from .summary import forward_ms, summarize_arm
 from .targets import evaluate_targets
-from .workloads import BenchError, load_workloads
+from .workloads import ArmUnavailable, BenchError, load_workloads
 
 #: What ``meshd bench`` measures without ``--model``.
 DEFAULT_MODELS = ("smollm2-q4_1", "smollm2-q8_0", "qwen35-0.5", "qwen35-0.74", "qwen35-0.9")

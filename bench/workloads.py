@@ -34,6 +34,10 @@ class BenchError(Exception):
     """The benchmark cannot run as asked (unknown model or workload, failed quantize)."""
 
 
+class ArmUnavailable(Exception):
+    """This arm does not apply to this model (e.g. ``meshd-mtp`` without an MTP head)."""
+
+
 @attrs.frozen
 class Workload:
     """One prompt kept in the repository, as chat messages ``(role, content)``."""

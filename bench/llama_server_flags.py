@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-s", "--seed", type=int, default=-1)
     p.add_argument("-n", "--n-predict", type=int)
     p.add_argument("-a", "--alias")
+    p.add_argument("--tags")
     p.add_argument("--api-key")
     p.add_argument("--cors-origins")
     p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=None)
@@ -43,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-draft-n-max", type=int)
     p.add_argument("-md", "--model-draft")
     p.add_argument("--chat-template-file")
+    p.add_argument("--chat-template")
     p.add_argument("--reasoning", choices=("on", "off", "auto"))
+    p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
@@ -88,10 +91,13 @@ def meshd_serve_argv(meshd: str, argv: Sequence[str], model: Path,
     ``-c`` is one session's context.
     """
     flags, rest = _parser().parse_known_args(without_model(argv))
-    alias = (flags.alias or "").split(",")[0].strip()
-    name = f"{alias}={model}" if alias else str(model)
-    out = [meshd, "serve", "-m", name, "-s", str(socket),
-           "--http", f"tcp:{flags.host.split(',')[0].strip()}:{flags.port}"]
+    # llama-server names the model by its first alias in sorted order (a std::set)
+    aliases = sorted({a.strip() for a in (flags.alias or "").split(",") if a.strip()})
+    name = f"{aliases[0]}={model}" if aliases else str(model)
+    hosts = [h.strip() for h in flags.host.split(",") if h.strip()]
+    http = ",".join(f"tcp:[{h}]:{flags.port}" if ":" in h else f"tcp:{h}:{flags.port}"
+                    for h in hosts)
+    out = [meshd, "serve", "-m", name, "-s", str(socket), "--http", http]
     slots = flags.parallel if flags.parallel > 0 else 4
     unified = flags.kv_unified or flags.parallel < 0
     if flags.ctx_size > 0:
@@ -103,6 +109,10 @@ def meshd_serve_argv(meshd: str, argv: Sequence[str], model: Path,
         out += ["--max-tokens", str(flags.n_predict)]
     if flags.seed >= 0:  # -1: llama-server's random one per request, as meshd's default
         out += ["--seed", str(flags.seed)]
+    if aliases[1:]:
+        out += ["--alias", ",".join(aliases[1:])]
+    if flags.tags:
+        out += ["--tags", flags.tags]
     if flags.api_key:
         out += ["--api-key", flags.api_key]
     if flags.cors_origins:
@@ -120,8 +130,12 @@ def meshd_serve_argv(meshd: str, argv: Sequence[str], model: Path,
             out += ["--proposer", proposer]
     if flags.chat_template_file:
         out += ["--chat-template-file", str(Path(flags.chat_template_file).resolve())]
+    if flags.chat_template:
+        out += ["--chat-template", flags.chat_template]
     if flags.reasoning:
         out += ["--reasoning", flags.reasoning]
+    if flags.verbose:  # its answers' __verbose block (its logging is its own)
+        out += ["--verbose-responses"]
     if flags.spec_draft_n_max:
         out += ["--draft-max", str(flags.spec_draft_n_max)]
     return MeshdServe(argv=tuple(out), ignored=tuple(rest))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -24,11 +25,12 @@ import jinja2.nodes
 import jinja2.parser
 import jinja2.sandbox
 
+from meshd.native.chat_builtin import apply_builtin, builtin_names
 from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "ModelChat", "close_thinking",
-           "continues_final", "model_template", "read_template_file", "thinking_of"]
+__all__ = ["BuiltinTemplate", "ChatTemplate", "ChatTemplateError", "ModelChat", "close_thinking",
+           "continues_final", "model_template", "template_source", "thinking_of"]
 
 #: The markers reasoning models open and close their thinking with.
 _THINKING_TAGS: Final = (("<think>", "</think>"), ("<|START_THINKING|>", "<|END_THINKING|>"))
@@ -181,29 +183,64 @@ class ChatTemplate:
             ) from exc
 
 
-def read_template_file(path: str | None) -> str | None:
-    """A chat template file's source, checked to compile; ModelLoadError naming the
-    file otherwise (a configured template that cannot work stops the load). None: none."""
-    if path is None:
-        return None
-    try:
-        source = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"chat template file {path}: "
-                             f"{getattr(exc, 'strerror', None) or exc}") from None
+def template_source(inline: str | None, path: str | None) -> str | None:
+    """The chat template given instead of the model's (inline, else a file's), checked
+    to compile unless it names a built-in format; ModelLoadError naming it otherwise (a
+    configured template that cannot work stops the load). None: none given."""
+    if inline is not None and path is not None:
+        raise ModelLoadError("give a chat template or a chat template file, not both")
+    where = "--chat-template"
+    source = inline
+    if path is not None:
+        where = f"chat template file {path}"
+        try:
+            source = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"{where}: {getattr(exc, 'strerror', None) or exc}") \
+                from None
+    if source is None or source in builtin_names():
+        return source
     try:
         ChatTemplate(source)
     except ChatTemplateError as exc:
-        raise ModelLoadError(f"chat template file {path}: {exc}") from None
+        raise ModelLoadError(f"{where}: {exc}") from None
     return source
 
 
+class BuiltinTemplate(ChatTemplate):
+    """One of llama.cpp's built-in formats by name (``--chat-template command-r``):
+    rendered by llama.cpp's formatter, which takes roles and text only."""
+
+    def __init__(self, name: str) -> None:  # (no Jinja to compile)
+        self.source, self.bos_token, self.eos_token = name, "", ""
+
+    def _render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+                tools: Sequence[Mapping[str, Any]] | None, extra: Mapping[str, Any]) -> str:
+        if tools is not None:
+            raise ChatTemplateError(f"the built-in {self.source} format cannot offer tools; "
+                                    "give the model a Jinja template (--chat-template-file)")
+        # C strings end at a NUL: a continuation's mark travels as a random one.
+        nonce = f"meshd-{secrets.token_hex(12)}"
+        pairs = [(str(m.get("role", "")),
+                  str(m.get("content") or "").replace(_CONTINUE_MARK, nonce))
+                 for m in messages]
+        try:
+            text = apply_builtin(self.source, pairs,
+                                 add_generation_prompt=add_generation_prompt)
+        except ValueError as exc:
+            raise ChatTemplateError(str(exc)) from None
+        return text.replace(nonce, _CONTINUE_MARK)
+
+
 def model_template(model: Model, source: str | None = None) -> ChatTemplate:
-    """``source`` (default: the GGUF's own template) with the model's BOS and EOS texts;
+    """``source`` (default: the GGUF's own template, or the one given instead) with the
+    model's BOS and EOS texts; a name of llama.cpp's built-in formats is that format.
     ChatTemplateError when the model has none or it does not compile."""
     source = source if source is not None else model.chat_template
     if source is None:
         raise ChatTemplateError("this model has no chat template; send a plain prompt")
+    if source in builtin_names():
+        return BuiltinTemplate(source)
     tok, info = model.tokenizer, model.info
     bos = tok.piece(info.bos_token, special=True).decode() if info.bos_token is not None else ""
     eos = tok.piece(info.eos_token, special=True).decode() if info.eos_token is not None else ""

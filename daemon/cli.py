@@ -191,7 +191,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         threads=args.threads, calibrate=not args.fixed_k,
         rpc_workers=args.rpc or (), tensor_split=args.tensor_split or (),
         gpu_layers=args.gpu_layers, cache_type_k=args.cache_type_k,
-        chat_template_file=args.chat_template_file, reasoning=args.reasoning,
+        chat_template_file=args.chat_template_file, chat_template=args.chat_template,
+        reasoning=args.reasoning,
     )
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:

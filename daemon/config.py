@@ -34,6 +34,7 @@ from meshd.plugins.config import PluginConfig, PluginConfigError, parse_plugin_t
 from . import options as opt
 from .config_values import (
     DURATION,
+    are_model_names,
     converter,
     duration,
     first_error,
@@ -119,10 +120,20 @@ class ModelSection:
                                          "model's own (as llama-server's "
                                          "--chat-template-file)", flag="chat_template_file",
                                          live=True, example="/srv/models/template.jinja")
+    chat_template: str | None = key(None, "a chat template instead of the model's: one of "
+                                    "llama.cpp's built-in formats by name (roles and text "
+                                    "only) or Jinja source", flag="chat_template", live=True,
+                                    example="chatml")
     reasoning: str = key("auto", "whether reasoning models think: auto | on (the chat "
                          "template gets enable_thinking true) | off (false, and an open "
                          "thinking block is closed)", flag="reasoning", live=True,
                          validator=v.in_(opt.REASONING_MODES))
+    aliases: tuple[str, ...] = key((), "other names requests may give the model (OpenAI's "
+                                   "model, generate.model); a [models.NAME] table has its "
+                                   "own, not these", flag="alias", live=True,
+                                   validator=are_model_names)
+    tags: tuple[str, ...] = key((), "labels /v1/models lists with the model (a table has its "
+                                "own)", flag="tags", live=True)
     draft_models: tuple[str, ...] = key((), "GGUF files requests may name as draft:PATH",
                                   flag="draft_model", live=True)
     gpu_layers: int | None = key(None, "layers offloaded to the GPU and workers, -1 for all "
@@ -160,8 +171,9 @@ class ServeSection:
                              "...); $MESHD_SOCKET is another name for $MESHD_SERVE_SOCKET",
                              flag="socket", env=("MESHD_SOCKET",),
                              example="/run/meshd/meshd.sock")
-    http: str | None = key(None, "also serve HTTP on tcp:127.0.0.1:PORT or fd://N (under "
-                           "systemd: see systemd/README.md for the sandbox changes)",
+    http: str | None = key(None, "also serve HTTP on tcp:127.0.0.1:PORT or fd://N, or on "
+                           "several separated by commas (under systemd: see "
+                           "systemd/README.md for the sandbox changes)",
                            flag="http", example="tcp:127.0.0.1:8080")
     backend: str = key(opt.DEFAULT_BACKEND, "event loop: asyncio | trio", flag="backend",
                        validator=v.in_(("asyncio", "trio")))
@@ -249,6 +261,10 @@ class HttpSection:
                                         live=True)
     slots_endpoint: bool = key(True, "serve llama-server's GET /slots (each slot's state, "
                                "no prompt text)", flag="slots_endpoint", live=True)
+    verbose_responses: bool = key(False, "non-streamed chat and completion answers carry "
+                                  "llama-server's __verbose block (the prompt as the model "
+                                  "read it: the chat template's output) unless a request "
+                                  "says verbose: false", flag="verbose_responses", live=True)
 
 
 @attrs.frozen
@@ -563,7 +579,8 @@ def server_config(config: Config) -> ServerConfig:
         http=HttpConfig(max_header_bytes=h.max_header_bytes, max_body_bytes=h.max_body_bytes,
                         request_timeout_s=h.request_timeout_s,
                         idle_timeout_s=h.idle_timeout_s, api_key=h.api_key,
-                        cors_origins=h.cors_origins, slots_endpoint=h.slots_endpoint),
+                        cors_origins=h.cors_origins, slots_endpoint=h.slots_endpoint,
+                        verbose_responses=h.verbose_responses),
     )
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "DURATION",
     "MODEL_NAME_RULE",
     "Duration",
+    "are_model_names",
     "converter",
     "duration",
     "first_error",
@@ -115,6 +116,14 @@ MODEL_NAME_RULE: Final = ("a model name (a letter or digit, then letters, digits
 duration: Final = _grammar(duration_seconds, f"a duration ({DURATION_HELP})")
 size: Final = _grammar(size_bytes, f"a size ({SIZE_HELP})")
 model_name: Final = _grammar(_model_name, MODEL_NAME_RULE)
+
+
+def are_model_names(_inst: object, attr: attrs.Attribute[Any], value: tuple[str, ...]
+                    ) -> None:
+    """A validator: every name in ``value`` is a valid model name."""
+    for name in value:
+        if not is_model_name(name):
+            raise ValueError(f"'{attr.name}' must be {MODEL_NAME_RULE}: {name!r}")
 
 
 def split_model_arg(text: str) -> tuple[str | None, str]:

@@ -55,7 +55,8 @@ def _plan(spec: ModelSpec, c: Config, loaded: Loaded, default_proposer: str) -> 
         allowed_drafts=tuple(m.draft_models), rpc_workers=m.rpc,
         tensor_split=m.tensor_split, gpu_layers=m.gpu_layers,
         prefix_cache_tokens=c.serve.prefix_cache_tokens, cache_type_k=m.cache_type_k,
-        chat_template_file=m.chat_template_file, reasoning=m.reasoning,
+        chat_template_file=m.chat_template_file, chat_template=m.chat_template,
+        reasoning=m.reasoning,
         plugins=loaded.plugins,
     )
     path = m.path or str(default_model_path())
@@ -63,7 +64,8 @@ def _plan(spec: ModelSpec, c: Config, loaded: Loaded, default_proposer: str) -> 
         size = os.path.getsize(path)
     except OSError as exc:
         raise ConfigError(f"{spec.source}: {path}: {exc.strerror or exc}") from None
-    return ModelPlan(spec.name, config, keep_alive_s=spec.keep_alive_s, size_bytes=size)
+    return ModelPlan(spec.name, config, keep_alive_s=spec.keep_alive_s, size_bytes=size,
+                     aliases=m.aliases, tags=m.tags)
 
 
 def residency(c: Config) -> dict[str, Any]:

@@ -80,6 +80,14 @@ class ModelPlan:
     """Its own keep-alive (negative: forever); None: the set's default."""
     size_bytes: int = 0
     """Its file's size: what it counts against the memory limit."""
+    aliases: tuple[str, ...] = ()
+    """Other names requests may give it."""
+    tags: tuple[str, ...] = ()
+    """Labels listings show with it."""
+
+
+def _renamed_only(new: ModelPlan, old: ModelPlan) -> bool:
+    return new != old and attrs.evolve(new, aliases=old.aliases, tags=old.tags) == old
 
 
 class ServedModel:
@@ -186,6 +194,8 @@ class ModelSet:
                     self._retiring.append(served)
                     self.unload_when_idle(served)
                 out["removed"].append(name)
+            elif _renamed_only(plan, served.plan):
+                served.plan = plan  # new aliases or tags: nothing to reload
             elif plan != served.plan and served.owned:
                 out["changed"].append(name)
                 if served.state is ModelState.UNLOADED:
@@ -223,10 +233,11 @@ class ModelSet:
         """The model of that name (None: the default); raises NoSuchModel."""
         if name is None:
             return self.default
-        try:
-            return self.models[name]
-        except KeyError:
-            raise NoSuchModel(name) from None
+        served = self.models.get(name) or next(
+            (m for m in self.models.values() if name in m.plan.aliases), None)
+        if served is None:
+            raise NoSuchModel(name)
+        return served
 
     def loaded(self) -> list[ServedModel]:
         return [m for m in self if m.state is ModelState.LOADED]

@@ -94,15 +94,32 @@ def _named(loaded: Loaded, given: list[tuple[str | None, str, str]]) -> list[Mod
             raise ConfigError(f"{source}: the model name {name} is given twice (also by "
                               f"{sources[name]})")
         sources[name] = source
-        specs.append(ModelSpec(name, attrs.evolve(c.model, path=path), c.speculation.proposer,
-                               None, source))
+        model = attrs.evolve(c.model if not specs else _unnamed(c.model), path=path)
+        specs.append(ModelSpec(name, model, c.speculation.proposer, None, source))
     for name, table in loaded.models.items():
         spec = _table(loaded, name, table, replaced=name in sources)
         if name not in sources:
             specs.append(spec)
     for spec in specs:
         _check_file(spec)
+    _check_aliases(specs)
     return specs
+
+
+def _unnamed(model: ModelSection) -> ModelSection:
+    """``[model]`` without its aliases and tags: they name one model, not every one."""
+    return attrs.evolve(model, aliases=(), tags=())
+
+
+def _check_aliases(specs: list[ModelSpec]) -> None:
+    """Every name and alias requests may use picks one model."""
+    taken = {spec.name: spec.source for spec in specs}
+    for spec in specs:
+        for alias in spec.model.aliases:
+            if alias in taken and alias != spec.name:
+                raise ConfigError(f"{spec.source}: the alias {alias} also names the model of "
+                                  f"{taken[alias]}")
+            taken[alias] = spec.source
 
 
 def _table(loaded: Loaded, name: str, table: dict[str, Any], *, replaced: bool) -> ModelSpec:
@@ -120,7 +137,7 @@ def _table(loaded: Loaded, name: str, table: dict[str, Any], *, replaced: bool) 
     where = f"models.{name}"
     try:
         own = {k: v for k, v in table.items() if k in _MODEL_KEYS}
-        model = converter.structure({**attrs.asdict(c.model), **own}, ModelSection)
+        model = converter.structure({**attrs.asdict(_unnamed(c.model)), **own}, ModelSection)
         where = f"models.{name}.proposer"
         proposer = converter.structure(table.get("proposer", c.speculation.proposer), str)
         where = f"models.{name}.keep_alive"

@@ -179,6 +179,10 @@ def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True,
                         "plain decoding's text at a near-tie")
     g.add_argument("--chat-template-file", metavar="FILE", default=None,
                    help="a Jinja chat template used instead of the model's own")
+    g.add_argument("--chat-template", metavar="NAME|JINJA", default=None,
+                   help="a chat template used instead of the model's own: one of llama.cpp's "
+                        "built-in formats by name (chatml, llama3, command-r ...: roles and "
+                        "text only, no tools) or Jinja source")
     g.add_argument("--reasoning", choices=REASONING_MODES, default="auto",
                    help="whether reasoning models think: auto and on give the chat "
                         "template enable_thinking true, off gives false and closes an "

@@ -32,7 +32,7 @@ from meshd.plugins.resources import Need, Resources
 from meshd.policy.costs import CostCurve, CostModel
 from meshd.policy.rollback_depth import RollbackDepth
 
-from .chat_template import ChatTemplateError, ModelChat, read_template_file
+from .chat_template import ChatTemplateError, ModelChat, template_source
 from .constraint import GrammarState, compile_grammar
 from .cost_cache import load_or_measure_costs
 from .engine import Ending, Generation, SpeculationSettings, TokenEvent
@@ -78,6 +78,8 @@ class RuntimeConfig:
     cache_type_k: str = "auto"
     #: A Jinja chat template file used instead of the GGUF's own.
     chat_template_file: str | None = None
+    #: A chat template given inline: a built-in format's name or Jinja source.
+    chat_template: str | None = None
     #: Whether reasoning models think: auto | on | off (``--reasoning``).
     reasoning: str = "auto"
 
@@ -181,7 +183,8 @@ class ModelRuntime:
                          else "model_reload", display=announce, path=str(self.path))
         model = Model.load(self.path, on_progress=bar.update, placement=placement,
                            n_gpu_layers=-1 if config.gpu_layers is None else config.gpu_layers,
-                           chat_template=read_template_file(config.chat_template_file))
+                           chat_template=template_source(config.chat_template,
+                                                         config.chat_template_file))
         bar.done()
         try:
             n_ctx_train = model.info.n_ctx_train

@@ -35,7 +35,7 @@ from . import config as cfg
 from . import options as opt
 from .activation import ActivationError, InheritedSocket, listen_fds
 from .compute import ComputeThread
-from .http.tcp import open_http_listener
+from .http.tcp import open_http_listeners
 from .listener import ListenerError, default_socket_path, open_listener
 from .logs import DEFAULT_LLAMA_LOG_LEVEL, FORMATS, configure_logging, get_logger, set_levels
 from .model_plans import model_plans, residency
@@ -57,6 +57,10 @@ __all__ = ["HTTP_FD_NAME", "add_parser", "run"]
 ROUTINE_NOTES = frozenset({"rollback_depth"})
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``serve`` and its options on the ``meshd`` command line."""
     p = opt.subparser(
@@ -70,10 +74,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="socket path, unix:PATH or fd://N (default: $MESHD_SERVE_SOCKET "
                         "or $MESHD_SOCKET, else the file's [serve] socket, else a "
                         f"socket-activated one, else {default_socket_path()})")
-    p.add_argument("--http", default=None, metavar="tcp:127.0.0.1:PORT",
+    p.add_argument("--http", default=None, metavar="tcp:127.0.0.1:PORT[,...]",
                    help="also serve HTTP (OpenAI API, /health, /metrics) on a loopback TCP "
-                        "port or an inherited socket (fd://N); the Unix socket always "
+                        "port or an inherited socket (fd://N), or on several separated by "
+                        "commas (tcp:127.0.0.1:8080,tcp:[::1]:8080); the Unix socket always "
                         "serves HTTP too")
+    p.add_argument("--alias", default=None, metavar="NAME[,NAME...]", type=_names,
+                   help="other names requests may give the model (the first -m model with "
+                        "several)")
+    p.add_argument("--tags", default=None, metavar="TAG[,TAG...]", type=_names,
+                   help="labels /v1/models lists with the model")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on the TCP listener (not on "
                         "/health; the Unix socket checks its peer instead); prefer "
@@ -84,6 +94,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--slots-endpoint", action=argparse.BooleanOptionalAction, default=None,
                    help="serve llama-server's GET /slots: each slot's state, no prompt text "
                         "(default: on)")
+    p.add_argument("--verbose-responses", action="store_true", default=None,
+                   help="put llama-server's __verbose block (the prompt as the model read "
+                        "it) in non-streamed chat and completion answers, as llama-server "
+                        "--verbose does; a request's verbose field overrides it")
     p.add_argument("--slots", metavar="N", type=positive, default=opt.DEFAULT_SLOTS,
                    help="generations decoded together (sessions in the shared context)")
     p.add_argument("--prefix-cache-tokens", metavar="N", type=non_negative, default=None,
@@ -324,12 +338,12 @@ async def _serve_until_signalled(server: Server, supervisor: Supervisor, bind: s
     # Raises ListenerError plainly, before any task.
     listener = await open_listener(bind, backlog=server.config.backlog)
     try:
-        http_listener = await open_http_listener(http, backlog=server.config.backlog) \
+        http_listeners = await open_http_listeners(http, backlog=server.config.backlog) \
             if http is not None else None
     except BaseException:
         await listener.aclose()
         raise
     async with anyio.create_task_group() as tg:
         tg.start_soon(supervisor.run, tg.cancel_scope)
-        await server.serve(listener, http=http_listener)
+        await server.serve(listener, http=http_listeners)
         tg.cancel_scope.cancel()

@@ -30,7 +30,7 @@ from .compute import ComputeThread
 from .connection import Connection
 from .http.connection import HttpConnection
 from .http.sniff import Kind, sniff
-from .http.tcp import open_http_listener
+from .http.tcp import open_http_listeners
 from .listener import BindSpec, Listener, open_listener
 from .logs import get_logger
 from .mapping import model_info
@@ -66,8 +66,8 @@ class Server:
         self.ready_hooks = ready_hooks
         self.log = get_logger("meshd.server")
         self.listener: Listener | None = None
-        #: The HTTP-only listener (``--http``), if any.
-        self.http_listener: Listener | None = None
+        #: The HTTP-only listeners (``--http``), if any.
+        self.http_listeners: list[Listener] = []
         self._connections: set[Connection | HttpConnection] = set()
         self._ids = itertools.count(1)
         self._open = 0  # connections accepted and not yet closed (the limit counts them)
@@ -109,11 +109,17 @@ class Server:
     def _warn_if_tcp_bypasses_allow_list(self) -> None:
         """TCP peers carry no credentials, so ``--allow-user``/``--allow-group`` cannot
         apply to ``--http``: whoever reaches the loopback port is served. Say so."""
-        if self.http_listener is not None and self.config.peers.restricted:
+        if self.http_listeners and self.config.peers.restricted:
+            addresses = ",".join(h.address for h in self.http_listeners)
             self.log.warning(
-                "allow_list_bypassed_by_tcp", http=self.http_listener.address,
+                "allow_list_bypassed_by_tcp", http=addresses,
                 message="the allowed users and groups apply to the Unix socket only: any "
                         "local user can reach the --http TCP port")
+
+    @property
+    def http_listener(self) -> Listener | None:
+        """The first HTTP-only listener (None: none)."""
+        return self.http_listeners[0] if self.http_listeners else None
 
     @property
     def connections(self) -> int:
@@ -121,12 +127,13 @@ class Server:
 
     async def serve(
         self, bind: BindSpec | str | Listener, *,
-        http: str | Listener | None = None,
+        http: str | Listener | list[Listener] | None = None,
         task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Listen on ``bind`` (or serve an open Listener, which it then owns) until
         :meth:`shutdown` or cancellation; with ``http`` also serve HTTP only there
-        (``tcp:127.0.0.1:PORT``, ``fd://N`` or an open Listener).
+        (``tcp:127.0.0.1:PORT``, ``fd://N``, several of them separated by commas, or
+        open Listeners).
 
         Reports the bind address (``unix:PATH``) as started once it accepts connections.
         Raises ListenerError (before starting anything) when it cannot listen.
@@ -135,16 +142,15 @@ class Server:
             await open_listener(bind, backlog=self.config.backlog)
         self.listener = listener
         async with listener:
-            http_listener = http if http is None or isinstance(http, Listener) \
-                else await open_http_listener(http, backlog=self.config.backlog)
-            self.http_listener = http_listener
+            if isinstance(http, str):
+                http = await open_http_listeners(http, backlog=self.config.backlog)
+            self.http_listeners = [http] if isinstance(http, Listener) else list(http or [])
             async with AsyncExitStack() as stack:
-                if http_listener is not None:
+                for http_listener in self.http_listeners:
                     await stack.enter_async_context(http_listener)
-                await self._run(listener, http_listener, task_status)
+                await self._run(listener, task_status)
 
-    async def _run(self, listener: Listener, http_listener: Listener | None,
-                   task_status: anyio.abc.TaskStatus[str]) -> None:
+    async def _run(self, listener: Listener, task_status: anyio.abc.TaskStatus[str]) -> None:
         async with anyio.create_task_group() as engine:
             await engine.start(self.models.run)
             if any(m.plan.config.rpc_workers for m in self.models):
@@ -152,14 +158,14 @@ class Server:
             async with anyio.create_task_group() as conns:
                 async with anyio.create_task_group() as accepting:
                     accepting.start_soon(self._accept_loop, listener, conns)
-                    if http_listener is not None:
+                    for http_listener in self.http_listeners:
                         accepting.start_soon(self._accept_loop, http_listener, conns, True)
                     self._warn_if_tcp_bypasses_allow_list()
                     self._ready(listener.address)
                     task_status.started(listener.address)
                     await self._stop.wait()
                     accepting.cancel_scope.cancel()
-                await self._shutdown(listener, http_listener)
+                await self._shutdown(listener)
                 conns.cancel_scope.cancel()
             engine.cancel_scope.cancel()
         self.log.info("stopped")
@@ -197,7 +203,7 @@ class Server:
 
     def _ready(self, address: str) -> None:
         m = self.service.model
-        http = self.http_listener.address if self.http_listener is not None else None
+        http = ",".join(h.address for h in self.http_listeners) or None
         self.log.info("ready", address=address, http=http, model=m.name, n_ctx=m.n_ctx,
                       slots=self.models.default.plan.config.n_seq_max,
                       proposers=list(self.service.proposers()),
@@ -205,11 +211,11 @@ class Server:
         for hook in self.ready_hooks:
             hook(address)
 
-    async def _shutdown(self, listener: Listener, http_listener: Listener | None) -> None:
+    async def _shutdown(self, listener: Listener) -> None:
         self.log.info("shutting_down", in_flight=self.service.n_inflight,
                       connections=len(self._connections))
         await listener.aclose()  # no new connections; the socket file goes away now
-        if http_listener is not None:
+        for http_listener in self.http_listeners:
             await http_listener.aclose()
         grace = self.config.shutdown_grace_s if self._grace_s is None else self._grace_s
         drained = await self.service.drain(self.config.drain_timeout_s, grace_s=grace)

@@ -10,6 +10,7 @@ it at the next step, and its slot goes back through the scheduler).
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
@@ -23,6 +24,7 @@ from meshd.protocol import ModelError, ProtocolError
 from ..engine import TokenEvent
 from ..generation_stats import GenerationStats
 from ..logprobs import TokenLogprob
+from ..model_set import NoSuchModel
 from ..runtime import ModelRuntime
 from ..scheduler import Finished, GenerationFailed, GenerationHandle, GenerationRequest
 from ..service import InFlightGeneration, Service
@@ -154,8 +156,10 @@ def served_name(service: Service, asked: str | None) -> str | None:
     models = service.models.models
     if asked is None or len(models) == 1:
         return None
-    if asked in models:
-        return asked
+    try:
+        return service.models.get(asked).name
+    except NoSuchModel:
+        pass
     raise ApiError(404, f"The model {asked!r} does not exist; this daemon serves "
                         f"{', '.join(models)}", param="model", code="model_not_found")
 
@@ -201,10 +205,29 @@ async def _collect(routes: RouteContext, req: CompletionRequest, handle: Generat
                     req, _name(req), system_fingerprint(routes.service, req.model),
                     "".join(parts), finish, event.stats, event.proposer, prompt_tokens, seed,
                     _logprobs(routes, req, lps))
+                if _verbose(routes, req):
+                    body["__verbose"] = await _verbose_block(entry, handle, "".join(parts))
                 await out.send(200, json_bytes(body), JSON)
                 return
     raise ApiError(500, "the generation ended without a result", code="internal",
                    kind="server_error")
+
+
+def _verbose(routes: RouteContext, req: CompletionRequest) -> bool:
+    asked = req.llama.verbose
+    return routes.service.config.http.verbose_responses if asked is None else asked
+
+
+async def _verbose_block(entry: InFlightGeneration, handle: GenerationHandle, text: str
+                         ) -> dict[str, Any]:
+    """llama-server's ``__verbose``: the prompt as the model read it (the chat template's
+    output, special tokens written out) and the text, for debugging templates."""
+    assert entry.model is not None and entry.model.runtime is not None
+    tokenizer = entry.model.runtime.model.tokenizer
+    prompt = list(handle.request.prompt)
+    shown = await anyio.to_thread.run_sync(
+        functools.partial(tokenizer.detokenize, prompt, special=True))
+    return {"prompt": shown, "content": text, "tokens_evaluated": len(prompt)}
 
 
 async def _stream(routes: RouteContext, req: CompletionRequest, handle: GenerationHandle,
@@ -295,7 +318,7 @@ class _StreamClock:
     def timed(self, req: CompletionRequest, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` (a chunk after the first) with the ``timings`` so far, if asked."""
         cached = self.cached
-        if req.timings_per_token and cached is not None and self._first_at is not None:
+        if req.llama.timings_per_token and cached is not None and self._first_at is not None:
             body["timings"] = live_timings(
                 prompt_n=self.prompt_tokens - cached, cache_n=cached,
                 prompt_ms=self.prompt_ms(), predicted_n=self._emitted,
@@ -319,7 +342,7 @@ def _opening(req: CompletionRequest, model: str, fp: str, clock: _StreamClock) -
     """The stream's first chunks: chat's role chunk (``content`` null, no ``timings``),
     and with ``return_progress`` the prompt's progress (on the role chunk, then on a
     chunk of its own; a completion's on empty-text chunks)."""
-    reports: list[dict[str, Any] | None] = list(clock.progress()) if req.return_progress \
+    reports: list[dict[str, Any] | None] = list(clock.progress()) if req.llama.return_progress \
         else []
     if req.chat and not reports:
         reports = [None]

@@ -28,3 +28,6 @@ class HttpConfig:
     """Web origins whose pages may read the answers (``*``: any); none by default."""
     slots_endpoint: bool = True
     """Serve llama-server's ``GET /slots`` (each slot's state; no prompt text)."""
+    verbose_responses: bool = False
+    """Non-streamed chat and completion answers carry llama-server's ``__verbose`` block
+    (the prompt as the model read it) unless a request says ``verbose: false``."""

@@ -37,7 +37,7 @@ from ..generation_stats import GenerationStats
 from ..mapping import speculation_stats
 from .logprobs_format import requested_logprobs
 from .output_format import FormatError, output_constraint
-from .request_fields import check_continuation, check_fields, keep_alive_seconds
+from .request_fields import LlamaSwitches, check_continuation, check_fields, keep_alive_seconds
 from .timings_format import timings
 from .tool_calls import (
     ToolError,
@@ -173,10 +173,8 @@ class CompletionRequest:
     """Tokens of the request's predicted output (set once it is tokenized; None: none)."""
     n: int = 1
     """Choices to generate (each its own sampling seed: the request's, plus its index)."""
-    timings_per_token: bool = False
-    """llama-server's: every streamed chunk with text or calls carries ``timings`` so far."""
-    return_progress: bool = False
-    """llama-server's: the stream reports the prompt's ``prompt_progress``."""
+    llama: LlamaSwitches = attrs.field(factory=LlamaSwitches)
+    """llama-server's answer switches (``timings_per_token``, ``verbose`` ...)."""
 
 
 def bad_field(param: str, detail: str) -> ApiError:
@@ -429,9 +427,6 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_field("stream", "must be true or false")
-    # (check_fields has checked their types)
-    timings_per_token = bool(body.get("timings_per_token"))
-    return_progress = bool(body.get("return_progress"))
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
@@ -499,8 +494,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
                              stream=stream,
                              include_usage=include_usage, model=model,
                              created=int(time.time()),
-                             timings_per_token=timings_per_token,
-                             return_progress=return_progress)
+                             llama=LlamaSwitches.of(body))
 
 
 def finish_reason(value: str) -> str:

@@ -10,8 +10,8 @@ refuses it ("Unrecognized request argument"), so a typo (``max_token``) does not
 unnoticed.
 
 llama-server's own request fields (its ``params_from_json_cmpl`` schema) get the same
-treatment: ``timings_per_token`` and ``return_progress`` are served; ``id_slot``,
-``cache_prompt``, ``verbose`` and the others that only steer llama-server's slots, its
+treatment: ``timings_per_token``, ``return_progress`` and ``verbose`` are served;
+``id_slot``, ``cache_prompt`` and the others that only steer llama-server's slots, its
 context shift or its non-OpenAI answer change nothing here and pass (their type
 checked, as llama-server checks it); samplers meshd does not have pass only switched
 off (``xtc_probability: 0``, ``t_max_predict_ms: -1``), and their tuning fields with
@@ -23,13 +23,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+import attrs
+
 from meshd.clients.argtypes import duration_seconds
 
-__all__ = ["LLAMA_SERVER_FIELDS", "check_continuation", "check_fields", "keep_alive_seconds"]
+__all__ = ["LLAMA_SERVER_FIELDS", "LlamaSwitches", "check_continuation", "check_fields",
+           "keep_alive_seconds"]
 
 _LLAMA_SERVED: Final = frozenset({
-    # per-chunk ``timings`` and ``prompt_progress`` in streams
-    "timings_per_token", "return_progress",
+    # per-chunk ``timings`` and ``prompt_progress`` in streams; the ``__verbose`` block
+    "timings_per_token", "return_progress", "verbose",
 })
 _HANDLED: Final = frozenset({
     "model", "stream", "stream_options", "seed", "top_k", "top_p", "temperature", "stop",
@@ -46,10 +49,9 @@ _LLAMA_NO_EFFECT: Final = frozenset({
     # meshd always reuses cached prompt prefixes.
     "cache_prompt",
     # llama-server's slot choice (meshd's scheduler places requests; its prefix cache
-    # serves every slot), its KV-shift reuse, its debug copy of the request
-    # (``__verbose``), SSE keep-alive comments, and what its context shift keeps
-    # (meshd never shifts: a prompt over the context is a 400).
-    "id_slot", "n_cache_reuse", "verbose", "sse_ping_interval", "n_keep", "n_discard",
+    # serves every slot), its KV-shift reuse, SSE keep-alive comments, and what its
+    # context shift keeps (meshd never shifts: a prompt over the context is a 400).
+    "id_slot", "n_cache_reuse", "sse_ping_interval", "n_keep", "n_discard",
     # the shape of llama-server's own /completion answer (not OpenAI's)
     "response_fields", "return_tokens",
     # tuning of samplers that can only be off here (their switches: _LLAMA_UNSUPPORTED)
@@ -99,6 +101,26 @@ _BOOLEAN: Final = frozenset({"timings_per_token", "return_progress", "cache_prom
                              "add_generation_prompt"})
 _INTEGER: Final = frozenset({"id_slot", "n_cache_reuse", "sse_ping_interval", "n_keep",
                              "n_discard"})
+
+
+@attrs.frozen
+class LlamaSwitches:
+    """llama-server's answer switches on OpenAI's endpoints (types checked by
+    :func:`check_fields`)."""
+
+    timings_per_token: bool = False
+    """Every streamed chunk with text or calls carries ``timings`` so far."""
+    return_progress: bool = False
+    """The stream reports the prompt's ``prompt_progress``."""
+    verbose: bool | None = None
+    """A non-streamed answer carries ``__verbose`` (the prompt as the model read it, the
+    text); None: the server's default (``[http] verbose_responses``)."""
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> LlamaSwitches:
+        verbose = body.get("verbose")
+        return cls(bool(body.get("timings_per_token")), bool(body.get("return_progress")),
+                   None if verbose is None else bool(verbose))
 
 
 def _is_number(value: object) -> bool:

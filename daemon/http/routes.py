@@ -25,7 +25,7 @@ from meshd.protocol import Health, ProtocolError
 
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import render_metrics
-from ..model_set import ServedModel
+from ..model_set import NoSuchModel, ServedModel
 from ..service import Service
 from . import llama_extras
 from .completions import serve_completion, served_name
@@ -110,8 +110,10 @@ class Routes:
 
     def _model_object(self, served: ServedModel) -> dict[str, object]:
         info = self.service.info(served)
+        names = dict.fromkeys((info.name, *served.plan.aliases))  # every name it answers to
         return {"id": info.name, "object": "model", "created": int(self.service.started_at),
-                "owned_by": "meshd", "meta": attrs.asdict(info)}
+                "owned_by": "meshd", "aliases": list(names), "tags": list(served.plan.tags),
+                "meta": attrs.asdict(info)}
 
     async def _models(self, _body: bytes, out: Responder) -> None:
         data = [self._model_object(m) for m in self.service.models]
@@ -119,12 +121,13 @@ class Routes:
 
     async def _model(self, _body: bytes, out: Responder, *, model_id: str) -> None:
         """``GET /v1/models/{id}``: a served model, or OpenAI's 404 for another id."""
-        models = self.service.models.models
-        if model_id not in models:
+        try:
+            served = self.service.models.get(model_id)
+        except NoSuchModel:
             raise ApiError(404, f"The model {model_id!r} does not exist; this daemon serves "
-                                f"{', '.join(map(repr, models))}", param="model",
-                           code="model_not_found")
-        await out.send(200, json_bytes(self._model_object(models[model_id])), JSON)
+                                f"{', '.join(map(repr, self.service.models.models))}",
+                           param="model", code="model_not_found") from None
+        await out.send(200, json_bytes(self._model_object(served)), JSON)
 
     async def _tokenize(self, body: bytes, out: Responder) -> None:
         await llama_extras.tokenize(self.service, body, out)

@@ -19,8 +19,8 @@ from meshd.protocol.transport import receive_some, send_all
 
 from ..listener import BindSpec, Listener, ListenerError, _inherited_socket, system_backlog
 
-__all__ = ["HttpAddressError", "TcpListener", "check_http_address", "open_http_listener",
-           "parse_tcp"]
+__all__ = ["HttpAddressError", "TcpListener", "check_http_address", "http_addresses",
+           "open_http_listener", "open_http_listeners", "parse_tcp"]
 
 
 class HttpAddressError(ListenerError):
@@ -130,6 +130,26 @@ def _bind_tcp(host: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
+def http_addresses(text: str) -> list[str]:
+    """The addresses of a ``--http`` value: one, or several separated by commas
+    (``tcp:127.0.0.1:8080,tcp:[::1]:8080``, as llama-server's ``--host A,B``)."""
+    return [part.strip() for part in text.split(",") if part.strip()] or [text]
+
+
+async def open_http_listeners(text: str, *, backlog: int | None = None) -> list[Listener]:
+    """One listener per address of ``text`` (:func:`http_addresses`); ListenerError
+    when one cannot listen (the others opened are closed again)."""
+    opened: list[Listener] = []
+    try:
+        for address in http_addresses(text):
+            opened.append(await open_http_listener(address, backlog=backlog))
+    except BaseException:
+        for listener in opened:
+            await listener.aclose()
+        raise
+    return opened
+
+
 async def open_http_listener(text: str, *, backlog: int | None = None) -> Listener:
     """Listen for HTTP on ``tcp:HOST:PORT`` or an inherited ``fd://N``; ``backlog``
     defaults to the system maximum, as for the daemon's socket."""
@@ -145,8 +165,13 @@ async def open_http_listener(text: str, *, backlog: int | None = None) -> Listen
 
 
 def check_http_address(text: str) -> None:
-    """Fail early (before loading a model) on a ``--http`` value that is malformed or
-    not a loopback address, with HttpAddressError."""
+    """Fail early (before loading a model) on a ``--http`` value (each of its
+    addresses) that is malformed or not a loopback address, with HttpAddressError."""
+    addresses = http_addresses(text)
+    if len(addresses) > 1:
+        for address in addresses:
+            check_http_address(address)
+        return
     if text.startswith("fd://"):
         try:
             spec = BindSpec.parse(text)

@@ -115,3 +115,59 @@ def test_a_template_file_that_cannot_work_stops_the_load(tmp_path: Path) -> None
     with pytest.raises(ModelLoadError, match=r"broken\.jinja.*does not compile"):
         ModelRuntime(RuntimeConfig(n_ctx_seq=256, calibrate=False, threads=1,
                                    chat_template_file=str(broken)))
+    with pytest.raises(ModelLoadError, match=r"--chat-template.*does not compile"):
+        ModelRuntime(RuntimeConfig(n_ctx_seq=256, calibrate=False, threads=1,
+                                   chat_template="{% if %}"))
+    with pytest.raises(ModelLoadError, match="not both"):
+        ModelRuntime(RuntimeConfig(n_ctx_seq=256, calibrate=False, threads=1,
+                                   chat_template="chatml",
+                                   chat_template_file=str(DATA / "llama-3.1.jinja")))
+
+
+COMMAND_R = ("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+             "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+             "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_built_in_format_or_inline_jinja_replaces_the_model_s_own() -> None:
+    """``--chat-template command-r`` renders llama.cpp's built-in Command R format (as
+    llama-server's does): /apply-template shows it, chat requests are prompted with it,
+    a prefill continues inside its last turn, and tools are offered in the generic
+    format (it has no place for them); inline Jinja works as a file's would."""
+    messages = [{"role": "system", "content": "You are a test."},
+                {"role": "user", "content": "Hi there"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {}}}}]
+    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=512, n_seq_max=1, calibrate=False, threads=1,
+                                    chat_template="command-r"))
+    try:
+        async with http_daemon(rt) as (_server, _path, http):
+            r = await http.post("/apply-template", json={"messages": messages})
+            assert r.status_code == 200 and r.json()["prompt"] == COMMAND_R
+            got = await openai_client(http).chat.completions.create(
+                model="m", messages=messages, max_tokens=2)  # type: ignore[arg-type]
+            assert got.usage is not None
+            assert got.usage.prompt_tokens == len(rt.tokenize_prompt(COMMAND_R, chat=True))
+            prefill = [*messages, {"role": "assistant", "content": "Hel"}]
+            verbose = (await http.post("/v1/chat/completions", json={
+                "messages": prefill, "max_tokens": 1, "verbose": True})).json()
+            assert verbose["__verbose"]["prompt"].endswith(
+                "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Hel")
+            # tools: the format has no place for them, so the generic one offers them
+            r = await http.post("/apply-template", json={"messages": messages,
+                                                         "tools": tools})
+            assert r.status_code == 200
+            offered = r.json()["prompt"]
+            assert offered.startswith("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>")
+            assert '"name": "f"' in offered and offered.endswith("<|CHATBOT_TOKEN|>")
+    finally:
+        rt.close()
+    inline = ModelRuntime(RuntimeConfig(n_ctx_seq=256, n_seq_max=1, calibrate=False,
+                                        threads=1, chat_template="{% for m in messages %}"
+                                        "[{{ m.role }}] {{ m.content }}\n{% endfor %}"))
+    try:
+        assert inline.render_chat(messages) == "[system] You are a test.\n[user] Hi there\n"
+    finally:
+        inline.close()

@@ -5,6 +5,7 @@ allowed origin is named on every answer."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import httpx
@@ -13,6 +14,7 @@ import pytest
 
 from meshd.daemon.http.access import authorized, cors_headers
 from meshd.daemon.http.config import HttpConfig
+from meshd.daemon.http.tcp import HttpAddressError, check_http_address
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.server import serving
 from meshd.daemon.service import ServerConfig
@@ -93,3 +95,32 @@ async def test_tcp_needs_the_key_and_unix_does_not(smol: ModelRuntime) -> None:
         transport = httpx.AsyncHTTPTransport(uds=path)
         async with httpx.AsyncClient(transport=transport, base_url="http://meshd") as unix:
             assert (await unix.post("/v1/completions", json=BODY)).status_code == 200
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+async def test_several_addresses_each_serve_and_ask_the_key(smol: ModelRuntime) -> None:
+    """``--http A,B`` (llama-server's ``--host 127.0.0.1,::1``): every address serves,
+    each asks the key; a list with one address that is not loopback is refused whole."""
+    with pytest.raises(HttpAddressError, match=r"192\.0\.2\.1"):
+        check_http_address("tcp:127.0.0.1:0,tcp:192.0.2.1:8080")
+    six = _ipv6_loopback()
+    addresses = "tcp:127.0.0.1:0,tcp:[::1]:0" if six else "tcp:127.0.0.1:0,tcp:127.0.0.2:0"
+    config = ServerConfig(http=HttpConfig(api_key=KEY))
+    async with serving(smol, f"{short_tempdir()}/s", config, http=addresses) as server:
+        assert len(server.http_listeners) == 2
+        for listener in server.http_listeners:
+            host, _, port = listener.address.removeprefix("tcp:").rpartition(":")
+            async with httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=60) as tcp:
+                assert (await tcp.get("/health")).status_code == 200
+                assert (await tcp.post("/v1/completions", json=BODY)).status_code == 401
+                r = await tcp.post("/v1/completions", json=BODY,
+                                   headers={"Authorization": f"Bearer {KEY}"})
+                assert r.status_code == 200, host

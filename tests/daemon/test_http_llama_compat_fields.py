@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from meshd.daemon.http.config import HttpConfig
 from meshd.daemon.http.openai_api import ApiError, chunk, parse_request
 from meshd.daemon.http.responses import ResponseEvents
 from meshd.daemon.http.responses_format import parse_responses_request
@@ -61,8 +62,8 @@ def test_llama_server_fields_pass_or_are_refused_by_name() -> None:
         xtc_probability=0, xtc_threshold=0.1, dry_multiplier=0.0, dry_base=1.75,
         top_n_sigma=-1, ignore_eos=False, return_tokens=False, n_cache_reuse=0),
         chat=True)
-    assert req.timings_per_token and req.return_progress
-    assert not parse_request(_chat(), chat=True).timings_per_token
+    assert req.llama.timings_per_token and req.llama.return_progress
+    assert not parse_request(_chat(), chat=True).llama.timings_per_token
     parse_request(json.dumps({"prompt": "x", "id_slot": 1, "return_progress": False}
                              ).encode(), chat=False)
     for extra, param, why in (
@@ -85,7 +86,7 @@ def test_llama_server_fields_pass_or_are_refused_by_name() -> None:
     resp = parse_responses_request(json.dumps({
         "input": "hi", "timings_per_token": True, "return_progress": True,
         "id_slot": 0, "cache_prompt": True}).encode())
-    assert resp.completion.timings_per_token and resp.completion.return_progress
+    assert resp.completion.llama.timings_per_token and resp.completion.llama.return_progress
     for extra, param in (({"id_slot": []}, "id_slot"), ({"samplers": "k"}, "samplers"),
                          ({"id_slots": 0}, "id_slots")):
         with pytest.raises(ApiError) as caught:
@@ -345,3 +346,35 @@ async def test_n_choices_with_id_slot(smol: ModelRuntime) -> None:
                        for c in choices)
         await wait_idle(server)
         assert_no_leaks(server)
+
+
+async def test_verbose_shows_the_prompt_the_model_read(smol: ModelRuntime) -> None:
+    """llama-server's ``verbose``: a non-streamed answer carries ``__verbose`` with the
+    prompt as the model read it (the chat template's output, what /apply-template
+    renders) and the text; ``[http] verbose_responses`` makes it the default, which a
+    request's ``verbose: false`` turns off."""
+    ask = {"messages": MESSAGES, "max_tokens": 3, "temperature": 0}
+    async with http_daemon(smol) as (server, _path, http):
+        rendered = (await http.post("/apply-template", json={"messages": MESSAGES})).json()
+        for url, body in (("/v1/chat/completions", ask),
+                          ("/v1/completions", {"prompt": rendered["prompt"],
+                                               "max_tokens": 3, "temperature": 0})):
+            plain = (await http.post(url, json=body)).json()
+            assert "__verbose" not in plain
+            verbose = (await http.post(url, json={**body, "verbose": True})).json()
+            block = verbose["__verbose"]
+            assert block["prompt"].endswith(rendered["prompt"]), block["prompt"]
+            assert "<|im_start|>system\nBook" in block["prompt"]
+            choice = verbose["choices"][0]
+            assert block["content"] == choice.get("text", (choice.get("message") or {}).get(
+                "content"))
+            assert block["tokens_evaluated"] == verbose["usage"]["prompt_tokens"]
+            assert (await http.post(url, json={**body, "verbose": "yes"})).status_code == 400
+        await wait_idle(server)
+        assert_no_leaks(server)
+    async with http_daemon(smol, HttpConfig(verbose_responses=True)) as (server, _p, http):
+        on = (await http.post("/v1/chat/completions", json=ask)).json()
+        assert on["__verbose"]["prompt"].endswith(rendered["prompt"])
+        off = (await http.post("/v1/chat/completions", json={**ask, "verbose": False})).json()
+        assert "__verbose" not in off
+        await wait_idle(server)

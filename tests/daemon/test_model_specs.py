@@ -380,3 +380,23 @@ def test_keep_alive_and_the_limits_are_live() -> None:
     moved = attrs.evolve(old, model=attrs.evolve(old.model, ctx=512, thread_wait="sleep"))
     assert cfg.live_changes(old, moved) == ["model.ctx"]
     assert cfg.restart_needed(old, moved) == ["model.thread_wait"]
+
+
+def test_aliases_and_tags_belong_to_one_model(tmp_path: Path, models: dict[str, str]) -> None:
+    """``--alias``/``--tags`` (``[model]`` aliases and tags) name the single model, or the
+    first ``-m`` model of several; a table has only its own; a name two models would
+    answer to, or an alias that is not a model name, is an error naming where."""
+    (one,) = _specs(["-m", models["chat"], "--alias", "gpt-4o, fim", "--tags", "chat"])[1]
+    assert (one.model.aliases, one.model.tags) == (("gpt-4o", "fim"), ("chat",))
+    path = _file(tmp_path, f'[models.tiny]\npath = "{models["tiny"]}"\naliases = ["t"]\n')
+    specs = _specs(["-m", f"chat={models['chat']}", "-m", f"code={models['code']}",
+                    "--alias", "gpt-4o"], path)[1]
+    assert [(s.name, s.model.aliases) for s in specs] == \
+        [("chat", ("gpt-4o",)), ("code", ()), ("tiny", ("t",))]
+    clash = _file(tmp_path, f'[models.tiny]\npath = "{models["tiny"]}"\naliases = ["chat"]\n')
+    with pytest.raises(cfg.ConfigError, match=r"\[models\.tiny\] in .*: the alias chat also "
+                                              r"names the model of -m chat="):
+        _specs(["-m", f"chat={models['chat']}"], clash)
+    with pytest.raises(cfg.ConfigError,
+                       match=r"model\.aliases: must be a model name.*\(got 'a b'\)"):
+        _specs([], _file(tmp_path, '[model]\naliases = ["a b"]\n'))

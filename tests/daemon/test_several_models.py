@@ -437,3 +437,33 @@ async def test_two_models_waiting_for_room_both_get_it(closing: list[ModelSet]) 
                 while len(done) < 2:
                     await anyio.sleep(0.05)
     assert done["mtp"].done.model == "mtp" and done["small"].done.model == "small"
+
+
+async def test_aliases_name_a_model_on_both_front_ends(closing: list[ModelSet]) -> None:
+    """Clients that send a fixed model name (``gpt-4o-mini``) reach the model that name
+    is an alias of; listings show every name and the tags; new aliases on a reload
+    apply without reloading the model."""
+    smol, mtp = plans()
+    mtp = attrs.evolve(mtp, aliases=("qwen", "gpt-4o-mini"), tags=("mtp", "small"))
+    models = ModelSet([smol, mtp], lambda plan: ModelRuntime(plan.config))
+    closing.append(models)
+    async with running_daemon(models) as (_server, path), \
+            Client.connect(path) as client:
+        assert (await ask(client, "qwen")).done.model == "mtp"
+        transport = httpx.AsyncHTTPTransport(uds=path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://meshd") as http:
+            r = await http.post("/v1/completions", json={
+                "model": "gpt-4o-mini", "max_tokens": 2, "prompt": PROMPT})
+            assert r.status_code == 200 and r.json()["model"] == "mtp"
+            listed = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
+            assert listed["mtp"]["aliases"] == ["mtp", "qwen", "gpt-4o-mini"]
+            assert listed["mtp"]["tags"] == ["mtp", "small"]
+            assert listed["smol"]["aliases"] == ["smol"] and listed["smol"]["tags"] == []
+            one = await http.get("/v1/models/qwen")
+            assert one.status_code == 200 and one.json()["id"] == "mtp"
+            assert (await http.get("/v1/models/gpt-4o")).status_code == 404
+        changed = models.update([smol, attrs.evolve(mtp, aliases=("qwen2",))])
+        assert changed["changed"] == [] and models.get("mtp").state is ModelState.LOADED
+        assert (await ask(client, "qwen2")).done.model == "mtp"
+        with pytest.raises(UnknownModel):
+            await ask(client, "qwen")

@@ -15,7 +15,8 @@ SUITE = ["--port", "8123", "--temp", "0.8", "--seed", "42", "--host", "127.0.0.1
          "--offline", "--hf-repo", "ggml-org/test-model-stories260K", "--batch-size", "32",
          "--no-slots", "--alias", "tinyllama-2,fim", "--ctx-size", "512", "--parallel", "2",
          "--n-predict", "64", "--api-key", "k", "--jinja", "--reasoning", "off",
-         "--chat-template-file", "../t.jinja"]
+         "--chat-template-file", "../t.jinja", "--tags", "chat,small", "--verbose",
+         "--chat-template", "command-r"]
 
 
 def test_model_flags_are_replaced_by_the_fixed_file() -> None:
@@ -34,7 +35,10 @@ def test_meshd_serve_gets_what_llama_server_was_asked() -> None:
         return argv[argv.index(flag) + 1]
 
     assert argv[:2] == ["meshd", "serve"]
-    assert value("-m") == f"tinyllama-2={MODEL}"  # the first alias names the model
+    # llama-server's id: the first alias in sorted order; the others stay aliases
+    assert value("-m") == f"fim={MODEL}" and value("--alias") == "tinyllama-2"
+    assert value("--tags") == "chat,small"
+    assert "--verbose-responses" in argv  # its --verbose: answers carry __verbose
     assert value("--http") == "tcp:127.0.0.1:8123"
     assert value("-c") == "256"  # 512 split over 2 slots, as llama-server splits it
     assert value("--slots") == "2"
@@ -42,11 +46,13 @@ def test_meshd_serve_gets_what_llama_server_was_asked() -> None:
     assert value("--api-key") == "k"
     assert value("--seed") == "42"
     assert value("--reasoning") == "off"
+    assert value("--chat-template") == "command-r"
     assert value("--chat-template-file") == str(Path("../t.jinja").resolve())
     assert value("-s") == str(SOCK)
     assert "--temp" in serve.ignored and "--jinja" in serve.ignored
     assert "--no-slots-endpoint" in serve.argv  # llama-server's --no-slots
-    on = meshd_serve_argv("meshd", ["--slots"], MODEL, SOCK).argv
+    on = meshd_serve_argv("meshd", ["--slots", "--host", "127.0.0.1,::1"], MODEL, SOCK).argv
+    assert on[on.index("--http") + 1] == "tcp:127.0.0.1:8080,tcp:[::1]:8080"
     assert "--no-slots-endpoint" not in on and "--slots-endpoint" not in on
 
 

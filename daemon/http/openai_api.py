@@ -213,7 +213,8 @@ def _number(body: Mapping[str, Any], key: str, default: float, lo: float, hi: fl
 
 
 def _content(value: object, param: str) -> str:
-    """Message content: a string, null, or a list of text parts."""
+    """Message content: a string, null, or a list of text parts (joined by newlines, as
+    llama.cpp and vLLM join them for templates that take text)."""
     if value is None:
         return ""
     if isinstance(value, str):
@@ -226,7 +227,7 @@ def _content(value: object, param: str) -> str:
                 raise bad_field(f"{param}[{i}]", "only text parts ({'type': 'text', 'text': ...}) "
                                             "are supported")
             parts.append(part["text"])
-        return "".join(parts)
+        return "\n".join(parts)
     raise bad_field(param, "must be a string or a list of text parts")
 
 

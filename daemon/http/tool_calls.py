@@ -8,8 +8,10 @@ it works with any chat template, including those that know no tools (llama-serve
 generic handler does the same with its own format). With ``tool_choice`` ``required`` or
 a named function the whole answer is constrained to such calls, each ``arguments``
 object to its function's JSON schema, so the call parses and validates; with ``auto``
-the model chooses and the answer is parsed. A call cut short (``max_tokens``) stays in
-the content: ``tool_calls`` only ever holds whole, valid calls.
+the model chooses and the answer is read in whichever family's syntax it wrote
+(:mod:`.tool_syntax`: a Llama, Mistral or Qwen 3.5 model may answer in its own). A call
+cut short (``max_tokens``) stays in the content: ``tool_calls`` only ever holds whole,
+valid calls.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import attrs
 from meshd.protocol import messages as wire
 
 from ..constraint import JSON_DEFAULTS
+from .tool_syntax import read_calls
 
 __all__ = ["ToolError", "ToolSpec", "answer_calls", "offer_tools", "parse_tools", "past_calls",
            "tool_constraint"]
 
 MAX_TOOLS: Final = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 class ToolError(ValueError):
@@ -163,25 +165,15 @@ def tool_constraint(spec: ToolSpec) -> wire.Constraint | None:
 
 def answer_calls(text: str, spec: ToolSpec, *, finished: bool
                  ) -> tuple[str | None, list[dict[str, Any]]]:
-    """The answer's content and ``tool_calls``: whole ``<tool_call>`` blocks that parse
-    and name an offered function become calls (at most one unless parallel calls are
-    allowed); anything else, and everything in an answer that did not finish on its
-    own, stays content."""
-    if not finished:
+    """The answer's content and ``tool_calls``: whole calls to offered functions, in the
+    syntax offered or the one the model's family writes (:mod:`.tool_syntax`), at most
+    one unless parallel calls are allowed; anything else, and everything in an answer
+    that did not finish on its own, stays content."""
+    read = read_calls(text, spec.names) if finished else None
+    if read is None or (len(read[1]) > 1 and not spec.parallel):
         return text, []
-    calls: list[dict[str, Any]] = []
-    for match in _CALL.finditer(text):
-        try:
-            call = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            return text, []
-        if (not isinstance(call, dict) or call.get("name") not in spec.names
-                or not isinstance(call.get("arguments", {}), dict)):
-            return text, []
-        calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                      "function": {"name": call["name"],
-                                   "arguments": json.dumps(call.get("arguments", {}))}})
-    if not calls or (len(calls) > 1 and not spec.parallel):
-        return text, []
-    content = _CALL.sub("", text).strip()
-    return (content or None), calls
+    content, calls = read
+    return (content or None), [
+        {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+         "function": {"name": name, "arguments": json.dumps(arguments)}}
+        for name, arguments in calls]

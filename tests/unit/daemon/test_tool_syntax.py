@@ -1,0 +1,62 @@
+"""Tool calls read back in each family's own syntax: whole, well-formed calls to offered
+functions only; anything else leaves the answer as text."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshd.daemon.http.tool_syntax import read_calls
+
+NAMES = {"get_weather", "add"}
+WEATHER = ("get_weather", {"city": "Paris", "days": 2})
+
+
+@pytest.mark.parametrize("text", [
+    # Hermes / Qwen 2.5
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": '
+    '{"city": "Paris", "days": 2}}\n</tool_call>',
+    # Qwen3-Coder / Qwen 3.5: text values stay text, others are JSON
+    "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+    "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+    # Mistral Small 3.2 / Devstral, with and without a call id
+    'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}',
+    'Let me check.[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris", "days": 2}',
+    # Mistral v3
+    'Let me check.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", '
+    '"days": 2}}]',
+])
+def test_one_call_in_each_syntax(text: str) -> None:
+    assert read_calls(text, NAMES) == ("Let me check.", [WEATHER])
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}',
+    '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}',
+])
+def test_llama_3_answers_with_the_call_alone(text: str) -> None:
+    assert read_calls(text, NAMES) == ("", [WEATHER])
+
+
+def test_several_calls() -> None:
+    both = [WEATHER, ("add", {"a": 1, "b": 2})]
+    assert read_calls('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}'
+                      '[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}', NAMES) == ("", both)
+    assert read_calls('{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}; '
+                      '{"name": "add", "parameters": {"a": 1, "b": 2}}', NAMES) == ("", both)
+    assert read_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", '
+                      '"days": 2}}</tool_call>\n<tool_call>{"name": "add", "arguments": '
+                      '{"a": 1, "b": 2}}</tool_call>', NAMES) == ("", both)
+
+
+@pytest.mark.parametrize("text", [
+    "The weather in Paris is mild.",
+    '{"name": "Bob", "parameters": {"age": 3}}',  # a JSON answer, no offered function
+    '{"name": "get_weather", "city": "Paris"}',  # not a call's shape
+    '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>',  # cut short
+    '<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>',  # not offered
+    "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Par",  # cut by max_tokens
+    "[TOOL_CALLS]get_weather and then some text",
+    "<tool_call>\n<function=get_weather>\nstray text\n</function>\n</tool_call>",
+])
+def test_anything_else_stays_text(text: str) -> None:
+    assert read_calls(text, NAMES) is None

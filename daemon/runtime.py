@@ -26,8 +26,8 @@ from meshd.native.session import SequenceSession
 from meshd.plugins.base import ModelDescription, Proposer, ProposerEnv
 from meshd.plugins.config import PluginConfig
 from meshd.plugins.guard import PluginGuards
-from meshd.plugins.hosts import PluginHosts
 from meshd.plugins.registry import Registry, default_registry
+from meshd.plugins.remote_plugin_set import PluginHosts
 from meshd.plugins.resources import Need, Resources
 from meshd.policy.costs import CostCurve, CostModel
 from meshd.policy.rollback_depth import RollbackDepth

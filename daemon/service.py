@@ -24,8 +24,8 @@ import attrs
 from structlog.typing import FilteringBoundLogger
 
 from meshd.native.tokenizer import TooManyTokens
-from meshd.plugins.host import PluginRefused
-from meshd.plugins.hosts import is_plugin_hello
+from meshd.plugins.remote_plugin import PluginRefused
+from meshd.plugins.remote_plugin_set import is_plugin_hello
 from meshd.protocol import (
     PROPOSER_OFF,
     PROTOCOL_VERSION,

@@ -7,7 +7,7 @@ every request on the model. So each such plugin gets a worker thread
 ``observe`` and ``close`` are handed over without waiting, in order. A late call is
 dropped (``late``; its answer, if it comes, ``stale``) and the plugin skipped while it
 runs (``stuck``); exceptions are ``plugin_error``, malformed answers ``garbage``. Counts
-go to :class:`~meshd.plugins.host.PluginCounters`, like out-of-process plugins', and each
+go to :class:`~meshd.plugins.remote_plugin.PluginCounters`, like out-of-process plugins', and each
 kind of fault is logged once per episode. Only proposers the registry marks isolatable
 run here (:meth:`meshd.plugins.registry.Registry.isolatable`: third-party, touching no
 llama.cpp object); factories still run on the compute thread.
@@ -26,7 +26,7 @@ import attrs
 import structlog
 
 from .base import Outcome, Proposal, ProposalRequest, Proposer
-from .host import PluginCounters
+from .remote_plugin import PluginCounters
 
 __all__ = ["GuardedProposer", "PluginGuard", "PluginGuards", "PluginWorker"]
 

@@ -60,7 +60,7 @@ from .peer import Peer, pin_mismatch
 from .resources import Need, TokenizerLike, requires
 from .spawn import spawn
 
-log = structlog.get_logger("meshd.plugins.host")
+log = structlog.get_logger("meshd.plugins.remote_plugin")
 
 #: Faults that end the link (nothing more from it can be trusted).
 FATAL = frozenset({"garbage", "disconnected", "hung", "flood"})

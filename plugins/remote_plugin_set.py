@@ -18,12 +18,12 @@ from meshd.protocol.plugin_channel import ChannelClosed, PluginChannel, SendTime
 
 from .base import ModelDescription
 from .config import PluginConfig
-from .host import PluginHost, PluginRefused, refuse
 from .peer import Peer
 from .registry import Registry
+from .remote_plugin import PluginHost, PluginRefused, refuse
 from .resources import TokenizerLike
 
-log = structlog.get_logger("meshd.plugins.hosts")
+log = structlog.get_logger("meshd.plugins.remote_plugin_set")
 
 
 class PluginHosts:

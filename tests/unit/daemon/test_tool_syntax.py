@@ -3,8 +3,11 @@ functions only; anything else leaves the answer as text."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from meshd.daemon.http.tool_calls import answer_calls, parse_tools
 from meshd.daemon.http.tool_syntax import read_calls
 
 NAMES = {"get_weather", "add"}
@@ -60,3 +63,21 @@ def test_several_calls() -> None:
 ])
 def test_anything_else_stays_text(text: str) -> None:
     assert read_calls(text, NAMES) is None
+
+
+def test_the_answer_holds_calls_in_any_syntax_as_openai_shapes_them() -> None:
+    spec = parse_tools({"tools": [{"type": "function", "function": {
+        "name": name, "parameters": {"type": "object"}}} for name in sorted(NAMES)],
+        "parallel_tool_calls": False})
+    assert spec is not None
+    text = 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}'
+    content, calls = answer_calls(text, spec, finished=True)
+    assert content == "Sure."
+    (call,) = calls
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather",
+                                "arguments": json.dumps({"city": "Paris", "days": 2})}
+    # cut short by max_tokens, or two calls where one is allowed: text, no calls
+    assert answer_calls(text, spec, finished=False) == (text, [])
+    two = text + '[TOOL_CALLS]add[ARGS]{"a": 1}'
+    assert answer_calls(two, spec, finished=True) == (two, [])

@@ -495,8 +495,8 @@ class Service:
         None for a request cancelled before it reached the scheduler). Raises what
         :meth:`prepare` and :meth:`submit` raise."""
         gen = await self.prepare(request, entry)
-        if adjust is not None:
-            gen = adjust(gen)
+        if adjust is not None:  # (it may render and tokenize: blocking)
+            gen = await anyio.to_thread.run_sync(adjust, gen)
         if not entry.cancelled:
             entry.attach(self.submit(gen, entry))
         return gen

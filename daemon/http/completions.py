@@ -46,6 +46,7 @@ from .openai_api import (
     usage,
 )
 from .responder import Responder, RouteContext
+from .template_tools import with_template_tools
 from .timings_format import live_timings, prompt_progress, timings
 
 __all__ = ["Adjust", "Started", "finish_reason_of", "generation_failure", "log_finished",
@@ -121,14 +122,17 @@ async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
 
         def adjusted(gen: GenerationRequest) -> GenerationRequest:
             assert entry.model is not None and entry.model.runtime is not None
+            rt = entry.model.runtime
             if ids:
-                gen = _with_prompt_ids(entry.model.runtime, gen, ids)
-            return gen if adjust is None else adjust(entry.model.runtime, gen)
+                gen = _with_prompt_ids(rt, gen, ids)
+            if req.template_messages is not None and req.tools is not None:
+                gen = with_template_tools(rt, gen, req.template_messages, req.tools)
+            return gen if adjust is None else adjust(rt, gen)
 
         try:
             asked = attrs.evolve(req.generate, model=served_name(service, req.model))
-            gen = await service.start(asked, entry,
-                                      adjust=adjusted if ids or adjust is not None else None)
+            changes = ids or adjust is not None or req.template_messages is not None
+            gen = await service.start(asked, entry, adjust=adjusted if changes else None)
         except ModelError as exc:  # (prepare raises it for a prompt over the context only)
             raise context_exceeded(exc.message, "messages" if req.chat else "prompt") \
                 from None

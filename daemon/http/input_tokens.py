@@ -11,6 +11,7 @@ held for the count and released.
 
 from __future__ import annotations
 
+import anyio
 import attrs
 
 from meshd.protocol import ModelError, ProtocolError
@@ -27,6 +28,7 @@ from .openai_api import (
 )
 from .responder import Responder, RouteContext
 from .responses_format import parse_responses_request
+from .template_tools import with_template_tools
 
 __all__ = ["chat_input_tokens", "responses_input_tokens"]
 
@@ -54,6 +56,11 @@ async def _count(routes: RouteContext, req: CompletionRequest, out: Responder) -
         asked = attrs.evolve(req.generate, model=served_name(service, req.model))
         try:
             gen = await service.prepare(asked, entry)
+            if req.template_messages is not None and req.tools is not None:
+                assert entry.model is not None and entry.model.runtime is not None
+                gen = await anyio.to_thread.run_sync(
+                    with_template_tools, entry.model.runtime, gen, req.template_messages,
+                    req.tools)
         except ModelError as exc:  # (a prompt over the context)
             raise context_exceeded(exc.message, "messages" if req.chat else "prompt") \
                 from None

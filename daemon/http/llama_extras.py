@@ -25,7 +25,8 @@ from ..service import Service
 from .identity import build_info
 from .openai_api import JSON, ApiError, json_bytes, json_object, parse_messages
 from .responder import Responder
-from .tool_calls import ToolError, offer_tools, parse_tools
+from .template_tools import knows_tools, template_tools
+from .tool_calls import ToolError, offer_tools, parse_tools, template_messages
 
 __all__ = ["apply_template", "detokenize", "props", "tokenize"]
 
@@ -116,15 +117,20 @@ async def apply_template(service: Service, raw: bytes, out: Responder) -> None:
         tools = parse_tools(body)
     except ToolError as exc:
         raise ApiError(400, exc.message, param=exc.param) from None
-    if tools is not None:
-        messages = offer_tools(messages, tools)
     generation_prompt = _flag(body, "add_generation_prompt", True)
     try:
         async with service.holding(None, None) as rt:
             if rt.model.chat_template is None:
                 raise ApiError(400, "this model has no chat template", param="messages")
+            offered: dict[str, Any] = {}
+            if tools is not None and knows_tools(rt):  # as a chat request offers them
+                messages = template_messages(body["messages"])
+                offered["tools"] = template_tools(tools)
+            elif tools is not None:
+                messages = offer_tools(messages, tools)
             prompt = await anyio.to_thread.run_sync(functools.partial(
-                rt.render_chat, messages, add_generation_prompt=generation_prompt))
+                rt.render_chat, messages, add_generation_prompt=generation_prompt,
+                **offered))
     except RequestError as exc:
         raise ApiError(400, f"messages: {exc}", param="messages") from None
     await out.send(200, json_bytes({"prompt": prompt}), JSON)

@@ -46,6 +46,7 @@ from .tool_calls import (
     offer_tools,
     parse_tools,
     past_calls,
+    template_messages,
     tool_constraint,
 )
 
@@ -174,6 +175,8 @@ class CompletionRequest:
     n: int = 1
     """Choices to generate (each its own sampling seed: the request's, plus its index)."""
     llama: LlamaSwitches = attrs.field(factory=LlamaSwitches)
+    template_messages: tuple[dict[str, Any], ...] | None = None
+    """The chat as the template reads it, for tools it offers itself (``auto`` only)."""
     """llama-server's answer switches (``timings_per_token``, ``verbose`` ...)."""
 
 
@@ -495,7 +498,9 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
                              stream=stream,
                              include_usage=include_usage, model=model,
                              created=int(time.time()),
-                             llama=LlamaSwitches.of(body))
+                             llama=LlamaSwitches.of(body),
+                             template_messages=None if tools is None or tools.choice != "auto"
+                             else tuple(template_messages(body["messages"])))
 
 
 def finish_reason(value: str) -> str:

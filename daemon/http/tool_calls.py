@@ -30,7 +30,7 @@ from ..constraint import JSON_DEFAULTS
 from .tool_syntax import read_calls
 
 __all__ = ["ToolError", "ToolSpec", "answer_calls", "offer_tools", "parse_tools", "past_calls",
-           "tool_constraint"]
+           "template_messages", "tool_constraint"]
 
 MAX_TOOLS: Final = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -120,6 +120,40 @@ def past_calls(calls: object, param: str) -> str:
         out.append("<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": parsed})
                    + "\n</tool_call>")
     return ("\n" if out else "") + "\n".join(out)
+
+
+def _arguments(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A request's messages (already validated) as templates read them: text content
+    (parts joined as :func:`~.openai_api.parse_messages` joins them), ``developer`` as
+    ``system``, calls with their arguments as objects, a tool turn's ``tool_call_id``."""
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        content = msg.get("content")
+        if isinstance(content, list):
+            content = "\n".join(part["text"] for part in content)
+        role = "system" if msg["role"] == "developer" else msg["role"]
+        turn: dict[str, Any] = {"role": role, "content": content or ""}
+        calls = msg.get("tool_calls") if role == "assistant" else None
+        if calls:
+            turn["tool_calls"] = [
+                {"id": call.get("id") or f"call{i:05d}", "type": "function",
+                 "function": {"name": call["function"]["name"],
+                              "arguments": _arguments(call["function"].get("arguments", {}))}}
+                for i, call in enumerate(calls)]
+        for key in ("tool_call_id", "name"):
+            if role in ("tool", "function") and isinstance(msg.get(key), str):
+                turn[key] = msg[key]
+        out.append(turn)
+    return out
 
 
 def offer_tools(messages: Sequence[Mapping[str, Any]], spec: ToolSpec) -> list[dict[str, Any]]:

@@ -171,3 +171,44 @@ async def test_a_built_in_format_or_inline_jinja_replaces_the_model_s_own() -> N
         assert inline.render_chat(messages) == "[system] You are a test.\n[user] Hi there\n"
     finally:
         inline.close()
+
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_template_that_knows_tools_offers_them_itself(
+        llama_templated: ModelRuntime) -> None:
+    """``tool_choice: auto`` with a template that takes ``tools`` (Llama 3.1's here): the
+    template offers them in its own words, earlier calls and their results read as it
+    renders them, and a chat request, /apply-template and input_tokens agree on the
+    prompt; a forced call keeps the generic offer its grammar writes."""
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [{
+                   "id": "call_1", "type": "function", "function": {
+                       "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"}]
+    async with http_daemon(llama_templated) as (_server, _path, http):
+        r = await http.post("/apply-template", json={"messages": history, "tools": WEATHER})
+        assert r.status_code == 200
+        prompt = r.json()["prompt"]
+        assert "Given the following functions" in prompt  # Llama 3.1's own offer
+        assert '"name": "get_weather"' in prompt and "<tools>" not in prompt
+        assert '{"name": "get_weather", "parameters": {"city": "Paris"}}' in prompt
+        assert "<|start_header_id|>ipython<|end_header_id|>\n\n\"sunny, 21C\"" in prompt \
+            or "<|start_header_id|>ipython<|end_header_id|>\n\nsunny, 21C" in prompt
+        n_prompt = len(llama_templated.tokenize_prompt(prompt, chat=True))
+        body = {"messages": history, "tools": WEATHER, "max_tokens": 2, "temperature": 0}
+        got = (await http.post("/v1/chat/completions", json=body)).json()
+        assert got["usage"]["prompt_tokens"] == n_prompt
+        counted = await http.post("/v1/chat/completions/input_tokens", json=body)
+        assert counted.json()["input_tokens"] == n_prompt
+        forced = (await http.post("/v1/chat/completions", json={
+            **body, "tool_choice": "required", "max_tokens": 64})).json()
+        assert forced["usage"]["prompt_tokens"] != n_prompt  # the generic offer
+        (call,) = forced["choices"][0]["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"

@@ -1,0 +1,60 @@
+"""Tools offered by the model's own chat template, as llama-server ``--jinja`` offers them.
+
+Why: a model answers best in the words it was trained on. Where the chat template takes
+``tools`` (Llama 3.x, Mistral, Qwen 2.5-3.5, Hermes ...), a request with
+``tool_choice: auto`` is rendered by it: the tools in its ``tools`` variable, earlier
+calls as structured ``tool_calls`` (arguments as objects, as llama.cpp gives them) and
+results as ``tool`` turns; the answer is read in whichever syntax the family writes
+(:mod:`.tool_syntax`). A template that knows no tools, and a call the request forces
+(``required`` or a named function, held by a grammar to the offered syntax), get the
+generic offer of :mod:`.tool_calls`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from meshd.protocol import ModelError
+
+from ..prompt_fit import prompt_tokens
+from ..request_errors import PromptTooLong, RequestError
+from ..runtime import ModelRuntime
+from ..scheduler import GenerationRequest
+from .openai_api import ApiError
+from .tool_calls import ToolSpec
+
+__all__ = ["knows_tools", "template_tools", "with_template_tools"]
+
+
+def knows_tools(rt: ModelRuntime) -> bool:
+    """Whether the model's chat template (Jinja) offers tools itself."""
+    source = rt.model.chat_template
+    return source is not None and "tools" in source and "{%" in source
+
+
+def template_tools(spec: ToolSpec) -> list[dict[str, Any]]:
+    """The request's functions as OpenAI tool objects, the ``tools`` templates read."""
+    return [{"type": "function", "function": {"name": name, "description": description,
+                                              "parameters": schema}}
+            for name, description, schema in spec.functions]
+
+
+def with_template_tools(rt: ModelRuntime, gen: GenerationRequest,
+                        messages: Sequence[Mapping[str, Any]], spec: ToolSpec
+                        ) -> GenerationRequest:
+    """``gen`` prompted by the model's template with the tools in it (unchanged where the
+    template knows no tools). Blocking; raises ModelError for a prompt over the context
+    and ApiError (400) when the template refuses the conversation."""
+    if not knows_tools(rt):
+        return gen
+    try:
+        text = rt.render_chat(messages, tools=template_tools(spec))
+        ids = prompt_tokens(rt, text, chat=True)
+    except PromptTooLong as exc:
+        raise ModelError(str(exc)) from None
+    except RequestError as exc:
+        raise ApiError(400, f"messages: {exc}", param="messages") from None
+    return attrs.evolve(gen, prompt=tuple(ids))

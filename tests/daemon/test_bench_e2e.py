@@ -327,7 +327,7 @@ def test_bench_e2e_reports_what_a_user_sees(tmp_path: Path,
     out = tmp_path / "e2e.json"
     peer = shutil.which("llama-server")
     assert main(["bench-e2e", "--tokens", str(TOKENS), "--reps", "1", "--clients", "1,2",
-                 "--idle-seconds", "1", "--json", str(out)]) == 0
+                 "--idle-seconds", "0.5", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     report = json.loads(out.read_text())
 

@@ -117,6 +117,9 @@ def smollm2_runtime() -> Iterator[ModelRuntime]:
 
 @pytest.mark.anyio
 @pytest.mark.slow
+# Speculation's choice, made on the compute thread: one event-loop backend is enough (the
+# others in this file run on every backend).
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_an_unseeded_sampled_request_drafts(smollm2_runtime: ModelRuntime) -> None:
     """Sampling without a seed (temperature 0.8) on a copy workload speculates."""
     rt = smollm2_runtime
@@ -134,6 +137,9 @@ async def test_an_unseeded_sampled_request_drafts(smollm2_runtime: ModelRuntime)
 
 @pytest.mark.anyio
 @pytest.mark.slow
+# Speculation's choice, made on the compute thread: one event-loop backend is enough (the
+# others in this file run on every backend).
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_request_that_gives_only_a_prompt_drafts(smollm2_runtime: ModelRuntime,
                                                         ) -> None:
     """A plain API request (a prompt and nothing else: the wire's sampling defaults, the

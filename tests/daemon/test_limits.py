@@ -101,14 +101,14 @@ async def test_errors_busy_counts_each_busy_frame_once(runtime: ModelRuntime) ->
 
 
 async def test_an_idle_connection_is_closed_after_the_idle_timeout(runtime: ModelRuntime) -> None:
-    config = ServerConfig(idle_timeout_s=2.0)
+    config = ServerConfig(idle_timeout_s=1.0)
     async with running_daemon(runtime, config) as (server, path):
         async with RawConnection.open(path) as raw:
-            # Requests keep it open: a health check every 0.2 s for 3 s (> the timeout).
+            # Requests keep it open: a health check every 0.1 s for 1.5 s (> the timeout).
             for i in range(15):
                 await raw.send(Health(id=f"h{i}"))
                 assert isinstance(await raw.recv(), HealthReply)
-                await anyio.sleep(0.2)
+                await anyio.sleep(0.1)
             assert await raw.recv(timeout=30) is None  # then silence: closed, no frame
         await assert_serves(path)
         with anyio.fail_after(10):

@@ -147,7 +147,7 @@ def test_bench_rpc_counts_one_round_trip_per_worker_and_forward(
     from meshd.daemon.cli import main
 
     out = f"{tmp_path}/rpc.json"
-    assert main(["bench-rpc", "--workers", "1,2", "--reps", "1", "--tokens", "16",
+    assert main(["bench-rpc", "--workers", "1,2", "--reps", "1", "--tokens", "8",
                  "--threads", "1", "--json", out]) == 0
     import json
 

@@ -14,7 +14,7 @@ from meshd.bench.soak.run import run_soak
 
 @pytest.mark.slow
 def test_small_soak_finds_nothing() -> None:
-    report = anyio.run(run_soak, SoakConfig(seconds=40, clients=6, sample_interval_s=2))
+    report = anyio.run(run_soak, SoakConfig(seconds=15, clients=6, sample_interval_s=1))
     print(report.format())
     assert not report.violations
     assert not report.mismatches

@@ -177,8 +177,8 @@ def test_window_width_does_not_change_the_logits(smollm2: Model,
     assert smol_ctx.config.cache_type_k == "bf16"  # "auto" on a model run on this CPU
     assert smol_ctx.exact
     tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)
-    assert len(tokens) >= 640
-    for n_prompt in (150, 600):
+    assert len(tokens) >= 310
+    for n_prompt in (150, 270):  # 270: every row past 256 tokens of context
         part = tokens[:n_prompt + 40]
         plain = _rows_by_width(smol_ctx, part, n_prompt, 1)
         for width in (2, 5, 8):
@@ -186,20 +186,24 @@ def test_window_width_does_not_change_the_logits(smollm2: Model,
                                   plain), (n_prompt, width)
 
 
+#: Past 256 tokens of context (where the KV view reaches 512 cells), all rows.
+N_F16 = 280
+
+
 def test_with_an_f16_cache_one_row_forwards_differ_past_256_tokens(
         smollm2: Model) -> None:
     """What ``--cache-type-k f16`` (llama.cpp's default) trades for its faster prefill:
     past 256 tokens a one-row forward rounds differently from a window, with 2 threads
     or more; with one thread it does not (nothing is split across threads)."""
-    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:380 + 24]
+    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:N_F16 + 24]
     for threads, same in ((2, False), (1, True)):
         ctx = TargetContext(smollm2, ContextConfig(n_ctx_seq=1024, n_seq_max=1,
                                                    draft_max=8, n_threads=threads,
                                                    cache_type_k="f16"))
         try:
             assert ctx.config.cache_type_k == "f16" and not ctx.exact
-            plain = _rows_by_width(ctx, tokens, 380, 1)
-            wide = _rows_by_width(ctx, tokens, 380, 6)
+            plain = _rows_by_width(ctx, tokens, N_F16, 1)
+            wide = _rows_by_width(ctx, tokens, N_F16, 6)
             assert np.array_equal(wide, plain) is same, threads
             # The rounding, not a bug: the rows still agree to a fraction of a logit.
             assert float(np.abs(wide - plain).max()) < 2.0
@@ -228,8 +232,9 @@ def test_how_a_prompt_is_batched_does_not_change_the_logits(
     prefix-cache hit does: the cached part was prefilled for an earlier request, and
     only the new tail is prefilled now, in a batch of a few rows where a fresh prefill
     would run hundreds) give the same bits, so a cache hit cannot move a greedy text."""
-    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:700]
-    for cut in (300, 660):
+    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:300]
+    assert len(tokens) == 300  # past 256 tokens of context
+    for cut in (100, 270):  # a long tail, and a tail of a few rows past 256 tokens
         with SequenceSession.open(smol_ctx) as s:
             whole = np.array(s.prefill(tokens[:-1]))
             whole_next = np.array(s.decode(tokens[-1]))
@@ -246,8 +251,9 @@ def test_a_window_shared_with_other_sequences_keeps_its_bits(
     """A window verified in one forward with another request's window gives the bits it
     gives alone, a one-row decode included, past 256 tokens of context too: requests
     decoded together keep each one's text."""
-    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:620]
-    n_prompt = 580
+    n_prompt = 270  # every row past 256 tokens of context
+    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:n_prompt + 40]
+    assert len(tokens) == n_prompt + 40 and len(tokens[7:7 + n_prompt]) == n_prompt
     for width in (1, 4):
         alone = _rows_by_width(smol_ctx, tokens, n_prompt, width)
         other = tokens[7:7 + n_prompt]

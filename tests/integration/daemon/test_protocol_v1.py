@@ -1,5 +1,5 @@
 """A version-1 client against today's daemon: the recorded session of a first-release
-client (tests/data/protocol_v1_session.ndjson) replayed over a raw Unix socket gets
+client (tests/integration/data/protocol_v1_session.ndjson) replayed over a raw Unix socket gets
 only what version 1 defines, fields version 1 lacks are refused as it refused them,
 the current version is untouched, and versions never spoken are still refused.
 

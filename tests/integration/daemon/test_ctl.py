@@ -18,7 +18,7 @@ from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import Client, FinishReason, Generate, ModelInfo, UnloadReply
 from meshd.testing import testmodels
 
-from ..unit.protocol.fake_server import running_server
+from ...unit.protocol.fake_server import running_server
 from .daemon_helpers import meshctl, reference, running_daemon, short_tempdir, wait_idle
 
 pytestmark = pytest.mark.anyio

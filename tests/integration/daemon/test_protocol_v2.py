@@ -1,5 +1,5 @@
 """A version-2 client against today's daemon: the recorded session of a client of the
-last version-2 release (tests/data/protocol_v2_session.ndjson) replayed over a raw Unix
+last version-2 release (tests/integration/data/protocol_v2_session.ndjson) replayed over a raw Unix
 socket gets only what version 2 defines (no ``done.model``, none of the model fields
 version 3 added), and what version 3 added is refused as version 2 refused anything
 unknown. The replay and the raw connection are the version-1 test's.

@@ -24,7 +24,7 @@ from meshd.protocol import Client
 
 from .daemon_helpers import assert_serves, running_daemon
 
-PROBE = str(Path(__file__).parent.parent / "unit" / "plugins" / "probe_plugin.py")
+PROBE = str(Path(__file__).parents[2] / "unit" / "plugins" / "probe_plugin.py")
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 MAX_TOKENS = 16
 

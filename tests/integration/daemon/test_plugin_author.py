@@ -29,7 +29,7 @@ from meshd.protocol import Client
 
 from .daemon_helpers import assert_serves, reference, running_daemon
 
-BAD = str(Path(__file__).parent.parent / "unit" / "plugins" / "bad_plugin.py")
+BAD = str(Path(__file__).parents[2] / "unit" / "plugins" / "bad_plugin.py")
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
 pytestmark = pytest.mark.anyio

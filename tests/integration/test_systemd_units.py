@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-UNITS = Path(__file__).resolve().parents[1] / "systemd"
+UNITS = Path(__file__).resolve().parents[2] / "systemd"
 SHIPPED_EXEC = "/opt/meshd/.venv/bin/meshd"
 MAX_EXPOSURE = 2.0
 

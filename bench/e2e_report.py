@@ -83,8 +83,8 @@ def _table(table: Mapping[str, Any], clients: int) -> list[str]:
     gaps = [f"{name} {s['host_ms_per_step']:.3f} ms" for name, s in table["arms"].items()
             if s.get("host_ms_per_step") is not None]
     if gaps:
-        out.append("  host gap per decode step (compute thread outside forwards): "
-                   + ", ".join(gaps))
+        out.append("  host gap per decode step (compute thread outside verify forwards; "
+                   "MTP drafting counts): " + ", ".join(gaps))
     return out
 
 

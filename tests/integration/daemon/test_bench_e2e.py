@@ -341,8 +341,9 @@ def test_bench_e2e_reports_what_a_user_sees(tmp_path: Path,
     assert len(re.findall(rf"^  meshd-generate +{row} +1/1 +\d+\.\d\dx$", text, re.M)) == 2
     assert text.count("serve over HTTP / in-process (meshd / meshd-generate): ") == 2
     # meshd's own measure of its host gap, read from its /metrics around each run
-    assert len(re.findall(r"^  host gap per decode step \(compute thread outside forwards\): "
-                          r"meshd \d+\.\d{3} ms, meshd-off \d+\.\d{3} ms$", text, re.M)) == 4
+    assert len(re.findall(r"^  host gap per decode step \(compute thread outside verify "
+                          r"forwards; MTP drafting counts\): meshd \d+\.\d{3} ms, "
+                          r"meshd-off \d+\.\d{3} ms$", text, re.M)) == 4
     assert len(re.findall(r"^-- idle CPU, [12] client\(s\): .*meshd \d+\.\d%, meshd-off "
                           r"\d+\.\d%", text, re.M)) == 2
     if peer is None:

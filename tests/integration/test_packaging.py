@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -36,9 +37,14 @@ def test_import_names_live_under_one_namespace() -> None:
 
 @pytest.mark.slow
 def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
+    # Built from a copy: setuptools writes its build/ beside the sources, and one left in
+    # the working tree would hold stale copies of every module.
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         str(ROOT), "-w", str(tmp_path)],
+         str(source), "-w", str(tmp_path)],
         check=True, capture_output=True, cwd=tmp_path,
     )
     (wheel,) = tmp_path.glob("meshd-*.whl")

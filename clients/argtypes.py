@@ -136,6 +136,12 @@ def gpu_layers(text: str) -> int:
     return value
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    """``A[,B...]``: the non-empty items, stripped (``--alias a,b``, ``A,B`` in the
+    environment for a list key)."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def weights(text: str) -> tuple[float, ...]:
     """``W[,W...]``: non-negative weights, not all zero (``--tensor-split 3,1``)."""
     try:

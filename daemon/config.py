@@ -26,6 +26,7 @@ from typing import Annotated, Any, Final, Union
 import attrs
 from attrs import validators as v
 
+from meshd.clients.argtypes import comma_list
 from meshd.native.context import CACHE_TYPES_K, DEFAULT_DRAFT_MAX
 from meshd.native.cpus import DEFAULT_THREAD_WAIT, THREAD_WAITS
 from meshd.native.rpc import parse_endpoints
@@ -130,8 +131,7 @@ class ModelSection:
                          validator=v.in_(opt.REASONING_MODES))
     aliases: tuple[str, ...] = key((), "other names requests may give the model (OpenAI's "
                                    "model, generate.model); a [models.NAME] table has its "
-                                   "own, not these", flag="alias", live=True,
-                                   validator=are_model_names)
+                                   "own", flag="alias", live=True, validator=are_model_names)
     tags: tuple[str, ...] = key((), "labels /v1/models lists with the model (a table has its "
                                 "own)", flag="tags", live=True)
     draft_models: tuple[str, ...] = key((), "GGUF files requests may name as draft:PATH",
@@ -398,7 +398,7 @@ def _env_value(text: str, kind: Any) -> Any:
             return None
         kind = next(a for a in args if a is not type(None))
     if typing.get_origin(kind) is tuple:
-        parts = [part.strip() for part in text.split(",") if part.strip()]
+        parts = list(comma_list(text))
         item = typing.get_args(kind)[0]
         return [_env_value(part, item) for part in parts] if item in (int, float) else parts
     if kind is bool:

@@ -26,7 +26,7 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 
-from meshd.clients.argtypes import non_negative, positive, positive_seconds
+from meshd.clients.argtypes import comma_list, non_negative, positive, positive_seconds
 from meshd.clients.terminal import Progress
 from meshd.native.cpus import apply_thread_wait
 from meshd.native.errors import NativeError
@@ -57,10 +57,6 @@ __all__ = ["HTTP_FD_NAME", "add_parser", "run"]
 ROUTINE_NOTES = frozenset({"rollback_depth"})
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``serve`` and its options on the ``meshd`` command line."""
     p = opt.subparser(
@@ -79,17 +75,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "port or an inherited socket (fd://N), or on several separated by "
                         "commas (tcp:127.0.0.1:8080,tcp:[::1]:8080); the Unix socket always "
                         "serves HTTP too")
-    p.add_argument("--alias", default=None, metavar="NAME[,NAME...]", type=_names,
+    p.add_argument("--alias", default=None, metavar="NAME[,NAME...]", type=comma_list,
                    help="other names requests may give the model (the first -m model with "
                         "several)")
-    p.add_argument("--tags", default=None, metavar="TAG[,TAG...]", type=_names,
+    p.add_argument("--tags", default=None, metavar="TAG[,TAG...]", type=comma_list,
                    help="labels /v1/models lists with the model")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on the TCP listener (not on "
                         "/health; the Unix socket checks its peer instead); prefer "
                         "$MESHD_HTTP_API_KEY or the config file, which other users cannot read")
     p.add_argument("--cors-origins", default=None, metavar="ORIGIN[,ORIGIN...]",
-                   type=lambda text: [o.strip() for o in text.split(",") if o.strip()],
+                   type=comma_list,
                    help="web origins whose pages may read the HTTP answers (* for any)")
     p.add_argument("--slots-endpoint", action=argparse.BooleanOptionalAction, default=None,
                    help="serve llama-server's GET /slots: each slot's state, no prompt text "

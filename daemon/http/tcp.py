@@ -15,6 +15,7 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
+from meshd.clients.argtypes import comma_list
 from meshd.protocol.transport import receive_some, send_all
 
 from ..listener import BindSpec, Listener, ListenerError, _inherited_socket, system_backlog
@@ -133,7 +134,7 @@ def _bind_tcp(host: str, port: int, backlog: int) -> socket.socket:
 def http_addresses(text: str) -> list[str]:
     """The addresses of a ``--http`` value: one, or several separated by commas
     (``tcp:127.0.0.1:8080,tcp:[::1]:8080``, as llama-server's ``--host A,B``)."""
-    return [part.strip() for part in text.split(",") if part.strip()] or [text]
+    return list(comma_list(text)) or [text]
 
 
 async def open_http_listeners(text: str, *, backlog: int | None = None) -> list[Listener]:

@@ -50,7 +50,7 @@ from .logprobs import TokenLogprob, token_logprob
 from .sampling import GREEDY, FloatArray, Sampler, SamplingParams
 from .stopping import StopMatcher, cut_at_stop
 from .window import Judged, MtpHead, Window
-from .window_sharing import draft_ahead, pad_alone, pad_windows, shared_caps
+from .window_sharing import draft_ahead, observe_shared, pad_alone, pad_windows, shared_caps
 
 #: How long a proposer may take to answer before its draft counts as late.
 PROPOSER_DEADLINE_S = 0.050
@@ -350,9 +350,12 @@ class Generation:
         draft = self._forced_draft(cap)
         forced = bool(draft)
         if not forced:
-            k = self._gate()
-            if cap is not None:
-                k = min(k, cap)
+            wanted = self._gate()
+            k = wanted if cap is None else min(wanted, cap)
+            if k == 0 < wanted:
+                self.stats.refuse(Refusal.SHARED_PLAN)
+                if self.mtp_head is not None:
+                    self.gate.held_plain()
             if k > 0 and self.proposer is not None:
                 draft = self._propose(self.proposer, k)
                 if self.grammar is not None and draft:  # no row on a forbidden token
@@ -572,6 +575,7 @@ def step_many(generations: Sequence[Generation], *,
     (:mod:`meshd.native.batching`), so concurrent hybrid windows get one shared length
     (:mod:`meshd.daemon.window_sharing`).
     """
+    t0 = time.perf_counter()
     out: list[StepOutcome] = [[] for _ in generations]
     planned: list[tuple[int, Generation, Window]] = []
     caps = shared_caps(generations)
@@ -589,6 +593,7 @@ def step_many(generations: Sequence[Generation], *,
         planned = [(i, gen, w) for (i, gen, _), w in zip(planned, windows, strict=True)]
     for group in forward_groups_of([(gen.session, w) for _, gen, w in planned]):
         verify_and_apply([planned[j] for j in group], out, on_forward)
+    observe_shared(generations, caps, out, time.perf_counter() - t0)
     return out
 
 

@@ -517,9 +517,11 @@ class ModelRuntime:
             eog=self.model.info.eog_tokens)
         prop, head = self.make_proposer(proposer, proposer_options, prompt,
                                         adaptive=adaptive)
-        if ((proposer or self.config.default_proposer) == "auto"
-                and self._auto_may_follow_head() and not self.ledger.head_choice.due):
-            self.ledger.head_choice.skip()  # served without a head that earlier requests dropped
+        if (proposer or self.config.default_proposer) == "auto" and self._auto_may_follow_head():
+            if self.ledger.head_choice.due:
+                self.ledger.head_choice.following()
+            else:  # served without a head that earlier requests dropped
+                self.ledger.head_choice.skip()
         if k == 0 and prop is not None:
             prop.close()
             prop = None

@@ -89,7 +89,10 @@ class SpeculationLedger:
         self.forced_acceptance.add([stats.forced_accepted], [stats.forced_drafted])
         if followed_head:
             self.mtp_acceptance.add(stats.accepted_per_position, stats.drafted_per_position)
-            pays_with_snapshots = self._pays_with_snapshots(stats, prices)
+            # Its acceptance says what the head is worth alone; a request whose company
+            # kept it from drafting learned what the head is worth in company.
+            pays_with_snapshots = (Refusal.SHARED_PLAN not in stats.refusals
+                                   and self._pays_with_snapshots(stats, prices))
             # A head dropped only for want of snapshots is not held against it.
             self.head_choice.ended(dropped=dropped and not pays_with_snapshots)
         if self.rollback is not None:

@@ -56,10 +56,10 @@ PROBE_EVERY = 16
 
 def shared_caps(generations: Sequence[Sharer]) -> list[int] | None:
     """How many drafts each request may make this step so that the group's windows,
-    padded to one length with filler, are ONE llama.cpp micro-batch; or None where
-    requests decide alone (one request, no cost model yet, sampling that cannot be
-    verified, sequence ids llama.cpp would not compute together, a recurrent session
-    that cannot roll a filler row back in place)."""
+    padded to one length with filler, are ONE llama.cpp micro-batch (none at all for
+    recurrent sessions that cannot roll a row back in place); or None where requests
+    decide alone (one request, no cost model yet, sampling that cannot be verified,
+    sequence ids llama.cpp would not compute together)."""
     if len(generations) < 2:
         return None
     first = generations[0]
@@ -75,7 +75,9 @@ def shared_caps(generations: Sequence[Sharer]) -> list[int] | None:
     if first.session.context.recurrent:
         longest = min(g.session.rollback_window for g in generations)
         if longest < 1:
-            return None
+            # No in-place rollback: a drafting request's window needs a checkpoint and a
+            # forward of its own, which the others wait for. In company, nobody drafts.
+            return [0] * len(generations)
     else:  # attention-only KV drops any suffix exactly
         longest = max(m.cap for m in members)
     costs, n = first.costs, len(generations)
@@ -84,6 +86,8 @@ def shared_caps(generations: Sequence[Sharer]) -> list[int] | None:
     if plan.length > 0 or not able:
         for g in able:
             g.shared_idle = 0
+        if plan.length > 0 and not costs.company.may_draft(n):
+            return [0] * n  # drafting in company measurably earned less than plain steps
         return list(plan.drafts)
     # Nobody drafts: now and then all draft one token (their rows are paid alike), as
     # acceptance is only learned from drafts.
@@ -93,7 +97,22 @@ def shared_caps(generations: Sequence[Sharer]) -> list[int] | None:
         return list(plan.drafts)
     for g in able:
         g.shared_idle = 0
+    if not costs.company.may_draft(n):
+        return list(plan.drafts)
     return [min(1, m.cap) for m in members]
+
+
+def observe_shared(generations: Sequence[Sharer], caps: list[int] | None,
+                   outcomes: Sequence[object], seconds: float) -> None:
+    """A step of requests that shared a plan ended (``outcomes``: each one's events or
+    exception): its tokens and wall time go to the company check
+    (:class:`~meshd.policy.company.CompanyCheck`), as a drafting or a plain step."""
+    costs = generations[0].costs if generations else None
+    if caps is None or costs is None:
+        return
+    tokens = sum(len(ev.tokens) for out in outcomes if isinstance(out, list) for ev in out)
+    costs.company.observe(len(generations), drafted=any(caps), tokens=tokens,
+                          seconds=seconds)
 
 
 def pad_windows(generations: Sequence[Sharer], windows: list[Window],

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from .acceptance import AcceptanceTracker
+from .company import CompanyCheck
 
 #: A step speculates only if its expected speedup exceeds this (noise guard).
 DEFAULT_MARGIN = 1.02
@@ -361,6 +362,8 @@ class CostModel:
         #: Forwards priced apart from the curve, by (sequences, rows): several requests'
         #: windows in one forward, and one request's wider than the curve.
         self._wide: dict[tuple[int, int], tuple[float, ...]] = {}
+        #: What drafting earned in forwards shared by several requests, as measured.
+        self.company = CompanyCheck()
 
     @property
     def max_k(self) -> int:
@@ -428,6 +431,7 @@ class CostModel:
         self._wide = {}
         self._dirty = 0
         self._curve = self._prior
+        self.company.forget()
 
     def decode_seconds(self) -> float | None:
         """Wall time of a one-row forward lately: the median of recent one-row forwards,

@@ -53,6 +53,9 @@ class Refusal(enum.StrEnum):
     BUDGET = "budget"
     MTP_HEAD_DROPPED = "mtp_head_dropped"
     COST_MODEL = "cost_model"
+    #: Counted by the engine: the plan of a forward shared with other requests kept the
+    #: step plain (:mod:`meshd.policy.shared_window`).
+    SHARED_PLAN = "shared_plan"
     #: Counted by the engine, not the gate: the proposer was asked and had no draft.
     PROPOSER_EMPTY = "proposer_empty"
 
@@ -209,6 +212,14 @@ class StepGate:
             else:
                 self.head_value.add(1, 1.0 + self._head_overhead)
         return Verdict(k, Refusal.COST_MODEL if k == 0 else None)
+
+    def held_plain(self) -> None:
+        """A shared forward's plan kept this step plain where the request would have
+        drafted: while following the head, the step paid its catch-up for one token.
+        Counted as the gate counts its own plain steps, so a head that company never
+        lets draft is dropped as one the cost model never lets draft."""
+        if self._following:
+            self.head_value.add(1, 1.0 + self._head_overhead)
 
     def _drop_head(self) -> Verdict:
         self.adaptive = None

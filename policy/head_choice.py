@@ -43,6 +43,12 @@ class HeadChoice:
         """A request was served without the head (it was not due)."""
         self.skipped += 1
 
+    def following(self) -> None:
+        """A request follows the head. While the head stands dropped it explores alone:
+        the requests that start before it ends are served without the head."""
+        if self.dropped_in_a_row:
+            self.skipped = 0
+
     def ended(self, *, dropped: bool) -> None:
         """A request that followed the head ended, having dropped it or not."""
         self.dropped_in_a_row = self.dropped_in_a_row + 1 if dropped else 0

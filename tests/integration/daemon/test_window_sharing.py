@@ -245,3 +245,72 @@ def test_a_request_alone_pads_its_window_to_a_cheaper_forward(
     finally:
         gen.close()
         runtime.curve = saved
+
+
+def test_without_in_place_rollback_company_decodes_plainly_in_one_forward() -> None:
+    """A hybrid model whose context keeps no rollback snapshots: a request's window
+    would need a checkpoint and a forward of its own, which every other request would
+    wait for. So in company nobody drafts (each step says why: ``shared_plan``), the
+    group keeps one forward per step, and the text is what each decodes alone."""
+    path = str(testmodels.test_model_path("qwen35", acceptance=0.9))
+    rt = ModelRuntime(RuntimeConfig(model_path=path, n_ctx_seq=512, n_seq_max=SLOTS,
+                                    draft_max=6, calibrate=False, threads=1,
+                                    in_place_rollback=False, adaptive_rollback=False))
+    rt.curve = CURVE
+    try:
+        assert rt.context.recurrent and rt.context.rollback_window == 0
+        prompts = _prompts(rt)
+        greedy = [(p, n, proposer) for p, (_, n, _, proposer) in zip(prompts, REQUESTS,
+                                                                     strict=True)]
+        alone = [reference(rt, p, max_tokens=n)[0] for p, n, _ in greedy]
+        gens = [rt.generation(p, max_tokens=n, proposer=proposer, adaptive=False)
+                for p, n, proposer in greedy]
+        try:
+            forwards = _run_together(gens)
+            assert [list(g.committed) for g in gens] == alone
+            assert len(forwards) >= 5 and all(n == 1 for n in forwards)
+            assert all(g.stats.drafted == 0 and g.session.counters.checkpoints == 0
+                       for g in gens)
+            assert all(g.stats.refusals.get("shared_plan", 0) >= 5
+                       for g in gens if g.proposer_name is not None)
+        finally:
+            for g in gens:
+                g.close()
+    finally:
+        rt.close()
+
+
+def test_drafting_measured_to_earn_less_in_company_is_held_off(
+        runtime: ModelRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan says drafting pays (a plan that always drafts), but plain steps of this
+    group have been measured far faster (their evidence is seeded: a real machine's
+    rates are noise here). After a few drafting steps measure that they earn less, the
+    group decodes plainly, each step saying why, and the text stays what each request
+    decodes alone."""
+    from meshd.policy.company import MIN_STEPS
+
+    monkeypatch.setattr(window_sharing, "plan_shared", _always_draft)
+    prompts = _prompts(runtime)
+    alone = [reference(runtime, p, max_tokens=n, sampling=sp)[0]
+             for p, (_, n, sp, _) in zip(prompts, REQUESTS, strict=True)]
+    gens = _generations(runtime, prompts)
+    costs = runtime.costs
+    assert costs is not None
+    costs.company.forget()
+    for _ in range(MIN_STEPS):
+        costs.company.observe(len(gens), drafted=False, tokens=len(gens), seconds=1e-6)
+    try:
+        forwards = _run_together(gens)
+        assert [list(g.committed) for g in gens] == alone
+        assert all(n == 1 for n in forwards)
+        assert costs.company.holds >= 1
+        # The head and lookup that finds its copy drafted until the group measured it
+        # (and a few more windows once requests ended: a smaller group is judged anew).
+        drafting = (gens[1], gens[3])
+        assert all(0 < g.stats.drafted_per_position[0] <= 2 * MIN_STEPS for g in drafting)
+        assert all(g.stats.refusals.get("shared_plan", 0) >= len(forwards) - 2 * MIN_STEPS
+                   for g in (gens[0], *drafting))
+    finally:
+        costs.company.forget()
+        for g in gens:
+            g.close()

@@ -16,10 +16,13 @@ CHEAP = CostCurve([1.0 + 0.1 * k for k in range(5)])
 
 def ended(ledger: SpeculationLedger, *, accepted: list[int], drafted: list[int],
           dropped: bool = False, followed_head: bool = True,
-          prices: HeadPrices | None = None, forced: tuple[int, int] = (0, 0)) -> None:
+          prices: HeadPrices | None = None, forced: tuple[int, int] = (0, 0),
+          held_plain: int = 0) -> None:
+    refusals = {Refusal.MTP_HEAD_DROPPED: 1} if dropped else {}
+    if held_plain:
+        refusals[Refusal.SHARED_PLAN] = held_plain
     stats: Any = SimpleNamespace(
-        accepted_per_position=accepted, drafted_per_position=drafted,
-        refusals={Refusal.MTP_HEAD_DROPPED: 1} if dropped else {},
+        accepted_per_position=accepted, drafted_per_position=drafted, refusals=refusals,
         emitted=64, accepted=accepted[0] if accepted else 0,
         forced_accepted=forced[0], forced_drafted=forced[1])
     ledger.ended(stats, followed_head=followed_head, prices=prices)
@@ -78,3 +81,20 @@ def test_forced_drafts_acceptance_is_pooled_for_the_next_constrained_requests() 
     ended(ledger, accepted=[], drafted=[], followed_head=False, forced=(30, 60))
     prior = ledger.forced_acceptance.prior()
     assert prior is not None and 0.45 < prior < 0.55  # a tokenizer that splits otherwise
+
+
+def test_a_head_dropped_in_company_is_held_against_it_even_where_it_pays_alone() -> None:
+    """Without snapshots, a request whose own drafts were right 60 times in 64 dropped
+    the head: alone, that is want of snapshots (they come back and the head stays due).
+    The same request held plain by the forwards it shared learned that the head does
+    not pay in company: the next requests go without it and the snapshots stay off."""
+    for company, due in ((0, True), (40, False)):
+        ledger = SpeculationLedger(rollback=RollbackDepth(4))
+        rollback = ledger.rollback
+        assert rollback is not None
+        rollback.not_expected()
+        rollback.switched(0, decode_s=None)
+        ended(ledger, accepted=[60, 55], drafted=[64, 60], dropped=True,
+              prices=prices(0.05), held_plain=company)
+        assert ledger.head_choice.due is due
+        assert ledger.snapshots_wanted_back is due

@@ -255,3 +255,34 @@ def test_a_good_head_is_kept_and_a_poor_one_dropped_early(seed: int) -> None:
     assert dropped_at is None and drafted > 128
     drafted, dropped_at = simulate_head(0.5, seed)
     assert dropped_at is not None and dropped_at <= 48, (drafted, dropped_at)
+
+
+@pytest.mark.parametrize("held_from", [0, HEAD_EVIDENCE_WINDOWS])
+def test_a_head_its_company_never_lets_draft_is_dropped(held_from: int) -> None:
+    """A head right 90% of the time, which alone would keep drafting, while the plan of
+    a forward shared with other requests holds every step plain: each such step paid
+    the head's catch-up for one token, so after HEAD_VALUE_STEPS of them the head is
+    dropped, evidence windows or not."""
+    gate = StepGate(CostModel(HYBRID_1B), draft_max=8, adaptive=True)
+    load = head(HEAD_CHECK_FORWARDS, forward_ms=106.0, head_ms=6.0)
+    for _ in range(held_from):  # drafted alone first: every window accepted
+        v = gate.verdict(facts(head=load))
+        gate.verified(v.k, v.k)
+    assert gate.head_value.ratio > 1.0
+    steps = 0
+    while not (v := gate.verdict(facts(head=load))).drop_head and steps < 200:
+        assert v.k > 0  # alone, it would draft
+        gate.held_plain()
+        steps += 1
+    assert v == Verdict(0, Refusal.MTP_HEAD_DROPPED, drop_head=True)
+    assert HEAD_VALUE_STEPS - held_from <= steps <= 4 * HEAD_VALUE_STEPS
+    assert gate.head_value.ratio < 1.0
+
+
+def test_held_plain_steps_count_only_while_a_head_is_followed() -> None:
+    gate = StepGate(CostModel(HYBRID_1B), draft_max=8, adaptive=True)
+    gate.verdict(facts())  # prompt lookup, say: no head
+    for _ in range(3 * HEAD_VALUE_STEPS):
+        gate.held_plain()
+    assert gate.head_value.steps == 0
+    assert not gate.verdict(facts()).drop_head

@@ -65,3 +65,29 @@ def test_the_head_is_never_skipped_longer_than_max_every(outcomes: list[bool]) -
             assert skipped <= 8
         skipped = 0
         choice.ended(dropped=dropped)
+
+
+def test_a_dropped_head_is_explored_by_one_request_at_a_time() -> None:
+    """Requests that start together (a burst of clients) while the head stands dropped:
+    only the first one that finds it due follows it; the rest wait for its outcome."""
+    choice = HeadChoice(explore_every=4, max_every=16)
+    choice.ended(dropped=True)
+    serve(choice, 4)  # the interval passes
+    follows = []
+    for _ in range(4):
+        if choice.due:
+            choice.following()
+            follows.append(True)
+        else:
+            choice.skip()
+            follows.append(False)
+    assert follows == [True, False, False, False]
+    choice.ended(dropped=False)  # the explorer found the head pays again
+    assert choice.due
+
+
+def test_following_a_head_nobody_dropped_changes_nothing() -> None:
+    choice = HeadChoice()
+    for _ in range(5):
+        choice.following()
+        assert choice.due

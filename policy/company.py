@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import attrs
 
+from .realised import RealisedRate
+
 #: Weight of an older step in an arm's rate.
 DECAY = 0.9
 #: Steps each arm needs before the two are compared.
@@ -33,25 +35,9 @@ MARGIN = 1.02
 
 
 @attrs.define
-class _Arm:
-    tokens: float = 0.0
-    seconds: float = 0.0
-    steps: int = 0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        self.tokens = self.tokens * DECAY + tokens
-        self.seconds = self.seconds * DECAY + seconds
-        self.steps += 1
-
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0.0 else 0.0
-
-
-@attrs.define
 class _Group:
-    drafted: _Arm = attrs.field(factory=_Arm)
-    plain: _Arm = attrs.field(factory=_Arm)
+    drafted: RealisedRate = attrs.field(factory=lambda: RealisedRate(decay=DECAY))
+    plain: RealisedRate = attrs.field(factory=lambda: RealisedRate(decay=DECAY))
     since_plain: int = 0
     hold: int = 0
 
@@ -89,9 +75,9 @@ class CompanyCheck:
             g.plain.add(tokens, seconds)
             g.since_plain = 0
         if (drafted and g.drafted.steps >= MIN_STEPS and g.plain.steps >= MIN_STEPS
-                and g.drafted.rate * MARGIN < g.plain.rate):
+                and g.drafted.ratio * MARGIN < g.plain.ratio):
             g.hold = HOLD_STEPS
-            g.drafted = _Arm()  # judged again on fresh evidence after the hold
+            g.drafted = RealisedRate(decay=DECAY)  # judged again on fresh evidence after the hold
             self.holds += 1
 
     def forget(self) -> None:

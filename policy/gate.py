@@ -22,6 +22,7 @@ import attrs
 from .acceptance import AcceptanceTracker
 from .costs import CostCurve, CostModel, RepairCost, speedup_limit
 from .draft_length import AdaptiveK
+from .realised import RealisedRate
 
 #: Decode-phase forwards before the MTP head's cost is judged (timings settle).
 HEAD_CHECK_FORWARDS = 16
@@ -75,7 +76,7 @@ class HeadLoad:
 
 
 @attrs.define
-class HeadValue:
+class HeadValue(RealisedRate):
     """What following the MTP head has bought lately: tokens committed against what they
     cost in plain decodes (each window by the cost curve, the head's catch-up on every
     forward, the drafting), decayed so that a head which stopped paying shows it within
@@ -85,19 +86,7 @@ class HeadValue:
     depends on the lengths the cost model actually chooses from them (a head right three
     times in four may draft now and then and still not earn its catch-up back)."""
 
-    tokens: float = 0.0
-    cost: float = 0.0
-    steps: int = 0
-
-    def add(self, tokens: int, cost: float) -> None:
-        self.tokens = self.tokens * HEAD_VALUE_DECAY + tokens
-        self.cost = self.cost * HEAD_VALUE_DECAY + cost
-        self.steps += 1
-
-    @property
-    def ratio(self) -> float:
-        """Tokens per decode of cost (plain decoding without the head: 1)."""
-        return self.tokens / self.cost if self.cost > 0.0 else float("inf")
+    decay: float = HEAD_VALUE_DECAY
 
 
 @attrs.frozen

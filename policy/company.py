@@ -9,8 +9,8 @@ timed: tokens committed per second on steps that drafted against steps that did 
 per group size, both decayed. Drafting that measurably earns less than plain steps is
 held off for a while, then tried again on fresh evidence; while drafting wins every
 plan, a plain step now and then keeps the plain rate known. The two arms are steps of
-the same group, interleaved in time, so a machine that slows down slows both. Sans-I/O and
-deterministic: the engine hands in each step's tokens and wall time.
+the same group, interleaved in time, so a machine that slows down slows both. Sans-I/O
+and deterministic: the engine hands in each step's tokens and wall time.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from .realised import RealisedRate
 DECAY = 0.9
 #: Steps each arm needs before the two are compared.
 MIN_STEPS = 4
-#: While drafting is allowed, one step in this many decodes plainly (the plain arm's
-#: evidence; a plain step the plan chose itself counts too); until the plain arm has
-#: MIN_STEPS, every other step.
+#: While drafting is allowed, after this many drafting steps in a row one decodes
+#: plainly (the plain arm's evidence; a plain step the plan chose itself counts too);
+#: until the plain arm has MIN_STEPS, every other step does.
 PLAIN_EVERY = 16
 #: Steps drafting is held off once it measurably earned less than plain steps.
 HOLD_STEPS = 64

@@ -25,9 +25,10 @@ REFUSAL_REASONS: Final[Mapping[str, str]] = MappingProxyType({
                   "proposer's acceptance so far, so the step decoded plainly",
     "proposer_empty": "the proposer was asked and had no draft (e.g. n-gram lookup "
                       "found no earlier match); the step decoded plainly",
-    "shared_plan": "other requests shared this step's forward, and the length that paid "
-                   "best for the whole group (their rows priced together) gave this "
-                   "request no draft, so the step decoded plainly",
+    "shared_plan": "other requests shared this step's forward, and the plan for the "
+                   "whole group (their rows priced together, or drafting held off where "
+                   "it measurably earned less than plain steps) gave this request no "
+                   "draft, so the step decoded plainly",
 })
 """Reason -> why drafting was skipped on a step, in one sentence."""
 

@@ -199,14 +199,14 @@ class StepGate:
             if adaptive.tracker.updates < HEAD_EVIDENCE_WINDOWS:
                 k = min(HEAD_EVIDENCE_K, facts.k_max)  # gather evidence on the head
             else:
-                self.head_value.add(1, 1.0 + self._head_overhead)
+                self.held_plain()
         return Verdict(k, Refusal.COST_MODEL if k == 0 else None)
 
     def held_plain(self) -> None:
-        """A shared forward's plan kept this step plain where the request would have
-        drafted: while following the head, the step paid its catch-up for one token.
-        Counted as the gate counts its own plain steps, so a head that company never
-        lets draft is dropped as one the cost model never lets draft."""
+        """A step decoded plainly while the head is followed (the cost model said so,
+        or a shared forward's plan kept it plain): it paid the head's catch-up for one
+        token. One rule for both, so a head that company never lets draft is dropped as
+        one the cost model never lets draft."""
         if self._following:
             self.head_value.add(1, 1.0 + self._head_overhead)
 

@@ -43,6 +43,7 @@ from .tool_calls import (
     ToolError,
     ToolSpec,
     answer_calls,
+    join_parts,
     offer_tools,
     parse_tools,
     past_calls,
@@ -215,9 +216,9 @@ def _number(body: Mapping[str, Any], key: str, default: float, lo: float, hi: fl
     return float(value)
 
 
-def _content(value: object, param: str) -> str:
-    """Message content: a string, null, or a list of text parts (joined by newlines, as
-    llama.cpp and vLLM join them for templates that take text)."""
+def _content(value: object, param: str, *, continued: bool = False) -> str:
+    """Message content: a string, null, or a list of text parts (joined as
+    :func:`~.tool_calls.join_parts` joins them)."""
     if value is None:
         return ""
     if isinstance(value, str):
@@ -230,7 +231,7 @@ def _content(value: object, param: str) -> str:
                 raise bad_field(f"{param}[{i}]", "only text parts ({'type': 'text', 'text': ...}) "
                                             "are supported")
             parts.append(part["text"])
-        return "\n".join(parts)
+        return join_parts(parts, continued=continued)
     raise bad_field(param, "must be a string or a list of text parts")
 
 
@@ -258,7 +259,8 @@ def parse_messages(value: object) -> tuple[ChatMessage, ...]:
         if "content" not in msg and role != "assistant":
             raise bad_field(f"messages[{i}].content", f"a {role} message needs content")
         try:
-            content = _content(msg.get("content"), f"messages[{i}].content")
+            content = _content(msg.get("content"), f"messages[{i}].content",
+                               continued=role == "assistant" and i == len(value) - 1)
             if role == "assistant" and msg.get("tool_calls"):
                 content += past_calls(msg["tool_calls"], f"messages[{i}].tool_calls")
             out.append(ChatMessage(role="system" if role == "developer" else role,

@@ -29,8 +29,8 @@ from meshd.protocol import messages as wire
 from ..constraint import JSON_DEFAULTS
 from .tool_syntax import read_calls
 
-__all__ = ["ToolError", "ToolSpec", "answer_calls", "offer_tools", "parse_tools", "past_calls",
-           "template_messages", "tool_constraint"]
+__all__ = ["ToolError", "ToolSpec", "answer_calls", "join_parts", "offer_tools", "parse_tools",
+           "past_calls", "template_messages", "tool_constraint"]
 
 MAX_TOOLS: Final = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -131,15 +131,23 @@ def _arguments(value: Any) -> Any:
     return value
 
 
+def join_parts(parts: Sequence[str], *, continued: bool) -> str:
+    """Text content parts as one string: joined by a newline, as llama.cpp and vLLM join
+    them for templates that take text; a final assistant message the model continues (a
+    prefill) by a blank line, as llama.cpp renders a continued message's parts."""
+    return ("\n\n" if continued else "\n").join(parts)
+
+
 def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A request's messages (already validated) as templates read them: text content
     (parts joined as :func:`~.openai_api.parse_messages` joins them), ``developer`` as
     ``system``, calls with their arguments as objects, a tool turn's ``tool_call_id``."""
     out: list[dict[str, Any]] = []
-    for msg in messages:
+    for i, msg in enumerate(messages):
         content = msg.get("content")
         if isinstance(content, list):
-            content = "\n".join(part["text"] for part in content)
+            content = join_parts([part["text"] for part in content], continued=(
+                msg["role"] == "assistant" and i == len(messages) - 1))
         role = "system" if msg["role"] == "developer" else msg["role"]
         turn: dict[str, Any] = {"role": role, "content": content or ""}
         calls = msg.get("tool_calls") if role == "assistant" else None

@@ -79,6 +79,26 @@ async def test_a_chat_ending_with_the_assistant_goes_on_with_its_text(
 
 
 @pytest.mark.anyio
+async def test_a_prefill_in_text_parts_is_continued_as_llama_server_renders_it(
+        smol: ModelRuntime) -> None:
+    """A continued message's parts are joined by a blank line (llama.cpp renders them so);
+    the parts of every other message by a newline."""
+    parts = [{"type": "text", "text": "The capital"}, {"type": "text", "text": "of France"}]
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Name"},
+                                             {"type": "text", "text": "a capital."}]},
+                {"role": "assistant", "content": parts}]
+    async with http_daemon(smol) as (_server, _path, http):
+        for path in ("/apply-template", "/v1/chat/completions"):
+            body = {"messages": messages, "max_tokens": 4, "temperature": 0,
+                    "verbose": True}
+            answer = (await http.post(path, json=body)).json()
+            prompt = answer["prompt"] if path == "/apply-template" \
+                else answer["__verbose"]["prompt"]
+            assert prompt.endswith("user\nName\na capital.<|im_end|>\n"
+                                   "<|im_start|>assistant\nThe capital\n\nof France"), prompt
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize(("change", "param"), [
     ({"continue_final_message": True}, "continue_final_message"),
     ({"continue_final_message": True, "add_generation_prompt": False,

@@ -27,7 +27,7 @@ import numpy as np
 
 from meshd.native.context import DEFAULT_DRAFT_MAX
 from meshd.native.model import ModelInfo
-from meshd.native.session import SequenceSession, prefill_many
+from meshd.native.session import SequenceSession
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
 from meshd.plugins.grammar import GrammarProposer
@@ -206,12 +206,9 @@ class Generation:
         return self.prompt[reused:]
 
     def start(self) -> list[TokenEvent]:
-        """Prefill the prompt and commit the first token: :func:`start_many` with this
-        generation alone."""
-        (outcome,) = start_many([self])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+        """Prefill the prompt and commit the first token (several generations start
+        together, sharing what they can, through :mod:`~meshd.daemon.prefill`)."""
+        return self.start_with(self.session.prefill(self.begin()))
 
     def begin(self) -> Sequence[int]:
         """Mark the generation started; the prompt tokens its prefill must decode."""
@@ -528,33 +525,6 @@ class Generation:
 
 StepOutcome: TypeAlias = list[TokenEvent] | Exception
 """One generation's share of a step: the events it committed, or why it failed."""
-
-
-def start_many(generations: Sequence[Generation]) -> list[StepOutcome]:
-    """Start several generations, their prompts prefilled together
-    (:func:`~meshd.native.session.prefill_many`); each gets its first events, or its
-    exception in its place. A failed shared prefill fails every one of them."""
-    out: list[StepOutcome] = [[] for _ in generations]
-    ready: list[tuple[int, Generation, Sequence[int]]] = []
-    for i, gen in enumerate(generations):
-        try:
-            suffix = gen.begin()
-        except Exception as exc:
-            out[i] = exc
-            continue
-        ready.append((i, gen, suffix))
-    try:
-        logits = prefill_many([(gen.session, suffix) for _, gen, suffix in ready])
-    except Exception as exc:
-        for i, _, _ in ready:
-            out[i] = exc
-        return out
-    for (i, gen, _), row in zip(ready, logits, strict=True):
-        try:
-            out[i] = gen.start_with(row)
-        except Exception as exc:
-            out[i] = exc
-    return out
 
 
 def step_many(generations: Sequence[Generation], *,

@@ -76,6 +76,7 @@ def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.Spec
     """
     extra: dict[str, float] = {
         "prefill_forwards": stats.session.prefill_forwards,
+        "prefill_tokens": stats.session.prefill_tokens,
         "trims": stats.session.trims,
         "propose_ms": stats.propose_ms,
         "proposals": stats.proposals,

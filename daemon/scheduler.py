@@ -36,12 +36,12 @@ from .engine import (
     Generation,
     StepOutcome,
     TokenEvent,
-    start_many,
     step_many,
 )
 from .forwards import ForwardTiming
 from .generation_stats import GenerationStats
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
+from .prefill import start_many
 from .request_errors import RequestError
 from .runtime import ModelRuntime
 from .sampling import GREEDY, SamplingParams
@@ -317,7 +317,7 @@ class Scheduler:
 
     async def _admit(self) -> None:
         """Admit every waiting request a slot is free for, in one call: their prompts
-        are prefilled together (:func:`~meshd.daemon.engine.start_many`), so requests
+        are prefilled together (:func:`~meshd.daemon.prefill.start_many`), so requests
         that arrive together get their first tokens together."""
         while self._waiting and self.runtime.idle_slots > 0:
             if self._holding_for_snapshots():
@@ -336,7 +336,7 @@ class Scheduler:
             self._admitting = len(batch)
             try:
                 results = await self.run_sync(_open_and_start, self.runtime,
-                                              [h.request for h in batch])
+                                              [h.request for h in batch], self.running())
             except BaseException:
                 self._waiting.extendleft(reversed(batch))  # still owed their last event
                 raise
@@ -472,12 +472,13 @@ class Scheduler:
 Admitted = tuple[Generation, str | None, list[TokenEvent]]
 
 
-def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest]
-                    ) -> list[Admitted | GenerationFailed]:
+def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest],
+                    running: Sequence[Generation] = ()) -> list[Admitted | GenerationFailed]:
     """Open a generation for each request and start them (their prompts prefilled
-    together, first tokens): each one's generation, the proposer it was given and its
-    first events, or why it failed. Runs on the compute thread: the runtime may load a
-    draft model, trim or evict cached sessions, and the prefill is a forward.
+    together, or copied from ``running`` sequences; first tokens): each one's
+    generation, the proposer it was given and its first events, or why it failed. Runs
+    on the compute thread: the runtime may load a draft model, trim or evict cached
+    sessions, and the prefill is a forward.
 
     First, the context rebuild the rollback evidence asks for (it happens only while no
     request runs, before anything binds to the context)."""
@@ -498,7 +499,7 @@ def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest]
                 continue
             opened.append(gen)
             results.append((gen, gen.proposer_name, []))
-        started = iter(start_many(opened))
+        started = iter(start_many(opened, running=running))
     except BaseException:
         for gen in opened:
             gen.close()

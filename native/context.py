@@ -266,3 +266,10 @@ class TargetContext:
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         with self.lock:
             return bool(lc.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
+
+    def seq_cp_whole(self, src: int, dst: int) -> None:
+        """Make ``dst`` a copy of the whole of ``src``. Sequences have streams of their
+        own (a non-unified KV), and llama.cpp copies between streams only whole: the
+        cells at once, the buffers at the next forward (before it writes anything)."""
+        with self.lock:
+            lc.llama_memory_seq_cp(self.memory, src, dst, -1, -1)

@@ -58,6 +58,8 @@ class SessionCounters:
     verify_ms: float = 0.0
     #: Time inside those forwards spent catching the MTP head up (part of the above).
     mtp_ms: float = 0.0
+    #: Prompt tokens copied from another sequence instead of prefilled (share_prefix).
+    shared_prefix_tokens: int = 0
 
     def as_dict(self) -> dict[str, float | int]:
         return attrs.asdict(self)
@@ -280,6 +282,28 @@ class SequenceSession:
         rows are in the state (until ``retire`` or a repair) and counted."""
         self._note_forward(n_rows)
         self.counters.note_window(n_rows, ms)
+
+    def share_prefix(self, donor: SequenceSession, n: int) -> None:
+        """Hold the first ``n`` tokens ``donor`` holds, copied from it instead of
+        prefilled (what this session held before is dropped). Attention-only states
+        only: a position's KV depends on the tokens up to it alone, so any prefix of
+        another sequence is exact; a recurrent state is one value per sequence."""
+        self._check()
+        donor._check()
+        if self.recurrent or self.mtp is not None or donor.context is not self.context:
+            raise ValueError("only an attention-only session without an MTP head, on its "
+                             "donor's context, can share a prefix")
+        if donor is self or not 0 < n <= donor.n_past:
+            raise ValueError(f"cannot share {n} of the {donor.n_past} tokens sequence "
+                             f"{donor.seq_id} holds")
+        self.context.seq_cp_whole(donor.seq_id, self.seq_id)
+        if n < donor.n_past and not self.context.seq_rm(self.seq_id, n, -1):
+            raise self._fail("llama_memory_seq_rm refused to cut a shared prefix", (n, -1))
+        self.n_past = n
+        self._checkpoint = None
+        self._last_rows = 0
+        self._rolled_back = True  # nothing to roll back: no forward of its own yet
+        self.counters.shared_prefix_tokens += n
 
     # ------------------------------------------------------------------ repair
 

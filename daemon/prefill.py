@@ -87,7 +87,9 @@ def _borrow_prefix(gen: Generation, running: Sequence[Generation]) -> None:
     best: tuple[Generation, int] | None = None
     for other in running:
         held = other.session
-        if other.done or not held.usable or held.context is not session.context:
+        if other.done or not held.usable or held.mtp is not None \
+                or held.context is not session.context \
+                or not held.context.holds_from_start(held.seq_id):
             continue
         n = min(common_prefix(other.tokens[:held.n_past], prompt), len(prompt) - 1)
         if n - session.n_past >= MIN_SHARED and (best is None or n > best[1]):

@@ -267,6 +267,12 @@ class TargetContext:
         with self.lock:
             return bool(lc.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
 
+    def holds_from_start(self, seq_id: int) -> bool:
+        """Whether the sequence still holds its first position: a sliding-window cache
+        may have dropped old positions, and then no prefix of it is whole."""
+        with self.lock:
+            return int(lc.llama_memory_seq_pos_min(self.memory, seq_id)) <= 0
+
     def seq_cp_whole(self, src: int, dst: int) -> None:
         """Make ``dst`` a copy of the whole of ``src``. Sequences have streams of their
         own (a non-unified KV), and llama.cpp copies between streams only whole: the

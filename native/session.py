@@ -290,12 +290,16 @@ class SequenceSession:
         another sequence is exact; a recurrent state is one value per sequence."""
         self._check()
         donor._check()
-        if self.recurrent or self.mtp is not None or donor.context is not self.context:
-            raise ValueError("only an attention-only session without an MTP head, on its "
-                             "donor's context, can share a prefix")
-        if donor is self or not 0 < n <= donor.n_past:
+        if self.recurrent or self.mtp is not None or donor.mtp is not None \
+                or donor.context is not self.context:
+            # (a forward that feeds an MTP head is another graph: its rows may round
+            # differently, so only sessions without one trade prefixes)
+            raise ValueError("only attention-only sessions without an MTP head, on one "
+                             "context, can share a prefix")
+        if donor is self or not 0 < n <= donor.n_past \
+                or not self.context.holds_from_start(donor.seq_id):
             raise ValueError(f"cannot share {n} of the {donor.n_past} tokens sequence "
-                             f"{donor.seq_id} holds")
+                             f"{donor.seq_id} holds (from its first position)")
         self.context.seq_cp_whole(donor.seq_id, self.seq_id)
         if n < donor.n_past and not self.context.seq_rm(self.seq_id, n, -1):
             raise self._fail("llama_memory_seq_rm refused to cut a shared prefix", (n, -1))

@@ -69,3 +69,27 @@ def test_an_empty_prompt_is_refused_before_any_forward(ctx: TargetContext) -> No
     finally:
         for s in sessions:
             s.close()
+
+
+def test_a_copied_prefix_continues_as_its_own_prefill_would(ctx: TargetContext) -> None:
+    """A sequence that copies a prefix another holds (and prefills only the rest) gives
+    the logits its own whole prefill gives; a recurrent state, or a session following
+    an MTP head, cannot copy one and is refused before anything changes."""
+    prompt = PROMPTS[1]
+    with SequenceSession.open(ctx, reserve=len(prompt) + 8, mtp=False) as s:
+        alone = s.prefill(prompt)
+    with SequenceSession.open(ctx, reserve=len(prompt) + 8, mtp=False) as donor, \
+            SequenceSession.open(ctx, reserve=len(prompt) + 8, mtp=False) as borrower:
+        donor.prefill([*prompt[:-5], *b"other"])  # holds the prefix, then goes elsewhere
+        if ctx.recurrent:
+            with pytest.raises(ValueError, match="attention-only"):
+                borrower.share_prefix(donor, len(prompt) - 5)
+            assert borrower.n_past == 0
+            return
+        borrower.share_prefix(donor, len(prompt) - 5)
+        assert borrower.n_past == len(prompt) - 5
+        np.testing.assert_array_equal(borrower.prefill(prompt[-5:]), alone)
+        assert borrower.counters.prefill_tokens == 5
+        assert borrower.counters.shared_prefix_tokens == len(prompt) - 5
+        with pytest.raises(ValueError, match="cannot share"):
+            borrower.share_prefix(donor, donor.n_past + 1)

@@ -46,7 +46,7 @@ from .openai_api import (
     usage,
 )
 from .responder import Responder, RouteContext
-from .template_tools import with_template_tools
+from .template_tools import with_lazy_calls, with_template_tools
 from .timings_format import live_timings, prompt_progress, timings
 
 __all__ = ["Adjust", "Started", "finish_reason_of", "generation_failure", "log_finished",
@@ -127,6 +127,7 @@ async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
                 gen = _with_prompt_ids(rt, gen, ids)
             if req.template_messages is not None and req.tools is not None:
                 gen = with_template_tools(rt, gen, req.template_messages, req.tools)
+                gen = with_lazy_calls(rt, gen, req.tools)
             return gen if adjust is None else adjust(rt, gen)
 
         try:

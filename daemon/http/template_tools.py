@@ -7,7 +7,8 @@ calls as structured ``tool_calls`` (arguments as objects, as llama.cpp gives the
 results as ``tool`` turns; the answer is read in whichever syntax the family writes
 (:mod:`.tool_syntax`). A template that knows no tools, and a call the request forces
 (``required`` or a named function, held by a grammar to the offered syntax), get the
-generic offer of :mod:`.tool_calls`.
+generic offer of :mod:`.tool_calls`. With ``auto``, a call in the Hermes syntax is held
+to its schema from where the model opens it (:func:`with_lazy_calls`).
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ import attrs
 
 from meshd.protocol import ModelError
 
+from ..constraint import ConstraintError
 from ..prompt_fit import prompt_tokens
 from ..request_errors import PromptTooLong, RequestError
 from ..runtime import ModelRuntime
 from ..scheduler import GenerationRequest
 from .openai_api import ApiError
-from .tool_calls import ToolSpec
+from .tool_calls import ToolSpec, lazy_call_grammar
 
-__all__ = ["knows_tools", "template_tools", "with_template_tools"]
+__all__ = ["knows_tools", "template_tools", "with_lazy_calls", "with_template_tools"]
 
 
 def knows_tools(rt: ModelRuntime) -> bool:
@@ -58,3 +60,24 @@ def with_template_tools(rt: ModelRuntime, gen: GenerationRequest,
     except RequestError as exc:
         raise ApiError(400, f"messages: {exc}", param="messages") from None
     return attrs.evolve(gen, prompt=tuple(ids))
+
+
+def with_lazy_calls(rt: ModelRuntime, gen: GenerationRequest, spec: ToolSpec
+                    ) -> GenerationRequest:
+    """``gen`` under the lazy call constraint, for ``tool_choice: auto`` in the Hermes
+    syntax (the generic offer's, and that of templates which write ``<tool_call>`` JSON):
+    free text, and a call once opened held to an offered function's schema. Unchanged
+    where the answer already has a constraint (``response_format``) or the family writes
+    another syntax (those calls are read, not constrained). Blocking (compiles)."""
+    source = rt.model.chat_template or ""
+    hermes = not knows_tools(rt) or ("<tool_call>" in source and "<function=" not in source)
+    if spec.choice != "auto" or gen.grammar is not None or not hermes:
+        return gen
+    special = len(rt.model.tokenizer.tokenize("<tool_call>", add_special=False,
+                                              parse_special=True)) == 1
+    try:
+        grammar = rt.compile_constraint("lark", lazy_call_grammar(spec, special_open=special))
+    except ConstraintError as exc:
+        raise ApiError(400, f"tools: the functions' schemas do not compile: {exc}",
+                       param="tools") from None
+    return attrs.evolve(gen, grammar=grammar)

@@ -29,8 +29,8 @@ from meshd.protocol import messages as wire
 from ..constraint import JSON_DEFAULTS
 from .tool_syntax import read_calls
 
-__all__ = ["ToolError", "ToolSpec", "answer_calls", "join_parts", "offer_tools", "parse_tools",
-           "past_calls", "template_messages", "tool_constraint"]
+__all__ = ["ToolError", "ToolSpec", "answer_calls", "join_parts", "lazy_call_grammar",
+           "offer_tools", "parse_tools", "past_calls", "template_messages", "tool_constraint"]
 
 MAX_TOOLS: Final = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -189,20 +189,40 @@ def tool_constraint(spec: ToolSpec) -> wire.Constraint | None:
     if spec.choice == "auto":
         return None
     wanted = [f for f in spec.functions if spec.choice == "required" or f[0] == spec.named]
-    alternatives = [{"type": "object", "properties": {
-        "name": {"const": name}, "arguments": schema},
-        "required": ["name", "arguments"], "additionalProperties": False}
-        for name, _, schema in wanted]
-    call_schema: dict[str, Any] = (alternatives[0] if len(alternatives) == 1
-                                   else {"anyOf": alternatives})
-    call_schema = {**call_schema, "x-guidance": dict(JSON_DEFAULTS)}
     # Parallel calls: at most one per function (a small model would repeat a call
     # until max_tokens otherwise).
     most = len(wanted) if spec.parallel and spec.choice == "required" else 1
     grammar = (f'start: call{{1,{most}}}\n'
                'call: "<tool_call>\\n" body "\\n</tool_call>" "\\n"?\n'
-               f"body: %json {json.dumps(call_schema)}\n")
+               f"body: %json {json.dumps(_call_schema(wanted))}\n")
     return wire.Constraint(kind="lark", grammar=grammar)
+
+
+def lazy_call_grammar(spec: ToolSpec, *, special_open: bool) -> str:
+    """For ``auto``: free text until the model opens a call (writes ``<tool_call>``, or
+    emits that special token where the vocabulary has one: ``special_open``); from there
+    the call is held to an offered function's schema and closed. llguidance's lazy
+    lexeme ends the text at the opening, so the constraint starts where a call does, as
+    llama-server's lazy grammars start at their trigger."""
+    opens = "open_text | open_special" if special_open else "open_text"
+    lines = ["%llguidance {}",
+             f"start: call{'*' if spec.parallel else '?'} TEXT",
+             r"TEXT: /(.|\n)*/",
+             'open_text[lazy]: TEXT "<tool_call>"',
+             *(["open_special: TEXT <tool_call>"] if special_open else []),
+             f'call: ({opens}) "\\n" body "\\n</tool_call>"',
+             f"body: %json {json.dumps(_call_schema(spec.functions))}"]
+    return "\n".join(lines) + "\n"
+
+
+def _call_schema(functions: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
+    """One call's JSON: the name of one of ``functions`` and its arguments."""
+    alternatives = [{"type": "object", "properties": {
+        "name": {"const": name}, "arguments": schema},
+        "required": ["name", "arguments"], "additionalProperties": False}
+        for name, _, schema in functions]
+    call: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    return {**call, "x-guidance": dict(JSON_DEFAULTS)}
 
 
 def answer_calls(text: str, spec: ToolSpec, *, finished: bool

@@ -122,6 +122,38 @@ async def test_forced_calls_validate_and_stream(smol: ModelRuntime) -> None:
         assert_no_leaks(server)
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_with_auto_a_call_the_model_opens_is_held_to_its_schema(
+        smol: ModelRuntime) -> None:
+    """``tool_choice: auto`` leaves the model free until it opens a call; from there the
+    call is an offered function's, with valid arguments. (A logit bias towards ``<`` and
+    ``tool`` makes the small model open calls; unconstrained it then writes tags and
+    never a call.)"""
+    bias = {str(t): 6 for t in smol.model.tokenizer.tokenize("<tool", add_special=False)}
+    async with http_daemon(smol) as (server, _path, http):
+        opened = 0
+        for seed in range(3):
+            answer = (await http.post("/v1/chat/completions", json={
+                "messages": ASK, "tools": TOOLS, "max_tokens": 60, "temperature": 0.9,
+                "seed": seed, "logit_bias": bias})).json()["choices"][0]
+            message = answer["message"]
+            text = message["content"] or "".join(
+                f"<tool_call>\n{{\"name\": \"{c['function']['name']}\", \"arguments\": "
+                f"{c['function']['arguments']}}}\n</tool_call>" for c in message["tool_calls"])
+            for part in text.split("<tool_call>")[1:]:
+                opened += 1
+                call = part.split("\n</tool_call>")
+                head = '\n{"name": "'
+                assert part.startswith(head) or head.startswith(part), part
+                if len(call) > 1:  # a whole call: an offered function, valid arguments
+                    parsed = json.loads(call[0])
+                    jsonschema.validate(parsed["arguments"], SCHEMAS[parsed["name"]])
+        assert opened >= 2
+        await wait_idle(server)
+        assert_no_leaks(server)
+
+
 def test_forced_calls_hold_on_a_synthetic_qwen35() -> None:
     rt = ModelRuntime(RuntimeConfig(
         model_path=str(testmodels.test_model_path("qwen35", acceptance=0.9)), n_ctx_seq=1024,

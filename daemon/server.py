@@ -30,6 +30,7 @@ from .compute import ComputeThread
 from .connection import Connection
 from .http.connection import HttpConnection
 from .http.sniff import Kind, sniff
+from .http.stream_sessions import StreamSessions
 from .http.tcp import open_http_listeners
 from .listener import BindSpec, Listener, open_listener
 from .logs import get_logger
@@ -70,6 +71,8 @@ class Server:
         self.http_listeners: list[Listener] = []
         self._connections: set[Connection | HttpConnection] = set()
         self._ids = itertools.count(1)
+        #: The HTTP front end's resumable streams, shared by its connections.
+        self.streams = StreamSessions()
         self._open = 0  # connections accepted and not yet closed (the limit counts them)
         self._stop = anyio.Event()
         self._grace_s: float | None = None
@@ -273,7 +276,8 @@ class Server:
             conn: Connection | HttpConnection
             if kind is Kind.HTTP:
                 self.service.counters["connections_http"] += 1
-                conn = HttpConnection(stream, self.service, conn_id=conn_id, log=self.log)
+                conn = HttpConnection(stream, self.service, conn_id=conn_id, log=self.log,
+                                      streams=self.streams)
             else:
                 conn = Connection(stream, self.service, conn_id=conn_id, log=self.log)
             await self._run_connection(conn)

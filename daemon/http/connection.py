@@ -34,6 +34,7 @@ from ..service import Service
 from .access import authorized, cors_headers, preflight_headers
 from .openai_api import JSON, ApiError, error_body, json_bytes
 from .routes import Routes
+from .stream_sessions import StreamSessions
 
 __all__ = ["HttpConnection"]
 
@@ -50,7 +51,7 @@ class HttpConnection:
     """Serves HTTP requests on one accepted stream until the peer or the daemon ends it."""
 
     def __init__(self, stream: anyio.abc.ByteStream, service: Service, *, conn_id: int,
-                 log: FilteringBoundLogger) -> None:
+                 log: FilteringBoundLogger, streams: StreamSessions | None = None) -> None:
         self.stream = stream
         self.service = service
         self.config = service.config.http
@@ -73,7 +74,7 @@ class HttpConnection:
         # One write at a time, each bounded (a peer that stops reading cannot hang us).
         self._writer = FrameWriter(stream, timeout=service.config.send_timeout_s, shield=False)
         self._scope: anyio.CancelScope | None = None
-        self._routes = Routes(service, self.log)
+        self._routes = Routes(service, self.log, streams)
         #: Over TCP (no peer credentials): the API key applies.
         self._tcp = self._socket is not None and self._socket.family in (socket.AF_INET,
                                                                            socket.AF_INET6)
@@ -127,9 +128,13 @@ class HttpConnection:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_peer)
                 try:
+                    conversation = next((v.decode("utf-8", "replace") for k, v in
+                                         request.headers if k.lower() == b"x-conversation-id"),
+                                        None)
                     await self._routes.handle(
                         request.method.decode("ascii", "replace"),
-                        request.target.decode("ascii", "replace"), body, self)
+                        request.target.decode("ascii", "replace"), body, self,
+                        conversation=conversation)
                 finally:
                     tg.cancel_scope.cancel()
             if self._lost:

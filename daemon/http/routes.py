@@ -4,7 +4,8 @@
 API, streamed or not), ``GET /v1/models`` and ``GET /v1/models/{id}``; llama-server's
 un-prefixed ``/chat/completions`` and ``/models`` (aliases), its own ``/completion`` and
 ``/completions`` (its native shape), its input-token counts and its extras
-(``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /props``, ``GET /slots``);
+(``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /props``, ``GET /slots``) and
+resumable streams (``GET`` / ``DELETE /v1/stream``, ``POST /v1/streams/lookup``);
 ``GET /health`` and ``GET /metrics`` (Prometheus). Every error is OpenAI's error object
 with a 4xx/5xx status, counted by code like the native protocol's errors; the connection
 stays usable.
@@ -35,6 +36,8 @@ from .openai_api import JSON, ApiError, error_body, json_bytes, parse_request
 from .responder import Responder
 from .responses import serve_response
 from .slots import slots
+from .stream_routes import delete_stream, follow_stream, lookup_streams
+from .stream_sessions import MAX_ID_LENGTH, RecordingResponder, StreamSessions
 
 __all__ = ["Routes"]
 
@@ -44,17 +47,26 @@ _Handler = Callable[["Routes", bytes, Responder], Awaitable[None]]
 class Routes:
     """Dispatches one complete request to its endpoint."""
 
-    def __init__(self, service: Service, log: FilteringBoundLogger) -> None:
+    def __init__(self, service: Service, log: FilteringBoundLogger,
+                 streams: StreamSessions | None = None) -> None:
         self.service = service
         self.log = log
+        #: The daemon's resumable streams (:mod:`.stream_sessions`).
+        self.streams = streams if streams is not None else StreamSessions()
 
-    async def handle(self, method: str, target: str, body: bytes, out: Responder) -> None:
+    async def handle(self, method: str, target: str, body: bytes, out: Responder, *,
+                     conversation: str | None = None) -> None:
+        """Answer one request; ``conversation`` (its ``X-Conversation-Id``) makes a
+        streamed answer resumable."""
         path, _, query = target.partition("?")
         t0 = time.perf_counter()
         status = 200
         allowed: str | None = None
+        recording: RecordingResponder | None = None
+        if conversation and len(conversation) <= MAX_ID_LENGTH and method == "POST":
+            out = recording = RecordingResponder(out, self.streams, conversation)
         try:
-            route = _route(path, query)
+            route = _route(path, query, method)
             if route is None:
                 raise ApiError(404, f"no endpoint {path}; see /v1/completions, "
                                     "/v1/chat/completions, /v1/responses, /v1/models, "
@@ -65,7 +77,11 @@ class Routes:
             if method != allowed:
                 raise ApiError(405, f"{path} accepts {allowed}, not {method}",
                                code="method_not_allowed")
-            await handler(self, body, out)
+            try:
+                await handler(self, body, out)
+            finally:
+                if recording is not None:
+                    recording.close()
         except ApiError as exc:
             status = exc.status
             await self.error(out, exc, allow=allowed if status == 405 else None)
@@ -141,6 +157,9 @@ class Routes:
     async def _props(self, body: bytes, out: Responder) -> None:
         await llama_extras.props(self.service, body, out)
 
+    async def _lookup_streams(self, body: bytes, out: Responder) -> None:
+        await lookup_streams(self.streams, body, out)
+
     async def _health(self, _body: bytes, out: Responder) -> None:
         svc = self.service
         health = svc.health(Health(id="http"))
@@ -183,18 +202,23 @@ _ROUTES: Final[dict[str, tuple[str, _Handler]]] = {
     "/chat/completions/input_tokens": ("POST", chat_input_tokens),
     "/v1/responses/input_tokens": ("POST", responses_input_tokens),
     "/responses/input_tokens": ("POST", responses_input_tokens),
+    "/v1/streams/lookup": ("POST", Routes._lookup_streams),
     "/health": ("GET", Routes._health),
     "/metrics": ("GET", Routes._metrics),
 }
 _MODEL_PREFIXES: Final = ("/v1/models/", "/models/")
 
 
-def _route(path: str, query: str) -> tuple[str, _Handler] | None:
+def _route(path: str, query: str, method: str) -> tuple[str, _Handler] | None:
     """The method and handler of ``path``; ``/v1/models/{id}`` carries its (URL-encoded)
-    id to the handler, ``/slots`` its query."""
+    id to the handler, ``/slots`` and ``/v1/stream`` their query."""
     route = _ROUTES.get(path)
     if route is not None:
         return route
+    if path == "/v1/stream":
+        if method == "DELETE":
+            return "DELETE", lambda r, _b, out: delete_stream(r.streams, query, out)
+        return "GET", lambda r, _b, out: follow_stream(r.streams, query, out)
     if path == "/slots":
         return "GET", functools.partial(slots, query=query)
     for prefix in _MODEL_PREFIXES:

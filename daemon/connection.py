@@ -34,6 +34,7 @@ from meshd.protocol import (
     CancelReply,
     ConnectionEnded,
     Detokenize,
+    Done,
     FrameTooLarge,
     FrameWriter,
     Generate,
@@ -65,8 +66,10 @@ from .engine import TokenEvent
 from .generation_stats import GenerationStats
 from .hangup import POLL_INTERVAL_S, hung_up
 from .mapping import done_message, token_message
+from .runtime import ModelRuntime
 from .scheduler import Finished, GenerationFailed, GenerationHandle, GenerationRequest
 from .service import InFlightGeneration, Service
+from .wire_tools import WireTools, calls_of, offered
 
 __all__ = ["Connection"]
 
@@ -349,14 +352,21 @@ class Connection:
         """Serve one ``generate``: prepare, submit, stream, finish. Never raises."""
         try:
             try:
-                gen = await self.service.start(request, entry)
+                request, tools = offered(request)
+
+                def runtime() -> ModelRuntime:
+                    assert entry.model is not None and entry.model.runtime is not None
+                    return entry.model.runtime
+
+                adjust = tools.adjust(runtime) if tools is not None else None
+                gen = await self.service.start(request, entry, adjust=adjust)
             except ProtocolError as exc:
                 await self._reject(exc.with_request_id(request.id))
                 return
             if entry.handle is None:  # cancelled before it reached the scheduler
                 await self._finish_early(request.id, gen, entry)
                 return
-            await self._stream(request.id, gen, entry.handle, entry)
+            await self._stream(request.id, gen, entry.handle, entry, tools)
         except Exception:
             self.log.exception("request_crashed", id=request.id, op=request.OP)
             await self._reject(InternalError("generation failed", request_id=request.id))
@@ -377,9 +387,11 @@ class Connection:
         self._log_finished(request_id, finish.value, stats, None, gen)
 
     async def _stream(self, request_id: str, gen: GenerationRequest, handle: GenerationHandle,
-                      entry: InFlightGeneration) -> None:
-        """Forward the scheduler's events as frames, coalescing what is already there."""
+                      entry: InFlightGeneration, tools: WireTools | None = None) -> None:
+        """Forward the scheduler's events as frames, coalescing what is already there;
+        with ``tools``, ``done`` carries the calls read from the whole text."""
         frames_sent = 0
+        text: list[str] = []
         async with handle.events:
             while True:
                 try:
@@ -397,12 +409,17 @@ class Connection:
                 for event in batch:
                     if isinstance(event, TokenEvent):
                         frames.append(self._conn.send(token_message(request_id, event)))
+                        if tools is not None:
+                            text.append(event.text)
                     else:
                         final = event
                 if final is not None:
-                    frames.append(self._conn.send(self._final_message(
-                        request_id, gen, handle, final, frames_sent + len(frames) > 0, entry
-                    )))
+                    done = self._final_message(
+                        request_id, gen, handle, final, frames_sent + len(frames) > 0, entry)
+                    if tools is not None and isinstance(done, Done):
+                        done = attrs.evolve(done, tool_calls=calls_of(
+                            tools, "".join(text), done.finish_reason.value))
+                    frames.append(self._conn.send(done))
                 if not await self._send_bytes(b"".join(frames)):
                     return
                 frames_sent += len(frames)

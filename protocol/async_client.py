@@ -58,6 +58,7 @@ from .messages import (
     Tokenize,
     TokenizeReply,
     TokenLogprob,
+    ToolFunction,
     Welcome,
     error_from_message,
 )
@@ -355,6 +356,9 @@ class Client:
         logprobs: int | None = None,
         model: str | None = None,
         keep_alive: float | None = None,
+        tools: Sequence[ToolFunction] | None = None,
+        tool_choice: str = "auto",
+        tool_name: str | None = None,
     ) -> GenerationStream:
         """Start a generation; returns the stream of its tokens (not yet sent).
 
@@ -364,8 +368,8 @@ class Client:
         ``"off"``) and ``draft_max`` override speculative decoding; ``constraint`` holds
         the text to a JSON schema or a grammar; ``model`` names the model (default: the
         daemon's), ``keep_alive`` how long it stays loaded after (seconds; -1: until
-        unloaded). Invalid values raise BadRequest here, before anything is sent.
-        """
+        unloaded); ``tools`` the functions chat ``messages`` may call (``done.tool_calls``).
+        Invalid values raise BadRequest here, before anything is sent."""
         # Errors name the field's path as the server's do: generate.sampling.top_p: ...
         try:
             params = sampling_params(sampling, temperature, top_k, top_p, seed)
@@ -388,6 +392,8 @@ class Client:
                 logprobs=logprobs,
                 model=model,
                 keep_alive=keep_alive,
+                tools=tuple(tools) if tools else None, tool_choice=tool_choice,
+                tool_name=tool_name,
             )
         except BadRequest as exc:
             raise exc.under("generate") from None

@@ -28,6 +28,10 @@ import attrs.validators as V
 from meshd.policy.decision import FinishReason as FinishReason
 
 from . import validators as check
+from .chat_messages import MAX_TOOL_CALLS, MAX_TOOLS, TOOL_CHOICES
+from .chat_messages import ChatMessage as ChatMessage
+from .chat_messages import ToolCall as ToolCall
+from .chat_messages import ToolFunction as ToolFunction
 from .errors import BadRequest, ErrorCode, ProtocolError, error_from_code
 from .model_messages import MODEL_STATES as MODEL_STATES
 from .model_messages import Load as Load
@@ -37,6 +41,9 @@ from .model_messages import Models as Models
 from .model_messages import ModelsReply as ModelsReply
 from .model_messages import Unload as Unload
 from .model_messages import UnloadReply as UnloadReply
+from .stats_messages import ProposerStats as ProposerStats
+from .stats_messages import SpeculationStats as SpeculationStats
+from .stats_messages import Usage as Usage
 from .validators import KEEP_ALIVE_FOREVER as KEEP_ALIVE_FOREVER
 from .validators import MAX_GRAMMAR_LENGTH as MAX_GRAMMAR_LENGTH
 from .validators import MAX_ID_LENGTH as MAX_ID_LENGTH
@@ -50,7 +57,7 @@ from .validators import MAX_STOP_LENGTH as MAX_STOP_LENGTH
 from .validators import MAX_STOP_STRINGS as MAX_STOP_STRINGS
 from .validators import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 """The protocol version this package speaks; bumped on any incompatible change."""
 
 DEFAULT_MAX_FRAME_SIZE: Final = 4 * 1024 * 1024
@@ -84,15 +91,6 @@ class HealthStatus(enum.StrEnum):
 
 
 # ----------------------------------------------------------------------- shared parts
-
-
-@attrs.frozen
-class ChatMessage:
-    """One chat turn; the server renders the list with the model's chat template."""
-
-    role: str = attrs.field(validator=check.role)
-    """``system``, ``user``, ``assistant`` or whatever else the chat template knows."""
-    content: str = attrs.field(validator=check.string)
 
 
 @attrs.frozen
@@ -196,76 +194,6 @@ class SpeculativeOverrides:
     config table."""
 
 
-@attrs.frozen
-class Usage:
-    """Token accounting for one generation."""
-
-    prompt_tokens: int = attrs.field(default=0, validator=check.integer(0))
-    completion_tokens: int = attrs.field(default=0, validator=check.integer(0))
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@attrs.define
-class SpeculationStats:
-    """What speculative decoding did for one generation (sent in ``done``).
-
-    Mutable, with every field defaulted, so the server can create one per request and
-    bump counters as it goes. Counters it does not know about yet go in ``extra`` rather
-    than requiring a protocol bump.
-    """
-
-    proposer: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
-    """The proposer actually used (``None`` if speculation was off)."""
-    emitted: int = attrs.field(default=0, validator=check.integer(0))
-    """Tokens committed to the output."""
-    target_forwards: int = attrs.field(default=0, validator=check.integer(0))
-    """Forward passes of the target model (prefill excluded)."""
-    verify_calls: int = attrs.field(default=0, validator=check.integer(0))
-    drafted: int = attrs.field(default=0, validator=check.integer(0))
-    accepted: int = attrs.field(default=0, validator=check.integer(0))
-    accepted_per_position: list[int] = attrs.field(factory=list, validator=check.int_items(0))
-    """``accepted_per_position[i]``: how often draft position ``i`` was accepted."""
-    rollbacks_in_place: int = attrs.field(default=0, validator=check.integer(0))
-    checkpoints: int = attrs.field(default=0, validator=check.integer(0))
-    checkpoint_bytes: int = attrs.field(default=0, validator=check.integer(0))
-    restores: int = attrs.field(default=0, validator=check.integer(0))
-    wall_ms: float = attrs.field(default=0.0, validator=check.non_negative_number)
-    prefill_ms: float = attrs.field(default=0.0, validator=check.non_negative_number)
-    decode_ms: float = attrs.field(default=0.0, validator=check.non_negative_number)
-    verify_ms: float = attrs.field(default=0.0, validator=check.non_negative_number)
-    refusals: dict[str, int] = attrs.field(factory=dict, validator=check.counters)
-    """Why drafting was skipped, by reason, e.g. ``{"deadline": 2}``."""
-    extra: dict[str, float] = attrs.field(factory=dict, validator=check.counters)
-    """Further counters not (yet) named above."""
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """Accepted / drafted, or ``None`` if nothing was drafted."""
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def tokens_per_forward(self) -> float | None:
-        """Emitted tokens per target forward: the speed-up speculation bought."""
-        return self.emitted / self.target_forwards if self.target_forwards else None
-
-
-@attrs.frozen
-class ProposerStats:
-    """Daemon-wide acceptance figures of one proposer (in ``stats_reply``)."""
-
-    requests: int = attrs.field(default=0, validator=check.integer(0))
-    drafted: int = attrs.field(default=0, validator=check.integer(0))
-    accepted: int = attrs.field(default=0, validator=check.integer(0))
-    accepted_per_position: tuple[int, ...] = attrs.field(default=(), validator=check.int_items(0))
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-
 # -------------------------------------------------------------------------- requests
 
 
@@ -324,10 +252,34 @@ class Generate:
     keep_alive: float | None = attrs.field(default=None, validator=check.keep_alive)
     """Seconds the model stays loaded once idle after this request (-1: until unloaded,
     0: unloaded after it); ``None`` keeps the model's current setting."""
+    tools: tuple[ToolFunction, ...] | None = attrs.field(default=None, validator=check.rule(
+        f"a non-empty array of at most {MAX_TOOLS} ToolFunctions", V.instance_of(ToolFunction),
+        each="a ToolFunction", container="array", non_empty=True, max_items=MAX_TOOLS,
+        optional=True))
+    """Functions the model may call (chat ``messages`` only); the calls come in
+    ``done.tool_calls``."""
+    tool_choice: str = attrs.field(default="auto", validator=check.rule(
+        f"one of {', '.join(TOOL_CHOICES)}", check.STR, V.in_(TOOL_CHOICES)))
+    """``auto``: the model decides; ``none``: no calls; ``required``: only calls."""
+    tool_name: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
+    """With ``required``: the one function the answer calls."""
+    parallel_tool_calls: bool = attrs.field(default=True, validator=check.rule(
+        "true or false", V.instance_of(bool)))
 
     def __attrs_post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise BadRequest("exactly one of prompt and messages must be given")
+        names = {f.name for f in self.tools or ()}
+        if self.tools is not None and self.messages is None:
+            raise BadRequest.invalid_field("tools", "are offered to chat messages only")
+        if len(names) != len(self.tools or ()):
+            raise BadRequest.invalid_field("tools", "must name each function once")
+        if self.tool_choice == "required" and self.tools is None:
+            raise BadRequest.invalid_field("tool_choice", "required needs tools")
+        if self.tool_name is not None and (self.tool_choice != "required"
+                                           or self.tool_name not in names):
+            raise BadRequest.invalid_field(
+                "tool_name", "must name one of tools, with tool_choice required")
 
 
 @attrs.frozen
@@ -450,6 +402,12 @@ class Done:
     an unseeded sampled request, so it can be replayed); ``None`` for greedy decoding."""
     model: str | None = attrs.field(default=None, validator=check.optional_non_empty_string)
     """The name of the model that served the request."""
+    tool_calls: tuple[ToolCall, ...] | None = attrs.field(default=None, validator=check.rule(
+        f"an array of at most {MAX_TOOL_CALLS} ToolCalls", V.instance_of(ToolCall),
+        each="a ToolCall", container="array", max_items=MAX_TOOL_CALLS, optional=True))
+    """The calls the answer made, when the request offered ``tools`` and the answer ended
+    on its own: whole calls to offered functions (OpenAI's ``finish_reason:
+    "tool_calls"``). The token frames carry them as the model wrote them."""
 
 
 @attrs.frozen

@@ -32,6 +32,7 @@ from .messages import (
     SamplingParams,
     StatsReply,
     Token,
+    ToolFunction,
     UnloadReply,
     Welcome,
 )
@@ -213,6 +214,9 @@ class SyncClient:
         logprobs: int | None = None,
         model: str | None = None,
         keep_alive: float | None = None,
+        tools: Sequence[ToolFunction] | None = None,
+        tool_choice: str = "auto",
+        tool_name: str | None = None,
     ) -> SyncGenerationStream:
         """Like :meth:`Client.generate`; returns a blocking iterator of tokens."""
         if self._closed:
@@ -234,6 +238,9 @@ class SyncClient:
             model=model,
             keep_alive=keep_alive,
             request_id=request_id,
+            tools=tools,
+            tool_choice=tool_choice,
+            tool_name=tool_name,
         )
         return SyncGenerationStream(self._portal, stream)
 

@@ -167,7 +167,45 @@ V2: Final = Schema(
 )
 """Version 2, as its last release defined it (``git show 405622d:protocol/messages.py``)."""
 
-SCHEMAS: Final[Mapping[int, Schema]] = {1: V1, 2: V2}
+V3: Final = Schema(
+    requests={
+        "hello": _ids("protocol_version", "client_name"),
+        "generate": _ids(
+            "prompt", "messages", "max_tokens", "sampling", "stop", "speculative",
+            "constraint", "logprobs", "prediction", "model", "keep_alive",
+            nested={"messages": ("array", Shape(("role", "content")))}),
+        "cancel": _ids("ack"),
+        "stats": _ids(),
+        "health": _ids(),
+        "models": _ids(),
+        "tokenize": _ids("text", "add_special"),
+        "detokenize": _ids("tokens"),
+        "load": _ids("model", "keep_alive"),
+        "unload": _ids("model"),
+    },
+    responses={
+        "welcome": _ids("protocol_version", "server_version", "model", "capabilities",
+                        "proposers", "max_frame_size"),
+        "token": _ids("text", "token_ids", "logprobs"),
+        "done": _ids("finish_reason", "usage", "speculation", "error_message", "seed",
+                     "model"),
+        "error": _ids("code", "message"),
+        "stats_reply": _ids("uptime_s", "counters", "proposers"),
+        "health_reply": _ids("status", "uptime_s", "active_requests", "queued_requests",
+                             "models"),
+        "models_reply": _ids("models"),
+        "tokenize_reply": _ids("tokens"),
+        "detokenize_reply": _ids("text"),
+        "cancel_reply": _ids("cancelled"),
+        "load_reply": _ids("model"),
+        "unload_reply": _ids("model", "unloaded"),
+    },
+)
+"""Version 3, as its last release defined it (``git show 5aae02a:protocol/messages.py``):
+objects it shares unchanged with today (the sampling, the models, the statistics) are
+not spelled out."""
+
+SCHEMAS: Final[Mapping[int, Schema]] = {1: V1, 2: V2, 3: V3}
 """Every version the server speaks besides the current one."""
 
 

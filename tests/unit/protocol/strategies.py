@@ -37,11 +37,14 @@ from meshd.protocol import (
     Token,
     Tokenize,
     TokenizeReply,
+    ToolCall,
+    ToolFunction,
     Unload,
     UnloadReply,
     Usage,
     Welcome,
 )
+from meshd.protocol.chat_messages import TOOL_NAME_PATTERN
 from meshd.protocol.messages import MAX_SEED
 from meshd.protocol.validators import MODEL_NAME_PATTERN
 
@@ -67,7 +70,15 @@ speculative = st.builds(
     proposer=st.none() | names,
     draft_max=st.none() | st.integers(1, 1024),
 )
-chat_messages = st.lists(st.builds(ChatMessage, role=names, content=texts), min_size=1, max_size=3)
+tool_names = st.from_regex(TOOL_NAME_PATTERN, fullmatch=True)
+tool_calls = st.builds(ToolCall, id=ids, name=tool_names, arguments=texts)
+chat_messages = st.lists(st.builds(
+    ChatMessage, role=names, content=texts,
+    tool_calls=st.none() | st.lists(tool_calls, max_size=2).map(tuple),
+    tool_call_id=st.none() | ids), min_size=1, max_size=3)
+tools = st.lists(st.builds(ToolFunction, name=tool_names, description=texts,
+                           parameters=st.none() | st.just({"type": "object"})),
+                 min_size=1, max_size=3, unique_by=lambda f: f.name).map(tuple)
 model_names = st.from_regex(MODEL_NAME_PATTERN, fullmatch=True)
 keep_alives = st.none() | st.just(-1) | st.integers(0, MAX_KEEP_ALIVE_S) | st.floats(
     0, MAX_KEEP_ALIVE_S)
@@ -131,7 +142,10 @@ def _generate() -> st.SearchStrategy[Generate]:
     }
     return st.builds(Generate, prompt=names, messages=st.none(), **common) | st.builds(
         Generate, prompt=st.none(), messages=chat_messages.map(tuple), **common
-    )
+    ) | st.builds(
+        Generate, prompt=st.none(), messages=chat_messages.map(tuple), tools=tools,
+        tool_choice=st.sampled_from(["auto", "none", "required"]),
+        parallel_tool_calls=st.booleans(), **common)
 
 
 requests: st.SearchStrategy[Any] = st.one_of(
@@ -168,6 +182,7 @@ responses: st.SearchStrategy[Any] = st.one_of(
         error_message=st.none() | names,
         seed=st.none() | st.integers(0, MAX_SEED),
         model=st.none() | names,
+        tool_calls=st.none() | st.lists(tool_calls, max_size=2).map(tuple),
     ),
     st.builds(ErrorMessage, id=st.none() | ids, code=st.sampled_from(ErrorCode), message=texts),
     st.builds(

@@ -41,7 +41,7 @@ from meshd.protocol import (
 
 def test_protocol_version_is_an_int() -> None:
     assert isinstance(PROTOCOL_VERSION, int)
-    assert PROTOCOL_VERSION == 3  # 3: model routing (generate.model, load, unload, ...)
+    assert PROTOCOL_VERSION == 4  # 4: tool calls (generate.tools, done.tool_calls, ...)
 
 
 @pytest.mark.parametrize(

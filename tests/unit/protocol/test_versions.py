@@ -51,6 +51,7 @@ from meshd.protocol.versions import (
     SCHEMAS,
     V1,
     V2,
+    V3,
     Shape,
     Unrepresentable,
     check_request,
@@ -69,8 +70,8 @@ def test_every_version_from_the_first_to_the_current_is_spoken() -> None:
     assert [v for v in range(-1, PROTOCOL_VERSION + 3) if speaks(v)] == \
         list(range(1, PROTOCOL_VERSION + 1))
     assert set(SCHEMAS) == set(range(OLDEST_VERSION, PROTOCOL_VERSION))
-    assert PROTOCOL_VERSION == 3
-    assert unsupported_message(4) == "server speaks protocol versions 1 to 3, not 4"
+    assert PROTOCOL_VERSION == 4
+    assert unsupported_message(5) == "server speaks protocol versions 1 to 4, not 5"
 
 
 # ------------------------------------------------------------- the schema itself
@@ -124,7 +125,7 @@ def test_version_1_responses_lack_exactly_the_documented_additions() -> None:
     model_additions = {"gpu_layers", "loaded", "state", "default", "proposers",
                        "keep_alive_s"}
     assert {k: v for e in extra.values() for k, v in e.items()} == {
-        "done": {"seed", "model"},
+        "done": {"seed", "model", "tool_calls"},
         "token": {"logprobs"},
         "health_reply": {"models"},
         "welcome.model": model_additions,
@@ -190,7 +191,7 @@ def _as_version_1(msg: Any) -> Any:
     if isinstance(msg, Done):
         finish = FinishReason.CANCELLED if msg.finish_reason is FinishReason.SHUTDOWN \
             else msg.finish_reason
-        return attrs.evolve(msg, seed=None, model=None, finish_reason=finish)
+        return attrs.evolve(msg, seed=None, model=None, tool_calls=None, finish_reason=finish)
     if isinstance(msg, ErrorMessage) and msg.code in _V1_BAD_REQUEST:
         return attrs.evolve(msg, code=ErrorCode.BAD_REQUEST)
     if isinstance(msg, Welcome):
@@ -266,6 +267,19 @@ def test_what_is_wrong_otherwise_is_left_to_the_decoder() -> None:
                        version=1)
 
 
+_TOOL_FIELDS = ("tools", "tool_choice", "tool_name", "parallel_tool_calls")
+"""What version 4 added to ``generate``."""
+
+
+def _without_turn_tools(frame: dict[str, Any]) -> dict[str, Any]:
+    """A generate frame whose messages lack version 4's tool fields."""
+    if frame.get("messages"):
+        frame["messages"] = [{k: v for k, v in m.items()
+                              if k not in ("tool_calls", "tool_call_id")}
+                             for m in frame["messages"]]
+    return frame
+
+
 _V1_ONLY: dict[str, tuple[str, ...]] = {
     "sampling": ("temperature", "top_k", "top_p", "seed"),
     "speculative": ("proposer", "draft_max"),
@@ -279,7 +293,8 @@ def test_a_version_1_request_means_what_it_means_today(msg: Any) -> None:
     decodes the same in both versions."""
     frame = {k: v for k, v in unstructure(msg).items()
              if k not in ("ack", "constraint", "logprobs", "prediction", "model",
-                          "keep_alive")}
+                          "keep_alive", *_TOOL_FIELDS)}
+    frame = _without_turn_tools(frame)
     for name, keep in _V1_ONLY.items():
         if name in frame:
             frame[name] = {k: v for k, v in frame[name].items() if k in keep}
@@ -297,7 +312,7 @@ def _opened(version: int) -> ServerConnection:
                                            server_version="t", model=MODEL)))
     assert frame["protocol_version"] == version and server.version == version
     assert ("gpu_layers" in frame["model"]) == (version >= 2)
-    assert ("state" in frame["model"]) == (version == PROTOCOL_VERSION)
+    assert ("state" in frame["model"]) == (version >= 3)
     return server
 
 
@@ -385,14 +400,16 @@ def test_version_2_only_adds_to_version_1() -> None:
 @pytest.mark.parametrize("op", sorted(V2.requests))
 def test_version_2_requests_lack_exactly_the_version_3_additions(op: str) -> None:
     extra = _fields_today(REQUEST_TYPES[op], V2.requests[op], op)
-    assert extra == ({"generate": {"model", "keep_alive"}} if op == "generate" else {})
+    assert extra == ({"generate": {"model", "keep_alive", *_TOOL_FIELDS},
+                      "generate.messages": {"tool_calls", "tool_call_id"}}
+                     if op == "generate" else {})
 
 
 def test_version_2_responses_lack_exactly_the_version_3_additions() -> None:
     extra = {op: _fields_today(RESPONSE_TYPES[op], shape, op)
              for op, shape in V2.responses.items()}
     assert {k: v for e in extra.values() for k, v in e.items()} == {
-        "done": {"model"},
+        "done": {"model", "tool_calls"},
         "health_reply": {"models"},
         "welcome.model": _V3_MODEL_ADDITIONS,
         "models_reply.models": _V3_MODEL_ADDITIONS,
@@ -446,7 +463,7 @@ def _v2_model(model: ModelInfo) -> ModelInfo:
 def _as_version_2(msg: Any) -> Any:
     """What a version-2 client reads: today's message less what version 2 lacks."""
     if isinstance(msg, Done):
-        return attrs.evolve(msg, model=None)
+        return attrs.evolve(msg, model=None, tool_calls=None)
     if isinstance(msg, ErrorMessage) and msg.code is ErrorCode.UNKNOWN_MODEL:
         return attrs.evolve(msg, code=ErrorCode.BAD_REQUEST)
     if isinstance(msg, Welcome):
@@ -500,7 +517,8 @@ def test_version_2_keeps_what_version_2_had() -> None:
 def test_a_version_2_request_means_what_it_means_today(msg: Any) -> None:
     """Written out by version 2's rules (every field it knew present), a request
     decodes the same in both versions."""
-    frame = {k: v for k, v in unstructure(msg).items() if k not in ("model", "keep_alive")}
+    frame = _without_turn_tools({k: v for k, v in unstructure(msg).items()
+                                 if k not in ("model", "keep_alive", *_TOOL_FIELDS)})
     assert decode_request(frame, version=2) == decode_request(frame)
 
 
@@ -536,3 +554,67 @@ def test_protocol_md_shows_what_version_2_is_told() -> None:
         with pytest.raises(BadRequest) as info:
             decode_request(frame, version=2)
         assert f"C: {frame}" in doc and f'"message":"{info.value.message}"' in doc
+
+
+# ------------------------------------------------------------- version 3
+
+_V3_GENERATE = ("id, prompt, messages, max_tokens, sampling, stop, speculative, constraint, "
+                "logprobs, prediction, model, keep_alive")
+
+
+def test_version_3_only_adds_to_version_2() -> None:
+    for old, new in ((V2.requests, V3.requests), (V2.responses, V3.responses)):
+        assert set(old) <= set(new)
+        for op, shape in old.items():
+            assert set(shape.fields) <= set(new[op].fields), op
+
+
+@pytest.mark.parametrize("op", sorted(V3.requests))
+def test_version_3_requests_lack_exactly_the_version_4_additions(op: str) -> None:
+    extra = _fields_today(REQUEST_TYPES[op], V3.requests[op], op)
+    assert extra == ({"generate": set(_TOOL_FIELDS),
+                      "generate.messages": {"tool_calls", "tool_call_id"}}
+                     if op == "generate" else {})
+
+
+def test_version_3_responses_lack_exactly_the_version_4_additions() -> None:
+    extra = {op: _fields_today(RESPONSE_TYPES[op], shape, op)
+             for op, shape in V3.responses.items()}
+    assert {k: v for e in extra.values() for k, v in e.items()} == {"done": {"tool_calls"}}
+    assert set(RESPONSE_TYPES) == set(V3.responses)
+    assert set(REQUEST_TYPES) == set(V3.requests)
+
+
+@settings(max_examples=200, deadline=None)
+@given(strategies.responses)
+def test_every_version_3_frame_is_a_valid_frame(msg: Any) -> None:
+    line = encode(msg, version=3)
+    want = attrs.evolve(msg, tool_calls=None) if isinstance(msg, Done) else msg
+    assert decode_response(line) == want
+    assert json.loads(line) == downgrade(unstructure(msg), 3)
+
+
+@pytest.mark.parametrize(("frame", "message"), [
+    ({"op": "generate", "id": "g", "messages": [{"role": "user", "content": "c"}],
+      "tools": [{"name": "f"}]}, f"generate: unknown field 'tools' (allowed: {_V3_GENERATE})"),
+    ({"op": "generate", "id": "g", "messages": [{"role": "user", "content": "c"}],
+      "tool_choice": "auto"},
+     f"generate: unknown field 'tool_choice' (allowed: {_V3_GENERATE})"),
+    ({"op": "generate", "id": "g", "messages": [
+        {"role": "tool", "content": "c", "tool_call_id": "x"}]},
+     "generate.messages[0]: unknown field 'tool_call_id' (allowed: role, content)"),
+])
+def test_what_version_3_lacks_is_refused_as_version_3_did(
+        frame: dict[str, Any], message: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        decode_request(json.dumps(frame), version=3)
+    assert (info.value.message, info.value.request_id) == (message, "g")
+    decode_request(frame)  # today's version takes it
+
+
+@settings(max_examples=200, deadline=None)
+@given(strategies.requests)
+def test_a_version_3_request_means_what_it_means_today(msg: Any) -> None:
+    frame = _without_turn_tools({k: v for k, v in unstructure(msg).items()
+                                 if k not in _TOOL_FIELDS})
+    assert decode_request(frame, version=3) == decode_request(frame)

@@ -38,13 +38,13 @@ class WireTools:
     """A request's tools as the daemon serves them."""
 
     spec: ToolSpec
-    #: The conversation as templates read it (for ``auto``: the template's own offer).
+    #: The conversation as templates read it (for the template's own offer).
     conversation: tuple[dict[str, Any], ...] | None
 
     def adjust(self, runtime: Callable[[], ModelRuntime]
                ) -> Callable[[GenerationRequest], GenerationRequest] | None:
         """The engine request's change once the model is held: the template's own offer
-        and the lazy constraint (``auto`` only). Blocking."""
+        (and the forced call's grammar in its syntax), or the lazy constraint. Blocking."""
         if self.conversation is None:
             return None
         conversation, spec = self.conversation, self.spec
@@ -88,8 +88,7 @@ def offered(request: Generate) -> tuple[Generate, WireTools | None]:
         constraint = tool_constraint(spec)
     messages = tuple(ChatMessage(role=m["role"], content=m["content"])
                      for m in offer_tools(turns, spec))
-    conversation = (tuple(template_messages([_openai_turn(m) for m in given]))
-                    if spec.choice == "auto" else None)
+    conversation = tuple(template_messages([_openai_turn(m) for m in given]))
     return (attrs.evolve(request, messages=messages, constraint=constraint),
             WireTools(spec, conversation))
 

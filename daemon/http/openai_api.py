@@ -501,7 +501,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
                              include_usage=include_usage, model=model,
                              created=int(time.time()),
                              llama=LlamaSwitches.of(body),
-                             template_messages=None if tools is None or tools.choice != "auto"
+                             template_messages=None if tools is None
                              else tuple(template_messages(body["messages"])))
 
 

@@ -5,14 +5,17 @@ Why: a model answers best in the words it was trained on. Where the chat templat
 ``tool_choice: auto`` is rendered by it: the tools in its ``tools`` variable, earlier
 calls as structured ``tool_calls`` (arguments as objects, as llama.cpp gives them) and
 results as ``tool`` turns; the answer is read in whichever syntax the family writes
-(:mod:`.tool_syntax`). A template that knows no tools, and a call the request forces
-(``required`` or a named function, held by a grammar to the offered syntax), get the
-generic offer of :mod:`.tool_calls`. With ``auto``, a call in the Hermes syntax is held
-to its schema from where the model opens it (:func:`with_lazy_calls`).
+(:mod:`.tool_syntax`), and a call the request forces (``required`` or a named function)
+is held by a grammar to the syntax the template teaches (Hermes, Llama 3.x, Mistral). A
+template that knows no tools, or teaches a syntax no forced grammar here writes (Qwen
+3.5's XML), gets the generic offer of :mod:`.tool_calls` and its Hermes grammar. With
+``auto``, a call in the Hermes syntax is held to its schema from where the model opens it
+(:func:`with_lazy_calls`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,9 +29,10 @@ from ..request_errors import PromptTooLong, RequestError
 from ..runtime import ModelRuntime
 from ..scheduler import GenerationRequest
 from .openai_api import ApiError
-from .tool_calls import ToolSpec, lazy_call_grammar
+from .tool_calls import FORCED_SYNTAXES, ToolSpec, forced_call_grammar, lazy_call_grammar
 
-__all__ = ["knows_tools", "template_tools", "with_lazy_calls", "with_template_tools"]
+__all__ = ["call_syntax", "knows_tools", "template_tools", "with_lazy_calls",
+           "with_template_tools"]
 
 
 def knows_tools(rt: ModelRuntime) -> bool:
@@ -44,13 +48,33 @@ def template_tools(spec: ToolSpec) -> list[dict[str, Any]]:
             for name, description, schema in spec.functions]
 
 
+def call_syntax(rt: ModelRuntime) -> str | None:
+    """The call syntax the model's template teaches (:data:`FORCED_SYNTAXES` or ``xml``),
+    read from the template's own words; None when it knows no tools."""
+    if not knows_tools(rt):
+        return None
+    source = rt.model.chat_template or ""
+    if "[TOOL_CALLS]" in source:
+        return "mistral_args" if "[ARGS]" in source else "mistral_list"
+    if '"parameters": dictionary of argument name' in source:
+        return "llama"
+    if "<function=" in source:
+        return "xml"
+    return "hermes" if "<tool_call>" in source else None
+
+
 def with_template_tools(rt: ModelRuntime, gen: GenerationRequest,
                         messages: Sequence[Mapping[str, Any]], spec: ToolSpec
                         ) -> GenerationRequest:
-    """``gen`` prompted by the model's template with the tools in it (unchanged where the
-    template knows no tools). Blocking; raises ModelError for a prompt over the context
-    and ApiError (400) when the template refuses the conversation."""
-    if not knows_tools(rt):
+    """``gen`` prompted by the model's template with the tools in it; a forced call
+    (``required`` or a named function) is then held to the syntax that template teaches
+    (:func:`~.tool_calls.forced_call_grammar`). Unchanged where the template knows no
+    tools, or a forced call's syntax has no grammar here (Qwen 3.5's XML: the generic
+    offer and its Hermes grammar stay). Blocking; raises ModelError for a prompt over the
+    context and ApiError (400) when the template refuses the conversation."""
+    syntax = call_syntax(rt)
+    forced = spec.choice != "auto"
+    if not knows_tools(rt) or (forced and syntax not in FORCED_SYNTAXES):
         return gen
     try:
         text = rt.render_chat(messages, tools=template_tools(spec))
@@ -59,7 +83,27 @@ def with_template_tools(rt: ModelRuntime, gen: GenerationRequest,
         raise ModelError(str(exc)) from None
     except RequestError as exc:
         raise ApiError(400, f"messages: {exc}", param="messages") from None
-    return attrs.evolve(gen, prompt=tuple(ids))
+    gen = attrs.evolve(gen, prompt=tuple(ids))
+    if not forced or syntax is None:  # (syntax is known when forced)
+        return gen
+    opener = _token_or_text(rt, "[TOOL_CALLS]")
+    return attrs.evolve(gen, grammar=_compiled(
+        rt, forced_call_grammar(spec, syntax, opener=opener)))
+
+
+def _token_or_text(rt: ModelRuntime, text: str) -> str:
+    """``text`` in a Lark grammar: the vocabulary's special token where it has one."""
+    ids = rt.model.tokenizer.tokenize(text, add_special=False, parse_special=True)
+    plain = rt.model.tokenizer.tokenize(text, add_special=False, parse_special=False)
+    return f"<[{ids[0]}]>" if len(ids) == 1 and len(plain) > 1 else json.dumps(text)
+
+
+def _compiled(rt: ModelRuntime, lark: str) -> str:
+    try:
+        return rt.compile_constraint("lark", lark)
+    except ConstraintError as exc:
+        raise ApiError(400, f"tools: the functions' schemas do not compile: {exc}",
+                       param="tools") from None
 
 
 def with_lazy_calls(rt: ModelRuntime, gen: GenerationRequest, spec: ToolSpec
@@ -69,15 +113,10 @@ def with_lazy_calls(rt: ModelRuntime, gen: GenerationRequest, spec: ToolSpec
     free text, and a call once opened held to an offered function's schema. Unchanged
     where the answer already has a constraint (``response_format``) or the family writes
     another syntax (those calls are read, not constrained). Blocking (compiles)."""
-    source = rt.model.chat_template or ""
-    hermes = not knows_tools(rt) or ("<tool_call>" in source and "<function=" not in source)
+    hermes = not knows_tools(rt) or call_syntax(rt) == "hermes"
     if spec.choice != "auto" or gen.grammar is not None or not hermes:
         return gen
     special = len(rt.model.tokenizer.tokenize("<tool_call>", add_special=False,
                                               parse_special=True)) == 1
-    try:
-        grammar = rt.compile_constraint("lark", lazy_call_grammar(spec, special_open=special))
-    except ConstraintError as exc:
-        raise ApiError(400, f"tools: the functions' schemas do not compile: {exc}",
-                       param="tools") from None
-    return attrs.evolve(gen, grammar=grammar)
+    return attrs.evolve(gen, grammar=_compiled(
+        rt, lazy_call_grammar(spec, special_open=special)))

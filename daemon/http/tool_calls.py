@@ -29,7 +29,8 @@ from meshd.protocol import messages as wire
 from ..constraint import JSON_DEFAULTS
 from .tool_syntax import read_calls
 
-__all__ = ["ToolError", "ToolSpec", "answer_calls", "join_parts", "lazy_call_grammar",
+__all__ = ["FORCED_SYNTAXES", "ToolError", "ToolSpec", "answer_calls", "forced_call_grammar",
+           "join_parts", "lazy_call_grammar",
            "offer_tools", "parse_tools", "past_calls", "template_messages", "tool_constraint"]
 
 MAX_TOOLS: Final = 128
@@ -185,17 +186,48 @@ def offer_tools(messages: Sequence[Mapping[str, Any]], spec: ToolSpec) -> list[d
 
 def tool_constraint(spec: ToolSpec) -> wire.Constraint | None:
     """For ``required`` or a named function: the answer is calls only, each call's
-    arguments held to its function's schema (a Lark grammar with JSON-schema rules)."""
+    arguments held to its function's schema (a Lark grammar with JSON-schema rules), in
+    the Hermes syntax the generic offer teaches."""
     if spec.choice == "auto":
         return None
+    return wire.Constraint(kind="lark", grammar=forced_call_grammar(spec, "hermes"))
+
+
+#: The call syntaxes a forced call can be held to (:func:`forced_call_grammar`).
+FORCED_SYNTAXES: Final = ("hermes", "llama", "mistral_args", "mistral_list")
+
+
+def forced_call_grammar(spec: ToolSpec, syntax: str, *, opener: str = '"[TOOL_CALLS]"'
+                        ) -> str:
+    """The Lark grammar of an answer that is only calls (``required`` or a named
+    function) in ``syntax``, one of :data:`FORCED_SYNTAXES`: Hermes'
+    ``<tool_call>{...}</tool_call>``, Llama 3.x's bare ``{"name", "parameters"}`` (several
+    joined by ``; ``), Mistral's ``[TOOL_CALLS]NAME[ARGS]{...}`` or its
+    ``[TOOL_CALLS][{"name", "arguments"}, ...]``. ``opener``: how the grammar writes
+    ``[TOOL_CALLS]`` (a literal, or the vocabulary's special token ``<[ID]>``). Parallel
+    calls: at most one per function (a small model would repeat a call until
+    ``max_tokens`` otherwise)."""
     wanted = [f for f in spec.functions if spec.choice == "required" or f[0] == spec.named]
-    # Parallel calls: at most one per function (a small model would repeat a call
-    # until max_tokens otherwise).
-    most = len(wanted) if spec.parallel and spec.choice == "required" else 1
-    grammar = (f'start: call{{1,{most}}}\n'
-               'call: "<tool_call>\\n" body "\\n</tool_call>" "\\n"?\n'
-               f"body: %json {json.dumps(_call_schema(wanted))}\n")
-    return wire.Constraint(kind="lark", grammar=grammar)
+    more = (len(wanted) if spec.parallel and spec.choice == "required" else 1) - 1
+    if syntax == "hermes":
+        return (f'start: call{{1,{more + 1}}}\n'
+                'call: "<tool_call>\\n" body "\\n</tool_call>" "\\n"?\n'
+                f"body: %json {json.dumps(_call_schema(wanted))}\n")
+    if syntax == "llama":
+        return (f'start: body{_up_to(more, "; ")}\n'
+                f'body: %json {json.dumps(_call_schema(wanted, "parameters"))}\n')
+    if syntax == "mistral_list":
+        return (f'start: {opener} "[" body{_up_to(more, ", ")} "]"\n'
+                f"body: %json {json.dumps(_call_schema(wanted))}\n")
+    if syntax != "mistral_args":
+        raise ValueError(f"no forced grammar for the {syntax!r} syntax")
+    calls = " | ".join(f"call{i}" for i in range(len(wanted)))
+    lines = [f"start: call{{1,{more + 1}}}", f"call: {calls}"]
+    for i, (name, _, schema) in enumerate(wanted):
+        body = {**schema, "x-guidance": dict(JSON_DEFAULTS)}
+        lines += [f'call{i}: {opener} {json.dumps(name + "[ARGS]")} args{i}',
+                  f"args{i}: %json {json.dumps(body)}"]
+    return "\n".join(lines) + "\n"
 
 
 def lazy_call_grammar(spec: ToolSpec, *, special_open: bool) -> str:
@@ -215,11 +247,18 @@ def lazy_call_grammar(spec: ToolSpec, *, special_open: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _call_schema(functions: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
-    """One call's JSON: the name of one of ``functions`` and its arguments."""
+def _up_to(more: int, separator: str) -> str:
+    """Lark for at most ``more`` further bodies, each after ``separator``."""
+    return f" ({json.dumps(separator)} body){{0,{more}}}" if more else ""
+
+
+def _call_schema(functions: Sequence[tuple[str, str, dict[str, Any]]],
+                 arguments: str = "arguments") -> dict[str, Any]:
+    """One call's JSON: the name of one of ``functions`` and its ``arguments`` (as the
+    syntax names that key)."""
     alternatives = [{"type": "object", "properties": {
-        "name": {"const": name}, "arguments": schema},
-        "required": ["name", "arguments"], "additionalProperties": False}
+        "name": {"const": name}, arguments: schema},
+        "required": ["name", arguments], "additionalProperties": False}
         for name, _, schema in functions]
     call: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
     return {**call, "x-guidance": dict(JSON_DEFAULTS)}

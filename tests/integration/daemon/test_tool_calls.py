@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import jsonschema
 import pytest
 
+from meshd.daemon.http.template_tools import call_syntax
 from meshd.daemon.http.tool_calls import ToolSpec, answer_calls, tool_constraint
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.testing import testmodels
@@ -40,6 +42,7 @@ TOOLS = [
             "required": ["restaurant", "people", "when"], "additionalProperties": False}}},
 ]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+DATA = Path(__file__).parent.parent / "data"
 ASK = [{"role": "user", "content": "Book a table for four at Luigi's on Friday at 8pm, "
                                    "then tell me the weather in Rome."}]
 
@@ -152,6 +155,41 @@ async def test_with_auto_a_call_the_model_opens_is_held_to_its_schema(
         assert opened >= 2
         await wait_idle(server)
         assert_no_leaks(server)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize(("template", "syntax", "offer"), [
+    ("llama-3.1.jinja", "llama", "Respond in the format"),
+    ("mistral-small-3.2.jinja", "mistral_args", "[AVAILABLE_TOOLS]"),
+    ("qwen3.5.jinja", "xml", "You may call one or more functions"),  # the generic offer
+])
+async def test_a_forced_call_is_written_in_the_templates_own_syntax(
+        template: str, syntax: str, offer: str) -> None:
+    """With a template that teaches tools, a forced call is offered by the template and
+    held to the syntax it teaches (Qwen 3.5's XML falls back to the generic Hermes
+    offer); every call parses and validates, and the text is that syntax's."""
+    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=2048, n_seq_max=1, calibrate=False, threads=1,
+                                    chat_template_file=str(DATA / template)))
+    try:
+        assert call_syntax(rt) == syntax
+        async with http_daemon(rt) as (server, _path, http):
+            for choice in ("required", {"type": "function", "function": {"name": "book_table"}}):
+                answer = (await http.post("/v1/chat/completions", json={
+                    "messages": ASK, "tools": TOOLS, "tool_choice": choice,
+                    "max_tokens": 160, "temperature": 0, "verbose": True})).json()
+                c = answer["choices"][0]
+                assert c["finish_reason"] == "tool_calls", c
+                _valid(c["message"]["tool_calls"])
+                prompt = answer["__verbose"]["prompt"]
+                assert offer in prompt
+                text = answer["__verbose"]["content"]
+                assert text.startswith({"llama": '{"name": ', "mistral_args": "[TOOL_CALLS]",
+                                        "xml": "<tool_call>"}[syntax]), text
+            await wait_idle(server)
+            assert_no_leaks(server)
+    finally:
+        rt.close()
 
 
 def test_forced_calls_hold_on_a_synthetic_qwen35() -> None:

@@ -352,9 +352,9 @@ def _stop(value: object) -> tuple[str, ...]:
 
 def _max_tokens(body: Mapping[str, Any]) -> tuple[int | None, str]:
     """The limit and the field that set it (named in errors about it)."""
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in ("n_predict", "max_completion_tokens", "max_tokens"):  # (llama-server's first)
         value = body.get(key)
-        if value is None:
+        if value is None or (key == "n_predict" and value == -1):  # (-1: no limit of its own)
             continue
         if not is_int(value) or value < 1:
             raise bad_field(key, f"must be a positive integer (got {value!r})")

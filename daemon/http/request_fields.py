@@ -36,7 +36,7 @@ _LLAMA_SERVED: Final = frozenset({
 })
 _HANDLED: Final = frozenset({
     "model", "stream", "stream_options", "seed", "top_k", "top_p", "temperature", "stop",
-    "speculative", "max_tokens", "max_completion_tokens", "n", "response_format",
+    "speculative", "max_tokens", "max_completion_tokens", "n_predict", "n", "response_format",
     "json_schema", "grammar", "presence_penalty", "frequency_penalty", "repeat_penalty",
     "repeat_last_n", "min_p", "typical_p", "logit_bias", "logprobs", "top_logprobs",
     "tools", "tool_choice", "parallel_tool_calls", "prediction", "keep_alive",

@@ -94,6 +94,22 @@ def test_llama_server_fields_pass_or_are_refused_by_name() -> None:
         assert caught.value.param == param, extra
 
 
+def test_n_predict_sets_the_limit_as_on_llama_server() -> None:
+    """llama-server's ``n_predict`` on OpenAI's endpoints: it wins over ``max_tokens``,
+    and -1 leaves the limit to ``max_tokens`` (or the server's default)."""
+    def limit(**fields: Any) -> int | None:
+        body = json.dumps({"prompt": "x", **fields}).encode()
+        return parse_request(body, chat=False).generate.max_tokens
+
+    assert limit(n_predict=7) == 7
+    assert limit(n_predict=7, max_tokens=3) == 7
+    assert limit(n_predict=-1, max_tokens=3) == 3
+    assert limit(n_predict=-1) is None
+    with pytest.raises(ApiError) as caught:
+        limit(n_predict=0)
+    assert caught.value.param == "n_predict"
+
+
 def test_a_message_that_is_not_a_message_is_named() -> None:
     for messages, param in (([{}], "messages[0]"),
                             ([{"role": "system", "content": "test"}, {}], "messages[1]"),

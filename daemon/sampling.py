@@ -152,28 +152,9 @@ class Sampler:
 
     def sample(self, logits: FloatArray) -> int:
         """One token from one logits row (one RNG draw unless greedy)."""
-        p = self.params
-        if p.greedy:
+        if self.params.greedy:
             return int(np.argmax(logits))
-        x = np.asarray(logits, dtype=np.float64) / p.temperature
-        if p.top_k and p.top_k < x.shape[0]:
-            idx = np.argpartition(-x, p.top_k - 1)[: p.top_k]
-        else:
-            idx = np.arange(x.shape[0])
-        # Sort candidates by logit (ties by id) so the CDF order is deterministic.
-        order = np.lexsort((idx, -x[idx]))
-        idx = idx[order]
-        z = x[idx] - x[idx[0]]
-        probs = np.exp(z)
-        probs /= probs.sum()
-        if p.top_p < 1.0:
-            cut = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
-            idx, probs = idx[:cut], probs[:cut] / probs[:cut].sum()
-        if p.typical_p < 1.0:
-            idx, probs = _typical(idx, probs, p.typical_p)
-        if p.min_p > 0.0:
-            keep = probs >= p.min_p * probs[0]  # sorted: the first is the most likely
-            idx, probs = idx[keep], probs[keep] / probs[keep].sum()
+        idx, probs = candidates(logits, self.params)
         u = self._rng.random()
         self.draws += 1
         pos = int(np.searchsorted(np.cumsum(probs), u, side="right"))
@@ -210,6 +191,36 @@ class Sampler:
             if constraint is not None:
                 constraint.advance(tok)
         return out
+
+
+def candidates(row: FloatArray, params: SamplingParams
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The tokens a sampled row draws from (``-inf``: out of the running) and their
+    probabilities, most likely first, by llama.cpp's default chain: top-k, typical-p,
+    top-p and min-p on the model's own distribution, then the temperature over what is
+    left (so a temperature changes how the kept tokens are weighed, never which)."""
+    x = np.asarray(row, dtype=np.float64)
+    idx = np.flatnonzero(np.isfinite(x))
+    if params.top_k and params.top_k < idx.shape[0]:
+        idx = idx[np.argpartition(-x[idx], params.top_k - 1)[: params.top_k]]
+    # Sorted by logit (ties by id), so the CDF order is deterministic.
+    idx = idx[np.lexsort((idx, -x[idx]))]
+    probs = _softmax(x[idx])
+    if params.typical_p < 1.0:
+        idx, probs = _typical(idx, probs, params.typical_p)
+    if params.top_p < 1.0:
+        cut = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1)
+        idx, probs = idx[:cut], probs[:cut]
+    if params.min_p > 0.0:
+        keep = probs >= params.min_p * probs[0]  # sorted: the first is the most likely
+        idx = idx[keep]
+    return idx, _softmax(x[idx] / params.temperature)
+
+
+def _softmax(z: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    e = np.exp(z - z.max())
+    out: npt.NDArray[np.float64] = e / e.sum()
+    return out
 
 
 def _typical(idx: npt.NDArray[np.int64], probs: npt.NDArray[np.float64], mass: float

@@ -6,7 +6,8 @@ of what a generation came to, testable without a model. Token texts follow llama
 a piece's ``token`` is its text with an unfinished UTF-8 character at its end left out
 (``bytes`` has it whole), special tokens are shown as they are in ``content`` (not at
 all). Post-sampling probabilities (``post_sampling_probs``) are meshd's own sampler's:
-its chain (bias and penalties, temperature, top-k, top-p, typical, min-p) run over the
+its chain (bias and penalties, then llama.cpp's order: top-k, typical, top-p, min-p,
+temperature: :func:`~meshd.daemon.sampling.candidates`) run over the
 most likely tokens the engine reported, which is exact whenever top-k keeps no more
 tokens than were reported.
 """
@@ -19,19 +20,18 @@ from typing import Any, Final
 
 import attrs
 import numpy as np
-import numpy.typing as npt
 
 from ..generation_stats import GenerationStats
 from ..logprobs import TokenLogprob
-from ..sampling import Sampler, SamplingParams
+from ..sampling import Sampler, SamplingParams, candidates
 from .timings_format import live_timings, timings
 
 __all__ = ["NO_SEED", "SAMPLERS", "Outcome", "Settings", "final_body", "partial_body",
-           "pick_fields", "probabilities", "sampled_distribution"]
+           "pick_fields", "probabilities"]
 
 NO_SEED: Final = 0xFFFFFFFF
 """llama-server's seed of a request that asked for none (``LLAMA_DEFAULT_SEED``)."""
-SAMPLERS: Final = ("penalties", "temperature", "top_k", "top_p", "typ_p", "min_p")
+SAMPLERS: Final = ("penalties", "top_k", "typ_p", "top_p", "min_p", "temperature")
 """meshd's sampler chain, in llama-server's names (``logit_bias`` applies first)."""
 
 Piece = Callable[[int], bytes]
@@ -132,35 +132,6 @@ def _token(token: int, piece: Piece, key: str, value: float) -> dict[str, Any]:
     return {"id": token, "token": _text(raw), "bytes": list(raw), key: value}
 
 
-def sampled_distribution(row: npt.NDArray[np.float32], params: SamplingParams
-                         ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """The tokens meshd's sampler draws from in ``row`` (adjusted logits; ``-inf`` for
-    tokens out of the running) and their probabilities, most likely first: the steps of
-    :meth:`Sampler.sample` (temperature, top-k, top-p, typical, min-p) without the draw."""
-    finite = np.flatnonzero(np.isfinite(row))
-    x = np.asarray(row, dtype=np.float64) / params.temperature
-    idx = finite
-    if params.top_k and params.top_k < idx.shape[0]:
-        idx = idx[np.argpartition(-x[idx], params.top_k - 1)[: params.top_k]]
-    idx = idx[np.lexsort((idx, -x[idx]))]
-    probs = np.exp(x[idx] - x[idx[0]])
-    probs /= probs.sum()
-    if params.top_p < 1.0:
-        cut = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1)
-        idx, probs = idx[:cut], probs[:cut] / probs[:cut].sum()
-    if params.typical_p < 1.0:
-        logp = np.log(np.maximum(probs, 1e-300))
-        entropy = -float(np.sum(probs * logp))
-        order = np.argsort(np.abs(-logp - entropy), kind="stable")
-        cut = int(np.searchsorted(np.cumsum(probs[order]), params.typical_p) + 1)
-        chosen = np.sort(order[:cut])
-        idx, probs = idx[chosen], probs[chosen] / probs[chosen].sum()
-    if params.min_p > 0.0:
-        keep = probs >= params.min_p * probs[0]
-        idx, probs = idx[keep], probs[keep] / probs[keep].sum()
-    return idx, probs
-
-
 def _post_sampling(lp: TokenLogprob, sampler: Sampler, history: Sequence[int], n_vocab: int,
                    n_probs: int) -> tuple[float, list[tuple[int, float]]]:
     """The chosen token's probability under the sampler chain, and the ``n_probs`` most
@@ -174,7 +145,7 @@ def _post_sampling(lp: TokenLogprob, sampler: Sampler, history: Sequence[int], n
     row = sampler.adjusted(row, history)
     if not np.isfinite(row).any():
         return 1.0, [(lp.token, 1.0)][:n_probs]
-    idx, probs = sampled_distribution(row, sampler.params)
+    idx, probs = candidates(row, sampler.params)
     where = np.flatnonzero(idx == lp.token)
     if where.size:
         chosen = float(probs[where[0]])

@@ -116,7 +116,7 @@ def with_lazy_calls(rt: ModelRuntime, gen: GenerationRequest, spec: ToolSpec
     hermes = not knows_tools(rt) or call_syntax(rt) == "hermes"
     if spec.choice != "auto" or gen.grammar is not None or not hermes:
         return gen
-    special = len(rt.model.tokenizer.tokenize("<tool_call>", add_special=False,
-                                              parse_special=True)) == 1
+    opener = _token_or_text(rt, "<tool_call>")
+    special = opener if opener.startswith("<[") else None
     return attrs.evolve(gen, grammar=_compiled(
         rt, lazy_call_grammar(spec, special_open=special)))

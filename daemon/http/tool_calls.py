@@ -230,9 +230,10 @@ def forced_call_grammar(spec: ToolSpec, syntax: str, *, opener: str = '"[TOOL_CA
     return "\n".join(lines) + "\n"
 
 
-def lazy_call_grammar(spec: ToolSpec, *, special_open: bool) -> str:
+def lazy_call_grammar(spec: ToolSpec, *, special_open: str | None) -> str:
     """For ``auto``: free text until the model opens a call (writes ``<tool_call>``, or
-    emits that special token where the vocabulary has one: ``special_open``); from there
+    emits that special token where the vocabulary has one: ``special_open``, its Lark
+    reference ``<[ID]>``); from there
     the call is held to an offered function's schema and closed. llguidance's lazy
     lexeme ends the text at the opening, so the constraint starts where a call does, as
     llama-server's lazy grammars start at their trigger."""
@@ -241,7 +242,7 @@ def lazy_call_grammar(spec: ToolSpec, *, special_open: bool) -> str:
              f"start: call{'*' if spec.parallel else '?'} TEXT",
              r"TEXT: /(.|\n)*/",
              'open_text[lazy]: TEXT "<tool_call>"',
-             *(["open_special: TEXT <tool_call>"] if special_open else []),
+             *([f"open_special: TEXT {special_open}"] if special_open else []),
              f'call: ({opens}) "\\n" body "\\n</tool_call>"',
              f"body: %json {json.dumps(_call_schema(spec.functions))}"]
     return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 function every call parses and validates against its function's schema (unseen, nested
 schemas, on the default model and on a synthetic qwen35); streaming sends OpenAI's
 ``delta.tool_calls``; a call cut by ``max_tokens`` stays in the content; a conversation
-with earlier calls and tool results is accepted."""
+with earlier calls and tool results is accepted; the native protocol serves the same."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from meshd.daemon.http.template_tools import call_syntax
 from meshd.daemon.http.tool_calls import ToolSpec, answer_calls, tool_constraint
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.protocol import BadRequest, ChatMessage, Client, Constraint, ToolCall, ToolFunction
 from meshd.testing import testmodels
 
 from .daemon_helpers import assert_no_leaks, wait_idle
@@ -190,6 +191,59 @@ async def test_a_forced_call_is_written_in_the_templates_own_syntax(
             assert_no_leaks(server)
     finally:
         rt.close()
+
+
+FUNCTIONS = [ToolFunction(name=t["function"]["name"], description=t["function"]["description"],
+                          parameters=t["function"]["parameters"]) for t in TOOLS]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_native_protocol_serves_tools_as_http_does(smol: ModelRuntime) -> None:
+    """A ``generate`` with ``tools`` (protocol 4) gets the prompt, constraint and calls the
+    same conversation gets over HTTP; ``done`` carries the calls."""
+    async with http_daemon(smol) as (server, path, http):
+        async with Client.connect(path) as native:
+            for choice, name in (("required", None), ("required", "get_weather")):
+                got = await native.generate(messages=ASK, tools=FUNCTIONS, tool_choice=choice,
+                                            tool_name=name, max_tokens=200,
+                                            temperature=0).collect()
+                calls = got.done.tool_calls
+                assert calls, got.text
+                for call in calls:
+                    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+                if name is not None:
+                    assert {c.name for c in calls} == {name}
+                over_http = (await http.post("/v1/chat/completions", json={
+                    "messages": ASK, "tools": TOOLS, "max_tokens": 200, "temperature": 0,
+                    "tool_choice": choice if name is None else {
+                        "type": "function", "function": {"name": name}}})).json()
+                assert [(c.name, c.arguments) for c in calls] == [
+                    (c["function"]["name"], c["function"]["arguments"])
+                    for c in over_http["choices"][0]["message"]["tool_calls"]]
+            # Earlier calls and their results in the history; auto answers text or calls.
+            history = [ChatMessage(role="user", content=ASK[0]["content"]),
+                       ChatMessage(role="assistant", content="", tool_calls=(ToolCall(
+                           id="call_1", name="get_weather",
+                           arguments='{"city": "Rome", "unit": "celsius"}'),)),
+                       ChatMessage(role="tool", content='{"temp": 21}', tool_call_id="call_1")]
+            after = await native.generate(messages=history, tools=FUNCTIONS, max_tokens=30,
+                                          temperature=0).collect()
+            assert after.done.tool_calls is not None
+            for call in after.done.tool_calls:
+                jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+            plain = await native.generate(messages=ASK, max_tokens=4, temperature=0).collect()
+            assert plain.done.tool_calls is None
+            with pytest.raises(BadRequest, match="tool_name"):
+                await native.generate(messages=ASK, tools=FUNCTIONS, tool_choice="required",
+                                      tool_name="nope").collect()
+            with pytest.raises(BadRequest, match="tools"):
+                await native.generate("Hi", tools=FUNCTIONS).collect()
+            with pytest.raises(BadRequest, match="tool_choice"):
+                await native.generate(messages=ASK, tools=FUNCTIONS, tool_choice="required",
+                                      constraint=Constraint(kind="json_object")).collect()
+        await wait_idle(server)
+        assert_no_leaks(server)
 
 
 def test_forced_calls_hold_on_a_synthetic_qwen35() -> None:

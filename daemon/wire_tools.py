@@ -39,14 +39,12 @@ class WireTools:
 
     spec: ToolSpec
     #: The conversation as templates read it (for the template's own offer).
-    conversation: tuple[dict[str, Any], ...] | None
+    conversation: tuple[dict[str, Any], ...]
 
     def adjust(self, runtime: Callable[[], ModelRuntime]
-               ) -> Callable[[GenerationRequest], GenerationRequest] | None:
+               ) -> Callable[[GenerationRequest], GenerationRequest]:
         """The engine request's change once the model is held: the template's own offer
         (and the forced call's grammar in its syntax), or the lazy constraint. Blocking."""
-        if self.conversation is None:
-            return None
         conversation, spec = self.conversation, self.spec
 
         def adjusted(gen: GenerationRequest) -> GenerationRequest:

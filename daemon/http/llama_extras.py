@@ -25,14 +25,8 @@ from ..service import Service
 from .identity import build_info
 from .openai_api import JSON, ApiError, json_bytes, json_object, parse_messages
 from .responder import Responder
-from .template_tools import call_syntax, knows_tools, template_tools
-from .tool_calls import (
-    FORCED_SYNTAXES,
-    ToolError,
-    offer_tools,
-    parse_tools,
-    template_messages,
-)
+from .template_tools import offers_itself, template_tools
+from .tool_calls import ToolError, offer_tools, parse_tools, template_messages
 
 __all__ = ["apply_template", "detokenize", "props", "tokenize"]
 
@@ -129,8 +123,7 @@ async def apply_template(service: Service, raw: bytes, out: Responder) -> None:
             if rt.model.chat_template is None:
                 raise ApiError(400, "this model has no chat template", param="messages")
             offered: dict[str, Any] = {}
-            if tools is not None and knows_tools(rt) and (  # as a chat request offers them
-                    tools.choice == "auto" or call_syntax(rt) in FORCED_SYNTAXES):
+            if tools is not None and offers_itself(rt, tools):  # as a chat request does
                 messages = template_messages(body["messages"])
                 offered["tools"] = template_tools(tools)
             elif tools is not None:

@@ -31,7 +31,7 @@ from ..scheduler import GenerationRequest
 from .openai_api import ApiError
 from .tool_calls import FORCED_SYNTAXES, ToolSpec, forced_call_grammar, lazy_call_grammar
 
-__all__ = ["call_syntax", "knows_tools", "template_tools", "with_lazy_calls",
+__all__ = ["call_syntax", "knows_tools", "offers_itself", "template_tools", "with_lazy_calls",
            "with_template_tools"]
 
 
@@ -63,6 +63,12 @@ def call_syntax(rt: ModelRuntime) -> str | None:
     return "hermes" if "<tool_call>" in source else None
 
 
+def offers_itself(rt: ModelRuntime, spec: ToolSpec) -> bool:
+    """Whether the model's template offers ``spec``'s tools (else the generic offer): it
+    takes tools, and a forced call's syntax is one a grammar here writes."""
+    return knows_tools(rt) and (spec.choice == "auto" or call_syntax(rt) in FORCED_SYNTAXES)
+
+
 def with_template_tools(rt: ModelRuntime, gen: GenerationRequest,
                         messages: Sequence[Mapping[str, Any]], spec: ToolSpec
                         ) -> GenerationRequest:
@@ -72,9 +78,7 @@ def with_template_tools(rt: ModelRuntime, gen: GenerationRequest,
     tools, or a forced call's syntax has no grammar here (Qwen 3.5's XML: the generic
     offer and its Hermes grammar stay). Blocking; raises ModelError for a prompt over the
     context and ApiError (400) when the template refuses the conversation."""
-    syntax = call_syntax(rt)
-    forced = spec.choice != "auto"
-    if not knows_tools(rt) or (forced and syntax not in FORCED_SYNTAXES):
+    if not offers_itself(rt, spec):
         return gen
     try:
         text = rt.render_chat(messages, tools=template_tools(spec))
@@ -84,7 +88,8 @@ def with_template_tools(rt: ModelRuntime, gen: GenerationRequest,
     except RequestError as exc:
         raise ApiError(400, f"messages: {exc}", param="messages") from None
     gen = attrs.evolve(gen, prompt=tuple(ids))
-    if not forced or syntax is None:  # (syntax is known when forced)
+    syntax = call_syntax(rt)
+    if spec.choice == "auto" or syntax is None:  # (a forced call's syntax is known)
         return gen
     opener = _token_or_text(rt, "[TOOL_CALLS]")
     return attrs.evolve(gen, grammar=_compiled(

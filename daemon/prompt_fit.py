@@ -30,8 +30,8 @@ def prompt_tokens(runtime: ModelRuntime, text: str, *, chat: bool) -> list[int]:
             raise PromptTooLong(
                 f"prompt of {n_bytes} bytes does not fit the context of {n_ctx} tokens per "
                 f"session (--ctx): a token of this model stands for at most {piece} bytes, "
-                f"so a prompt has at most {most * piece} bytes")
+                f"so a prompt has at most {most * piece} bytes", n_ctx=n_ctx)
     try:
         return runtime.tokenize_prompt(text, chat=chat, limit=most)
     except TooManyTokens as exc:
-        raise PromptTooLong(runtime.prompt_too_long(exc.n_tokens)) from None
+        raise runtime.prompt_too_long(exc.n_tokens) from None

@@ -12,7 +12,14 @@ class RequestError(ValueError):
 
 class PromptTooLong(RequestError):
     """The prompt does not fit the context (the daemon answers ``model_error``; ``meshd
-    generate`` exits 3 like meshctl)."""
+    generate`` exits 3 like meshctl). ``n_prompt``: the prompt's tokens where they were
+    counted (a prompt refused by its byte length is not tokenized); ``n_ctx``: the
+    context per sequence."""
+
+    def __init__(self, message: str, *, n_prompt: int | None = None, n_ctx: int) -> None:
+        super().__init__(message)
+        self.n_prompt = n_prompt
+        self.n_ctx = n_ctx
 
 
 def too_long_message(n_prompt: int, n_ctx: int, n_train: int | None) -> str:

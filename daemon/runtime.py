@@ -351,9 +351,11 @@ class ModelRuntime:
         except ChatTemplateError as exc:
             raise RequestError(str(exc)) from exc
 
-    def prompt_too_long(self, n_prompt: int) -> str:
-        return too_long_message(n_prompt, self.context.config.n_ctx_seq,
-                                self.model.info.n_ctx_train)
+    def prompt_too_long(self, n_prompt: int) -> PromptTooLong:
+        """The error for a prompt of ``n_prompt`` tokens over the context."""
+        n_ctx = self.context.config.n_ctx_seq
+        return PromptTooLong(too_long_message(n_prompt, n_ctx, self.model.info.n_ctx_train),
+                             n_prompt=n_prompt, n_ctx=n_ctx)
 
     def tokenize_prompt(self, text: str, *, chat: bool, limit: int | None = None) -> list[int]:
         return self.model.tokenizer.tokenize(text, add_special=not chat, parse_special=chat,
@@ -508,7 +510,7 @@ class ModelRuntime:
             raise RequestError("the prompt is empty")
         need = len(prompt) + 1
         if need > self.context.config.n_ctx_seq:
-            raise PromptTooLong(self.prompt_too_long(len(prompt)))
+            raise self.prompt_too_long(len(prompt))
         k = self.config.draft_max if draft_max is None else min(draft_max, self.config.draft_max)
         self.apply_rollback_depth()  # before anything binds to the context
         resolved = self.resolve_proposer(proposer)

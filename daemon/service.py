@@ -465,7 +465,8 @@ class Service:
         if not prompt:
             raise BadRequest("generate.prompt: tokenizes to no tokens", request_id=rid)
         if len(prompt) + 1 > n_ctx:
-            raise ModelError(rt.prompt_too_long(len(prompt)), request_id=rid)
+            too_long = rt.prompt_too_long(len(prompt))
+            raise ModelError(str(too_long), request_id=rid) from too_long
         options = request.speculative.options
         if request.prediction and proposer in (None, "auto"):
             # Predicted Outputs: drafted from by the prediction proposer (a request

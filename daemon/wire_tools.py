@@ -17,7 +17,7 @@ import attrs
 from meshd.protocol import BadRequest, ChatMessage, Generate, ToolCall
 from meshd.protocol import messages as wire
 
-from .http.openai_api import ApiError
+from .http.api_errors import ApiError
 from .http.template_tools import with_lazy_calls, with_template_tools
 from .http.tool_calls import (
     ToolSpec,

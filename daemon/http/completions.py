@@ -29,17 +29,13 @@ from ..runtime import ModelRuntime
 from ..scheduler import Finished, GenerationFailed, GenerationHandle, GenerationRequest
 from ..service import InFlightGeneration, Service
 from . import sse
+from .api_errors import JSON, ApiError, context_exceeded, error_body, json_bytes
 from .identity import system_fingerprint
 from .logprobs_format import logprobs_block
 from .openai_api import (
-    JSON,
-    ApiError,
     CompletionRequest,
     chunk,
     completion_response,
-    context_exceeded,
-    error_body,
-    json_bytes,
     meshd_block,
     object_name,
     tool_answer,
@@ -135,8 +131,7 @@ async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
             changes = ids or adjust is not None or req.template_messages is not None
             gen = await service.start(asked, entry, adjust=adjusted if changes else None)
         except ModelError as exc:  # (prepare raises it for a prompt over the context only)
-            raise context_exceeded(exc.message, "messages" if req.chat else "prompt") \
-                from None
+            raise context_exceeded(exc, "messages" if req.chat else "prompt") from None
         except ProtocolError as exc:
             raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param,
                                          constraint_param=req.constraint_param) from None
@@ -179,7 +174,8 @@ def _with_prompt_ids(rt: ModelRuntime, gen: GenerationRequest, ids: tuple[int, .
             raise ApiError(400, f"prompt[{i}]: must be a token id below the vocabulary "
                                 f"size {n_vocab} (got {token})", param="prompt")
     if len(ids) + 1 > rt.context.config.n_ctx_seq:
-        raise ModelError(rt.prompt_too_long(len(ids)))
+        too_long = rt.prompt_too_long(len(ids))
+        raise ModelError(str(too_long)) from too_long
     return attrs.evolve(gen, prompt=ids)
 
 

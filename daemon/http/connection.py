@@ -32,7 +32,7 @@ from meshd.protocol import FrameWriter, StreamReceiver
 from ..hangup import wait_hangup
 from ..service import Service
 from .access import authorized, cors_headers, preflight_headers
-from .openai_api import JSON, ApiError, error_body, json_bytes
+from .api_errors import JSON, error_body, json_bytes, unauthorized
 from .routes import Routes
 from .stream_sessions import StreamSessions
 
@@ -159,9 +159,8 @@ class HttpConnection:
         if self._tcp and not authorized(headers, self.config.api_key, path):
             self.service.counters["errors_forbidden"] += 1
             self.log.info("http_unauthorized", path=path)
-            await self.send(401, json_bytes(error_body(ApiError(
-                401, "a valid API key is required (Authorization: Bearer KEY)",
-                code="invalid_api_key"))), JSON, [("WWW-Authenticate", "Bearer")])
+            await self.send(401, json_bytes(error_body(unauthorized())), JSON,
+                            [("WWW-Authenticate", "Bearer")])
             return True
         return False
 

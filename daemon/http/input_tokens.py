@@ -17,15 +17,9 @@ import attrs
 from meshd.protocol import ModelError, ProtocolError
 
 from ..service import InFlightGeneration
+from .api_errors import JSON, ApiError, context_exceeded, json_bytes
 from .completions import served_name
-from .openai_api import (
-    JSON,
-    ApiError,
-    CompletionRequest,
-    context_exceeded,
-    json_bytes,
-    parse_request,
-)
+from .openai_api import CompletionRequest, parse_request
 from .responder import Responder, RouteContext
 from .responses_format import parse_responses_request
 from .template_tools import with_template_tools
@@ -62,8 +56,7 @@ async def _count(routes: RouteContext, req: CompletionRequest, out: Responder) -
                     with_template_tools, entry.model.runtime, gen, req.template_messages,
                     req.tools)
         except ModelError as exc:  # (a prompt over the context)
-            raise context_exceeded(exc.message, "messages" if req.chat else "prompt") \
-                from None
+            raise context_exceeded(exc, "messages" if req.chat else "prompt") from None
         except ProtocolError as exc:
             raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param,
                                          constraint_param=req.constraint_param) from None

@@ -38,6 +38,7 @@ from ..runtime import ModelRuntime
 from ..sampling import Sampler, SamplingParams
 from ..scheduler import Finished, GenerationFailed, GenerationHandle, GenerationRequest
 from . import sse
+from .api_errors import JSON, ApiError, bad_field, context_exceeded, error_body, json_bytes
 from .completions import (
     Started,
     finish_reason_of,
@@ -60,16 +61,7 @@ from .llama_completion_request import (
     Prompt,
     parse_llama_request,
 )
-from .openai_api import (
-    JSON,
-    ApiError,
-    CompletionRequest,
-    bad_field,
-    context_exceeded,
-    error_body,
-    json_bytes,
-    json_object,
-)
+from .openai_api import CompletionRequest, json_object
 from .responder import Responder, RouteContext
 from .timings_format import live_timings
 

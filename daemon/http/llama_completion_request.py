@@ -23,7 +23,8 @@ import attrs
 from meshd.protocol import BadRequest, Generate
 from meshd.protocol import messages as wire
 
-from .openai_api import TOKEN_PROMPT_PLACEHOLDER, ApiError, api_field, bad_field, is_int
+from .api_errors import ApiError, api_field, bad_field
+from .openai_api import TOKEN_PROMPT_PLACEHOLDER, is_int
 from .request_fields import keep_alive_seconds
 
 __all__ = ["MAX_CANDIDATES", "MAX_N_PROBS", "MAX_PROMPTS", "BiasKey", "LlamaRequest", "Prompt",

@@ -22,8 +22,9 @@ from meshd.native.tokenizer import TooManyTokens
 from ..request_errors import RequestError
 from ..runtime import ModelRuntime
 from ..service import Service
+from .api_errors import JSON, ApiError, json_bytes
 from .identity import build_info
-from .openai_api import JSON, ApiError, json_bytes, json_object, parse_messages
+from .openai_api import json_object, parse_messages
 from .responder import Responder
 from .template_tools import offers_itself, template_tools
 from .tool_calls import ToolError, offer_tools, parse_tools, template_messages

@@ -6,10 +6,9 @@ engine, and give the same tokens), and the engine's results become OpenAI's resp
 chunk and error objects, all testable without a socket (a response's id and ``created``
 time come from ``uuid4`` and the clock, the only inputs not passed in). Fields OpenAI
 clients commonly send and meshd ignores (``user``, ``presence_penalty`` of 0 ...) are
-accepted; fields that would change the answer in a way meshd cannot honour (``n`` > 1,
-``logprobs``) are refused with a 400 naming the field, never silently dropped (the table
-is :mod:`.request_fields`). Errors name fields as the request did (``max_tokens``, never
-the native ``generate.max_tokens``).
+accepted; fields that would change the answer in a way meshd cannot honour are refused
+with a 400 naming the field, never silently dropped (the table is
+:mod:`.request_fields`). Errors are :mod:`.api_errors`'.
 """
 
 from __future__ import annotations
@@ -29,12 +28,12 @@ from meshd.protocol import (
     BadRequest,
     ChatMessage,
     Generate,
-    ProtocolError,
 )
 from meshd.protocol import messages as wire
 
 from ..generation_stats import GenerationStats
 from ..mapping import speculation_stats
+from .api_errors import ApiError, api_field, bad_field
 from .logprobs_format import requested_logprobs
 from .output_format import FormatError, output_constraint
 from .request_fields import LlamaSwitches, check_continuation, check_fields, keep_alive_seconds
@@ -53,25 +52,17 @@ from .tool_calls import (
 
 __all__ = [
     "CHAT_ROLES",
-    "JSON",
     "TOKEN_PROMPT_PLACEHOLDER",
-    "ApiError",
     "CompletionRequest",
-    "api_field",
-    "bad_field",
     "chunk",
     "completion_response",
-    "context_exceeded",
-    "error_body",
     "is_int",
-    "json_bytes",
     "meshd_block",
     "parse_messages",
     "parse_request",
     "usage",
 ]
 
-JSON: Final = "application/json"
 #: Most choices (``n``) one request may ask for.
 MAX_CHOICES: Final = 8
 CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
@@ -80,74 +71,6 @@ chat templates predate it."""
 TOKEN_PROMPT_PLACEHOLDER: Final = " "
 """The ``generate.prompt`` of a request whose prompt is token ids: ``prepare`` checks
 the rest of the request on it, then the ids replace its tokens."""
-
-
-def json_bytes(payload: Any) -> bytes:
-    """A JSON body (UTF-8, non-ASCII text kept as is)."""
-    return json.dumps(payload, ensure_ascii=False).encode()
-
-
-class ApiError(Exception):
-    """An error answered with OpenAI's error object and an HTTP status."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str = "bad_request", kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.kind = kind
-
-    @classmethod
-    def from_protocol(cls, error: ProtocolError, *, before_generation: bool = True,
-                      max_tokens_param: str = "max_tokens",
-                      constraint_param: str = "response_format") -> ApiError:
-        """The HTTP form of a protocol error (before any token: a context overflow is the
-        request's fault, so ``model_error`` is a 400 there), its field named as in the
-        OpenAI request."""
-        code = error.code.value
-        status = {"bad_request": 400, "unsupported_version": 400, "too_large": 413,
-                  "busy": 503, "cancelled": 499, "internal": 500}.get(code, 500)
-        kind = "invalid_request_error"
-        if code == "model_error":
-            status = 400 if before_generation else 500
-        if code == "unknown_model":
-            return cls(404, error.message, param="model", code="model_not_found")
-        if status >= 500:
-            kind = "server_error"
-        message, param = error.message, None
-        if isinstance(error, BadRequest):
-            message, param = api_field(message, error.field, max_tokens_param,
-                                       constraint_param)
-        return cls(status, message, param=param, code=code, kind=kind)
-
-
-def api_field(message: str, field: str | None, max_tokens_param: str = "max_tokens",
-              constraint_param: str = "response_format") -> tuple[str, str | None]:
-    """A native error's message and field with the field named as the OpenAI request
-    names it: ``generate.max_tokens: ...`` becomes ``max_tokens: ...`` (or
-    ``max_completion_tokens`` when the request used that), ``generate.sampling.top_p``
-    becomes ``top_p``. A message that starts with a field path but carries no field
-    (``generate.prompt: tokenizes to no tokens``) gets one from that path."""
-    if field is None:
-        head, sep, _ = message.partition(": ")
-        if sep and head.startswith("generate.") and " " not in head:
-            field = head
-    if field is None:
-        return message, None
-    name = field.removeprefix("generate.").removeprefix("sampling.")
-    if name == "max_tokens":
-        name = max_tokens_param
-    elif name.split(".")[0] == "constraint":
-        name = constraint_param
-    return name + message.removeprefix(field), name
-
-
-def error_body(error: ApiError) -> dict[str, Any]:
-    """OpenAI's error shape."""
-    return {"error": {"message": error.message, "type": error.kind, "param": error.param,
-                      "code": error.code}}
 
 
 @attrs.frozen
@@ -179,17 +102,6 @@ class CompletionRequest:
     template_messages: tuple[dict[str, Any], ...] | None = None
     """The chat as the template reads it, for tools it offers itself (``auto`` only)."""
     """llama-server's answer switches (``timings_per_token``, ``verbose`` ...)."""
-
-
-def bad_field(param: str, detail: str) -> ApiError:
-    """A 400 naming the request field ``param`` and what is wrong with it."""
-    return ApiError(400, f"{param}: {detail}", param=param)
-
-
-def context_exceeded(message: str, param: str) -> ApiError:
-    """OpenAI's answer to a prompt over the context (``param``: its field), with
-    meshd's counts in ``message``."""
-    return ApiError(400, message, param=param, code="context_length_exceeded")
 
 
 def _from_protocol(exc: BadRequest) -> ApiError:

@@ -15,8 +15,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .api_errors import JSON, ApiError, json_bytes
 from .completions import serve_completion, served_name
-from .openai_api import JSON, ApiError, json_bytes
 from .responder import Responder, RouteContext
 from .responses_format import (
     ResponsesRequest,

@@ -21,7 +21,8 @@ import attrs
 
 from meshd.protocol import MAX_MESSAGES
 
-from .openai_api import ApiError, CompletionRequest, json_bytes, json_object, parse_request
+from .api_errors import ApiError, json_bytes
+from .openai_api import CompletionRequest, json_object, parse_request
 from .request_fields import LLAMA_SERVER_FIELDS
 from .tool_calls import MAX_TOOLS
 

@@ -29,10 +29,11 @@ from ..metrics import render_metrics
 from ..model_set import NoSuchModel, ServedModel
 from ..service import Service
 from . import llama_extras
+from .api_errors import JSON, ApiError, error_body, json_bytes
 from .completions import serve_completion, served_name
 from .input_tokens import chat_input_tokens, responses_input_tokens
 from .llama_completion import serve_llama_completion
-from .openai_api import JSON, ApiError, error_body, json_bytes, parse_request
+from .openai_api import parse_request
 from .responder import Responder
 from .responses import serve_response
 from .slots import slots

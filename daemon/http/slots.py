@@ -13,8 +13,8 @@ import urllib.parse
 from typing import Any
 
 from ..engine import Generation
+from .api_errors import JSON, ApiError, json_bytes
 from .completions import served_name
-from .openai_api import JSON, ApiError, json_bytes
 from .responder import Responder, RouteContext
 
 __all__ = ["slots", "slots_view"]

@@ -8,7 +8,7 @@ import json
 import urllib.parse
 from typing import Any
 
-from .openai_api import JSON, ApiError, json_bytes
+from .api_errors import JSON, ApiError, json_bytes
 from .responder import Responder
 from .stream_sessions import MAX_ID_LENGTH, MAX_SESSIONS, OffsetLost, StreamSessions
 

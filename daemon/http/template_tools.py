@@ -28,7 +28,7 @@ from ..prompt_fit import prompt_tokens
 from ..request_errors import PromptTooLong, RequestError
 from ..runtime import ModelRuntime
 from ..scheduler import GenerationRequest
-from .openai_api import ApiError
+from .api_errors import ApiError
 from .tool_calls import FORCED_SYNTAXES, ToolSpec, forced_call_grammar, lazy_call_grammar
 
 __all__ = ["call_syntax", "knows_tools", "offers_itself", "template_tools", "with_lazy_calls",
@@ -84,7 +84,7 @@ def with_template_tools(rt: ModelRuntime, gen: GenerationRequest,
         text = rt.render_chat(messages, tools=template_tools(spec))
         ids = prompt_tokens(rt, text, chat=True)
     except PromptTooLong as exc:
-        raise ModelError(str(exc)) from None
+        raise ModelError(str(exc)) from exc
     except RequestError as exc:
         raise ApiError(400, f"messages: {exc}", param="messages") from None
     gen = attrs.evolve(gen, prompt=tuple(ids))

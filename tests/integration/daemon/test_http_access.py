@@ -70,7 +70,8 @@ async def test_tcp_needs_the_key_and_unix_does_not(smol: ModelRuntime) -> None:
         async with httpx.AsyncClient(base_url=base, timeout=60) as tcp:
             r = await tcp.post("/v1/completions", json=BODY)
             assert r.status_code == 401
-            assert r.json()["error"]["code"] == "invalid_api_key"
+            err = r.json()["error"]
+            assert (err["code"], err["type"]) == ("invalid_api_key", "authentication_error")
             assert (await tcp.get("/health")).status_code == 200
             r = await tcp.post("/v1/completions", json=BODY,
                                headers={"Authorization": f"Bearer {KEY}",

@@ -175,7 +175,9 @@ async def test_prompt_arrays_on_completions(smol: ModelRuntime) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
         r = await http.post("/v1/completions", json={"prompt": [1] * 2000, "max_tokens": 2})
         assert r.status_code == 400
-        assert r.json()["error"]["code"] == "context_length_exceeded"
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded"
+        assert (err["n_prompt_tokens"], err["n_ctx"]) == (2000, smol.context.config.n_ctx_seq)
         await wait_idle(server)
         assert_no_leaks(server)
 
@@ -187,10 +189,20 @@ async def test_openai_error_codes_and_field_names(smol: ModelRuntime) -> None:
         assert r.status_code == 400
         assert (err["code"], err["param"]) == ("context_length_exceeded", "prompt")
         assert "does not fit the context" in err["message"]
+        # llama-server's type and counts beside OpenAI's code (its web UI reads them)
+        n_ctx = smol.context.config.n_ctx_seq
+        assert err["type"] == "exceed_context_size_error"
+        assert err["n_ctx"] == n_ctx and err["n_prompt_tokens"] > n_ctx, err
         r = await http.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "x " * 3000}]})
-        assert r.json()["error"]["code"] == "context_length_exceeded"
-        assert r.json()["error"]["param"] == "messages"
+            "messages": [{"role": "user", "content": "x " * 3000}], "stream": True})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == "context_length_exceeded"
+        assert err["param"] == "messages" and err["n_prompt_tokens"] > n_ctx, err
+        # a prompt refused by its length in bytes was never counted: no token count
+        r = await http.post("/v1/completions", json={"prompt": "x" * 400_000})
+        err = r.json()["error"]
+        assert (err["type"], err["n_ctx"]) == ("exceed_context_size_error", n_ctx)
+        assert "n_prompt_tokens" not in err and "bytes" in err["message"]
         for key in ("max_tokens", "max_completion_tokens"):
             r = await http.post("/v1/chat/completions", json={
                 "messages": MESSAGES, key: 100_000})

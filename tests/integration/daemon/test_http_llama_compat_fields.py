@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from meshd.daemon.http.api_errors import ApiError
 from meshd.daemon.http.config import HttpConfig
-from meshd.daemon.http.openai_api import ApiError, chunk, parse_request
+from meshd.daemon.http.openai_api import chunk, parse_request
 from meshd.daemon.http.responses import ResponseEvents
 from meshd.daemon.http.responses_format import parse_responses_request
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig

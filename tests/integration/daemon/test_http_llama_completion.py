@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from meshd.daemon.http.api_errors import ApiError
 from meshd.daemon.http.llama_completion_format import pick_fields
 from meshd.daemon.http.llama_completion_request import MAX_N_PROBS, parse_llama_request
-from meshd.daemon.http.openai_api import ApiError
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.server import Server
 

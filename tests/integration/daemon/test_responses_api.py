@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from meshd.daemon.http.openai_api import ApiError
+from meshd.daemon.http.api_errors import ApiError
 from meshd.daemon.http.responses import ResponseEvents
 from meshd.daemon.http.responses_format import parse_responses_request
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig

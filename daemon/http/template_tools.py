@@ -6,11 +6,11 @@ Why: a model answers best in the words it was trained on. Where the chat templat
 calls as structured ``tool_calls`` (arguments as objects, as llama.cpp gives them) and
 results as ``tool`` turns; the answer is read in whichever syntax the family writes
 (:mod:`.tool_syntax`), and a call the request forces (``required`` or a named function)
-is held by a grammar to the syntax the template teaches (Hermes, Llama 3.x, Mistral). A
-template that knows no tools, or teaches a syntax no forced grammar here writes (Qwen
-3.5's XML), gets the generic offer of :mod:`.tool_calls` and its Hermes grammar. With
-``auto``, a call in the Hermes syntax is held to its schema from where the model opens it
-(:func:`with_lazy_calls`).
+is held by a grammar to the syntax the template teaches (Hermes, Llama 3.x, Mistral,
+Qwen 3.5's XML, GLM's tags). A template that knows no tools, or teaches a syntax no
+forced grammar here writes, gets the generic offer of :mod:`.tool_calls` and its Hermes
+grammar. With ``auto``, a call in a syntax that opens with ``<tool_call>`` (Hermes, XML,
+GLM) is held to its schema from where the model opens it (:func:`with_lazy_calls`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,14 @@ from ..request_errors import PromptTooLong, RequestError
 from ..runtime import ModelRuntime
 from ..scheduler import GenerationRequest
 from .api_errors import ApiError
-from .tool_calls import FORCED_SYNTAXES, ToolSpec, forced_call_grammar, lazy_call_grammar
+from .tool_calls import (
+    FORCED_SYNTAXES,
+    LAZY_SYNTAXES,
+    ToolSpec,
+    forced_call_grammar,
+    lazy_call_grammar,
+    opener_of,
+)
 
 __all__ = ["call_syntax", "knows_tools", "offers_itself", "template_tools", "with_lazy_calls",
            "with_template_tools"]
@@ -60,6 +67,8 @@ def call_syntax(rt: ModelRuntime) -> str | None:
         return "llama"
     if "<function=" in source:
         return "xml"
+    if "<arg_key>" in source:
+        return "glm"
     return "hermes" if "<tool_call>" in source else None
 
 
@@ -75,8 +84,8 @@ def with_template_tools(rt: ModelRuntime, gen: GenerationRequest,
     """``gen`` prompted by the model's template with the tools in it; a forced call
     (``required`` or a named function) is then held to the syntax that template teaches
     (:func:`~.tool_calls.forced_call_grammar`). Unchanged where the template knows no
-    tools, or a forced call's syntax has no grammar here (Qwen 3.5's XML: the generic
-    offer and its Hermes grammar stay). Blocking; raises ModelError for a prompt over the
+    tools, or a forced call's syntax has no grammar here (the generic offer and its
+    Hermes grammar stay). Blocking; raises ModelError for a prompt over the
     context and ApiError (400) when the template refuses the conversation."""
     if not offers_itself(rt, spec):
         return gen
@@ -91,7 +100,7 @@ def with_template_tools(rt: ModelRuntime, gen: GenerationRequest,
     syntax = call_syntax(rt)
     if spec.choice == "auto" or syntax is None:  # (a forced call's syntax is known)
         return gen
-    opener = _token_or_text(rt, "[TOOL_CALLS]")
+    opener = _token_or_text(rt, opener_of(syntax))
     return attrs.evolve(gen, grammar=_compiled(
         rt, forced_call_grammar(spec, syntax, opener=opener)))
 
@@ -113,15 +122,16 @@ def _compiled(rt: ModelRuntime, lark: str) -> str:
 
 def with_lazy_calls(rt: ModelRuntime, gen: GenerationRequest, spec: ToolSpec
                     ) -> GenerationRequest:
-    """``gen`` under the lazy call constraint, for ``tool_choice: auto`` in the Hermes
-    syntax (the generic offer's, and that of templates which write ``<tool_call>`` JSON):
-    free text, and a call once opened held to an offered function's schema. Unchanged
-    where the answer already has a constraint (``response_format``) or the family writes
-    another syntax (those calls are read, not constrained). Blocking (compiles)."""
-    hermes = not knows_tools(rt) or call_syntax(rt) == "hermes"
-    if spec.choice != "auto" or gen.grammar is not None or not hermes:
+    """``gen`` under the lazy call constraint, for ``tool_choice: auto`` in a syntax whose
+    calls open with ``<tool_call>`` (the generic offer's Hermes JSON, and the templates
+    that write Hermes, Qwen 3.5's XML or GLM's tags): free text, and a call once opened
+    held to an offered function's schema. Unchanged where the answer already has a
+    constraint (``response_format``) or the family writes another syntax (those calls are
+    read, not constrained). Blocking (compiles)."""
+    syntax = call_syntax(rt) if knows_tools(rt) else "hermes"
+    if spec.choice != "auto" or gen.grammar is not None or syntax not in LAZY_SYNTAXES:
         return gen
     opener = _token_or_text(rt, "<tool_call>")
     special = opener if opener.startswith("<[") else None
     return attrs.evolve(gen, grammar=_compiled(
-        rt, lazy_call_grammar(spec, special_open=special)))
+        rt, lazy_call_grammar(spec, special_open=special, syntax=syntax)))

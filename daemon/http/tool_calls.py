@@ -27,11 +27,25 @@ import attrs
 from meshd.protocol import messages as wire
 
 from ..constraint import JSON_DEFAULTS
+from .tagged_calls import TAGGED_SYNTAXES, tagged_call_rules
 from .tool_syntax import read_calls
 
-__all__ = ["FORCED_SYNTAXES", "ToolError", "ToolSpec", "answer_calls", "forced_call_grammar",
-           "join_parts", "lazy_call_grammar",
-           "offer_tools", "parse_tools", "past_calls", "template_messages", "tool_constraint"]
+__all__ = [
+    "FORCED_SYNTAXES",
+    "LAZY_SYNTAXES",
+    "ToolError",
+    "ToolSpec",
+    "answer_calls",
+    "forced_call_grammar",
+    "join_parts",
+    "lazy_call_grammar",
+    "offer_tools",
+    "opener_of",
+    "parse_tools",
+    "past_calls",
+    "template_messages",
+    "tool_constraint",
+]
 
 MAX_TOOLS: Final = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -58,6 +72,11 @@ class ToolSpec:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _, _ in self.functions)
+
+    @property
+    def schemas(self) -> dict[str, dict[str, Any]]:
+        """Each function's name and the JSON schema of its arguments."""
+        return {name: schema for name, _, schema in self.functions}
 
 
 def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
@@ -194,21 +213,36 @@ def tool_constraint(spec: ToolSpec) -> wire.Constraint | None:
 
 
 #: The call syntaxes a forced call can be held to (:func:`forced_call_grammar`).
-FORCED_SYNTAXES: Final = ("hermes", "llama", "mistral_args", "mistral_list")
+FORCED_SYNTAXES: Final = ("hermes", "llama", "mistral_args", "mistral_list", *TAGGED_SYNTAXES)
+#: The syntaxes whose calls open with ``<tool_call>`` (an ``auto`` answer's lazy
+#: constraint starts there: :func:`lazy_call_grammar`).
+LAZY_SYNTAXES: Final = ("hermes", *TAGGED_SYNTAXES)
 
 
-def forced_call_grammar(spec: ToolSpec, syntax: str, *, opener: str = '"[TOOL_CALLS]"'
-                        ) -> str:
+def opener_of(syntax: str) -> str:
+    """The text a call opens with in ``syntax`` (the vocabulary may have it as one
+    special token)."""
+    return "[TOOL_CALLS]" if syntax.startswith("mistral") else "<tool_call>"
+
+
+def forced_call_grammar(spec: ToolSpec, syntax: str, *, opener: str | None = None) -> str:
     """The Lark grammar of an answer that is only calls (``required`` or a named
     function) in ``syntax``, one of :data:`FORCED_SYNTAXES`: Hermes'
     ``<tool_call>{...}</tool_call>``, Llama 3.x's bare ``{"name", "parameters"}`` (several
     joined by ``; ``), Mistral's ``[TOOL_CALLS]NAME[ARGS]{...}`` or its
-    ``[TOOL_CALLS][{"name", "arguments"}, ...]``. ``opener``: how the grammar writes
-    ``[TOOL_CALLS]`` (a literal, or the vocabulary's special token ``<[ID]>``). Parallel
-    calls: at most one per function (a small model would repeat a call until
-    ``max_tokens`` otherwise)."""
+    ``[TOOL_CALLS][{"name", "arguments"}, ...]``, or a tagged syntax
+    (:mod:`.tagged_calls`: Qwen 3.5's XML, GLM's). ``opener``: how the grammar writes
+    the syntax's :func:`opener_of` (default: the literal; or the vocabulary's special
+    token ``<[ID]>``). Parallel calls: at most one per function (a small model would
+    repeat a call until ``max_tokens`` otherwise)."""
+    opener = opener or json.dumps(opener_of(syntax))
     wanted = [f for f in spec.functions if spec.choice == "required" or f[0] == spec.named]
     more = (len(wanted) if spec.parallel and spec.choice == "required" else 1) - 1
+    if syntax in TAGGED_SYNTAXES:
+        further = _up_to(more, "\n", "call")
+        return "\n".join(["%llguidance {}", f"start: call{further}",
+                          f"call: {opener} tagged",
+                          *tagged_call_rules(wanted, syntax, "tagged")]) + "\n"
     if syntax == "hermes":
         return (f'start: call{{1,{more + 1}}}\n'
                 'call: "<tool_call>\\n" body "\\n</tool_call>" "\\n"?\n'
@@ -230,27 +264,34 @@ def forced_call_grammar(spec: ToolSpec, syntax: str, *, opener: str = '"[TOOL_CA
     return "\n".join(lines) + "\n"
 
 
-def lazy_call_grammar(spec: ToolSpec, *, special_open: str | None) -> str:
+def lazy_call_grammar(spec: ToolSpec, *, special_open: str | None,
+                      syntax: str = "hermes") -> str:
     """For ``auto``: free text until the model opens a call (writes ``<tool_call>``, or
     emits that special token where the vocabulary has one: ``special_open``, its Lark
-    reference ``<[ID]>``); from there
-    the call is held to an offered function's schema and closed. llguidance's lazy
-    lexeme ends the text at the opening, so the constraint starts where a call does, as
-    llama-server's lazy grammars start at their trigger."""
+    reference ``<[ID]>``); from there the call, in ``syntax`` (one of
+    :data:`LAZY_SYNTAXES`), is held to an offered function's schema and closed.
+    llguidance's lazy lexeme ends the text at the opening, so the constraint starts
+    where a call does, as llama-server's lazy grammars start at their trigger."""
     opens = "open_text | open_special" if special_open else "open_text"
+    if syntax in TAGGED_SYNTAXES:
+        call = [f"call: ({opens}) tagged", *tagged_call_rules(spec.functions, syntax, "tagged")]
+    elif syntax == "hermes":
+        call = [f'call: ({opens}) "\\n" body "\\n</tool_call>"',
+                f"body: %json {json.dumps(_call_schema(spec.functions))}"]
+    else:
+        raise ValueError(f"no lazy grammar for the {syntax!r} syntax")
     lines = ["%llguidance {}",
              f"start: call{'*' if spec.parallel else '?'} TEXT",
              r"TEXT: /(.|\n)*/",
              'open_text[lazy]: TEXT "<tool_call>"',
              *([f"open_special: TEXT {special_open}"] if special_open else []),
-             f'call: ({opens}) "\\n" body "\\n</tool_call>"',
-             f"body: %json {json.dumps(_call_schema(spec.functions))}"]
+             *call]
     return "\n".join(lines) + "\n"
 
 
-def _up_to(more: int, separator: str) -> str:
-    """Lark for at most ``more`` further bodies, each after ``separator``."""
-    return f" ({json.dumps(separator)} body){{0,{more}}}" if more else ""
+def _up_to(more: int, separator: str, rule: str = "body") -> str:
+    """Lark for at most ``more`` further ``rule``s, each after ``separator``."""
+    return f" ({json.dumps(separator)} {rule}){{0,{more}}}" if more else ""
 
 
 def _call_schema(functions: Sequence[tuple[str, str, dict[str, Any]]],
@@ -271,7 +312,7 @@ def answer_calls(text: str, spec: ToolSpec, *, finished: bool
     syntax offered or the one the model's family writes (:mod:`.tool_syntax`), at most
     one unless parallel calls are allowed; anything else, and everything in an answer
     that did not finish on its own, stays content."""
-    read = read_calls(text, spec.names) if finished else None
+    read = read_calls(text, spec.schemas) if finished else None
     if read is None or (len(read[1]) > 1 and not spec.parallel):
         return text, []
     content, calls = read

@@ -15,6 +15,7 @@ import pytest
 
 from meshd.daemon.http.template_tools import call_syntax
 from meshd.daemon.http.tool_calls import ToolSpec, answer_calls, tool_constraint
+from meshd.daemon.http.tool_syntax import read_calls
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import BadRequest, ChatMessage, Client, Constraint, ToolCall, ToolFunction
 from meshd.testing import testmodels
@@ -163,13 +164,14 @@ async def test_with_auto_a_call_the_model_opens_is_held_to_its_schema(
 @pytest.mark.parametrize(("template", "syntax", "offer"), [
     ("llama-3.1.jinja", "llama", "Respond in the format"),
     ("mistral-small-3.2.jinja", "mistral_args", "[AVAILABLE_TOOLS]"),
-    ("qwen3.5.jinja", "xml", "You may call one or more functions"),  # the generic offer
+    ("qwen3.5.jinja", "xml", "If you choose to call a function ONLY reply"),
+    ("glm-4.6.jinja", "glm", "<arg_key>{arg-key-1}</arg_key>"),
 ])
 async def test_a_forced_call_is_written_in_the_templates_own_syntax(
         template: str, syntax: str, offer: str) -> None:
     """With a template that teaches tools, a forced call is offered by the template and
-    held to the syntax it teaches (Qwen 3.5's XML falls back to the generic Hermes
-    offer); every call parses and validates, and the text is that syntax's."""
+    held to the syntax it teaches; every call parses and validates (a string argument
+    written bare in the tagged syntaxes stays a string), and the text is that syntax's."""
     rt = ModelRuntime(RuntimeConfig(n_ctx_seq=2048, n_seq_max=1, calibrate=False, threads=1,
                                     chat_template_file=str(DATA / template)))
     try:
@@ -178,7 +180,7 @@ async def test_a_forced_call_is_written_in_the_templates_own_syntax(
             for choice in ("required", {"type": "function", "function": {"name": "book_table"}}):
                 answer = (await http.post("/v1/chat/completions", json={
                     "messages": ASK, "tools": TOOLS, "tool_choice": choice,
-                    "max_tokens": 160, "temperature": 0, "verbose": True})).json()
+                    "max_tokens": 300, "temperature": 0, "verbose": True})).json()
                 c = answer["choices"][0]
                 assert c["finish_reason"] == "tool_calls", c
                 _valid(c["message"]["tool_calls"])
@@ -186,7 +188,42 @@ async def test_a_forced_call_is_written_in_the_templates_own_syntax(
                 assert offer in prompt
                 text = answer["__verbose"]["content"]
                 assert text.startswith({"llama": '{"name": ', "mistral_args": "[TOOL_CALLS]",
-                                        "xml": "<tool_call>"}[syntax]), text
+                                        "xml": "<tool_call>\n<function=",
+                                        "glm": "<tool_call>"}[syntax]), text
+            await wait_idle(server)
+            assert_no_leaks(server)
+    finally:
+        rt.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("template", ["qwen3.5.jinja", "glm-4.6.jinja"])
+async def test_with_auto_a_tagged_call_is_held_to_its_schema(template: str) -> None:
+    """In the tagged syntaxes (Qwen 3.5's XML, GLM's) too, ``auto`` leaves the model free
+    until it opens a call; from there each argument is held to its schema, so every whole
+    call reads back valid. (The logit bias makes the small model open calls.)"""
+    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=2048, n_seq_max=1, calibrate=False, threads=1,
+                                    chat_template_file=str(DATA / template)))
+    try:
+        bias = {str(t): 6 for t in rt.model.tokenizer.tokenize("<tool", add_special=False)}
+        async with http_daemon(rt) as (server, _path, http):
+            whole = 0
+            for seed in range(3):
+                answer = (await http.post("/v1/chat/completions", json={
+                    "messages": ASK, "tools": TOOLS, "max_tokens": 150, "temperature": 0.9,
+                    "seed": seed, "logit_bias": bias, "verbose": True})).json()
+                text = answer["__verbose"]["content"]
+                for part in text.split("<tool_call>")[1:]:
+                    if "</tool_call>" not in part:
+                        continue
+                    whole += 1
+                    read = read_calls(f"<tool_call>{part.split('</tool_call>')[0]}</tool_call>",
+                                      SCHEMAS)
+                    assert read is not None, part
+                    for name, arguments in read[1]:
+                        jsonschema.validate(arguments, SCHEMAS[name])
+            assert whole >= 1
             await wait_idle(server)
             assert_no_leaks(server)
     finally:

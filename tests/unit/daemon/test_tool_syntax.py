@@ -10,7 +10,8 @@ import pytest
 from meshd.daemon.http.tool_calls import answer_calls, parse_tools
 from meshd.daemon.http.tool_syntax import read_calls
 
-NAMES = {"get_weather", "add"}
+NAMES = {"get_weather": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}}}, "add": {"type": "object"}}
 WEATHER = ("get_weather", {"city": "Paris", "days": 2})
 
 
@@ -21,6 +22,9 @@ WEATHER = ("get_weather", {"city": "Paris", "days": 2})
     # Qwen3-Coder / Qwen 3.5: text values stay text, others are JSON
     "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
     "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+    # GLM 4.5-4.7
+    "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+    "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
     # Mistral Small 3.2 / Devstral, with and without a call id
     'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}',
     'Let me check.[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris", "days": 2}',
@@ -38,6 +42,18 @@ def test_one_call_in_each_syntax(text: str) -> None:
 ])
 def test_llama_3_answers_with_the_call_alone(text: str) -> None:
     assert read_calls(text, NAMES) == ("", [WEATHER])
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n"
+    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+    "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>42</arg_value>\n"
+    "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+])
+def test_tagged_values_are_read_by_their_schema(text: str) -> None:
+    """A string parameter's value stays text though it reads as JSON (the templates write
+    strings bare); an integer's is JSON."""
+    assert read_calls(text, NAMES) == ("", [("get_weather", {"city": "42", "days": 2})])
 
 
 def test_several_calls() -> None:
@@ -60,6 +76,8 @@ def test_several_calls() -> None:
     "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Par",  # cut by max_tokens
     "[TOOL_CALLS]get_weather and then some text",
     "<tool_call>\n<function=get_weather>\nstray text\n</function>\n</tool_call>",
+    "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par",  # cut short
+    "<tool_call>delete_all\n</tool_call>",  # not offered
 ])
 def test_anything_else_stays_text(text: str) -> None:
     assert read_calls(text, NAMES) is None

@@ -9,8 +9,8 @@ results as ``tool`` turns; the answer is read in whichever syntax the family wri
 is held by a grammar to the syntax the template teaches (Hermes, Llama 3.x, Mistral,
 Qwen 3.5's XML, GLM's tags). A template that knows no tools, or teaches a syntax no
 forced grammar here writes, gets the generic offer of :mod:`.tool_calls` and its Hermes
-grammar. With ``auto``, a call in a syntax that opens with ``<tool_call>`` (Hermes, XML,
-GLM) is held to its schema from where the model opens it (:func:`with_lazy_calls`).
+grammar. With ``auto``, a call is held to its schema from where the model opens it
+(:func:`with_lazy_calls`).
 """
 
 from __future__ import annotations
@@ -122,16 +122,16 @@ def _compiled(rt: ModelRuntime, lark: str) -> str:
 
 def with_lazy_calls(rt: ModelRuntime, gen: GenerationRequest, spec: ToolSpec
                     ) -> GenerationRequest:
-    """``gen`` under the lazy call constraint, for ``tool_choice: auto`` in a syntax whose
-    calls open with ``<tool_call>`` (the generic offer's Hermes JSON, and the templates
-    that write Hermes, Qwen 3.5's XML or GLM's tags): free text, and a call once opened
-    held to an offered function's schema. Unchanged where the answer already has a
-    constraint (``response_format``) or the family writes another syntax (those calls are
-    read, not constrained). Blocking (compiles)."""
+    """``gen`` under the lazy call constraint, for ``tool_choice: auto`` in the syntax the
+    model is offered (the generic offer's Hermes JSON, or the one its template teaches):
+    free text, and a call once opened held to an offered function's schema. Unchanged
+    where the answer already has a constraint (``response_format``) or the template
+    teaches a syntax with no grammar here (its calls are read, not constrained).
+    Blocking (compiles)."""
     syntax = call_syntax(rt) if knows_tools(rt) else "hermes"
     if spec.choice != "auto" or gen.grammar is not None or syntax not in LAZY_SYNTAXES:
         return gen
-    opener = _token_or_text(rt, "<tool_call>")
+    opener = _token_or_text(rt, opener_of(syntax))
     special = opener if opener.startswith("<[") else None
     return attrs.evolve(gen, grammar=_compiled(
         rt, lazy_call_grammar(spec, special_open=special, syntax=syntax)))

@@ -214,9 +214,6 @@ def tool_constraint(spec: ToolSpec) -> wire.Constraint | None:
 
 #: The call syntaxes a forced call can be held to (:func:`forced_call_grammar`).
 FORCED_SYNTAXES: Final = ("hermes", "llama", "mistral_args", "mistral_list", *TAGGED_SYNTAXES)
-#: The syntaxes whose calls open with ``<tool_call>`` (an ``auto`` answer's lazy
-#: constraint starts there: :func:`lazy_call_grammar`).
-LAZY_SYNTAXES: Final = ("hermes", *TAGGED_SYNTAXES)
 
 
 def opener_of(syntax: str) -> str:
@@ -255,38 +252,62 @@ def forced_call_grammar(spec: ToolSpec, syntax: str, *, opener: str | None = Non
                 f"body: %json {json.dumps(_call_schema(wanted))}\n")
     if syntax != "mistral_args":
         raise ValueError(f"no forced grammar for the {syntax!r} syntax")
-    calls = " | ".join(f"call{i}" for i in range(len(wanted)))
-    lines = [f"start: call{{1,{more + 1}}}", f"call: {calls}"]
-    for i, (name, _, schema) in enumerate(wanted):
+    further = f" ({opener} call){{0,{more}}}" if more else ""
+    return "\n".join([f"start: {opener} call{further}", *_mistral_calls(wanted)]) + "\n"
+
+
+def _mistral_calls(functions: Sequence[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """Lark rules defining ``call``: Mistral's ``NAME[ARGS]{...}`` after its opener."""
+    lines = [f"call: {' | '.join(f'call{i}' for i in range(len(functions)))}"]
+    for i, (name, _, schema) in enumerate(functions):
         body = {**schema, "x-guidance": dict(JSON_DEFAULTS)}
-        lines += [f'call{i}: {opener} {json.dumps(name + "[ARGS]")} args{i}',
+        lines += [f"call{i}: {json.dumps(name + '[ARGS]')} args{i}",
                   f"args{i}: %json {json.dumps(body)}"]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+#: The syntaxes an ``auto`` answer's calls are held in (:func:`lazy_call_grammar`).
+LAZY_SYNTAXES: Final = FORCED_SYNTAXES
 
 
 def lazy_call_grammar(spec: ToolSpec, *, special_open: str | None,
                       syntax: str = "hermes") -> str:
-    """For ``auto``: free text until the model opens a call (writes ``<tool_call>``, or
-    emits that special token where the vocabulary has one: ``special_open``, its Lark
-    reference ``<[ID]>``); from there the call, in ``syntax`` (one of
-    :data:`LAZY_SYNTAXES`), is held to an offered function's schema and closed.
+    """For ``auto``: free text until the model opens a call (writes the syntax's
+    :func:`opener_of`, or emits that special token where the vocabulary has one:
+    ``special_open``, its Lark reference ``<[ID]>``); from there the call, in ``syntax``
+    (one of :data:`LAZY_SYNTAXES`), is held to an offered function's schema and closed.
     llguidance's lazy lexeme ends the text at the opening, so the constraint starts
-    where a call does, as llama-server's lazy grammars start at their trigger."""
+    where a call does, as llama-server's lazy grammars start at their trigger. Mistral's
+    calls end the answer (its readers take nothing after them); Llama 3.x's have no
+    opener: an answer that starts with ``{`` is calls, any other is free text (a lexeme
+    that could also start a call would swallow it: llguidance's lexer is greedy)."""
+    functions = spec.functions
+    many = "*" if spec.parallel else "?"
+    if syntax == "llama":
+        return "\n".join([
+            "%llguidance {}", "start: FREE | body (\"; \" body)" + many,
+            r"FREE: /([^{](.|\n)*)?/",
+            f'body: %json {json.dumps(_call_schema(functions, "parameters"))}']) + "\n"
     opens = "open_text | open_special" if special_open else "open_text"
+    later = special_open or json.dumps(opener_of(syntax))
     if syntax in TAGGED_SYNTAXES:
-        call = [f"call: ({opens}) tagged", *tagged_call_rules(spec.functions, syntax, "tagged")]
+        rules = [f"start: call{many} TEXT", f"call: ({opens}) tagged",
+                 *tagged_call_rules(functions, syntax, "tagged")]
     elif syntax == "hermes":
-        call = [f'call: ({opens}) "\\n" body "\\n</tool_call>"',
-                f"body: %json {json.dumps(_call_schema(spec.functions))}"]
+        rules = [f"start: call{many} TEXT", f'call: ({opens}) "\\n" body "\\n</tool_call>"',
+                 f"body: %json {json.dumps(_call_schema(functions))}"]
+    elif syntax == "mistral_args":
+        rules = [f"start: TEXT | ({opens}) call ({later} call){many}",
+                 *_mistral_calls(functions)]
+    elif syntax == "mistral_list":
+        rules = [f'start: TEXT | ({opens}) "[" body (", " body){many} "]"',
+                 f"body: %json {json.dumps(_call_schema(functions))}"]
     else:
         raise ValueError(f"no lazy grammar for the {syntax!r} syntax")
-    lines = ["%llguidance {}",
-             f"start: call{'*' if spec.parallel else '?'} TEXT",
-             r"TEXT: /(.|\n)*/",
-             'open_text[lazy]: TEXT "<tool_call>"',
-             *([f"open_special: TEXT {special_open}"] if special_open else []),
-             *call]
-    return "\n".join(lines) + "\n"
+    opener = json.dumps(opener_of(syntax))
+    return "\n".join(["%llguidance {}", *rules, r"TEXT: /(.|\n)*/",
+                      f"open_text[lazy]: TEXT {opener}",
+                      *([f"open_special: TEXT {special_open}"] if special_open else [])]) + "\n"
 
 
 def _up_to(more: int, separator: str, rule: str = "body") -> str:

@@ -13,8 +13,15 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from meshd.daemon.constraint import GrammarState
 from meshd.daemon.http.template_tools import call_syntax
-from meshd.daemon.http.tool_calls import ToolSpec, answer_calls, tool_constraint
+from meshd.daemon.http.tool_calls import (
+    FORCED_SYNTAXES,
+    ToolSpec,
+    answer_calls,
+    lazy_call_grammar,
+    tool_constraint,
+)
 from meshd.daemon.http.tool_syntax import read_calls
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import BadRequest, ChatMessage, Client, Constraint, ToolCall, ToolFunction
@@ -202,7 +209,7 @@ async def test_a_forced_call_is_written_in_the_templates_own_syntax(
 async def test_with_auto_a_tagged_call_is_held_to_its_schema(template: str) -> None:
     """In the tagged syntaxes (Qwen 3.5's XML, GLM's) too, ``auto`` leaves the model free
     until it opens a call; from there each argument is held to its schema, so every whole
-    call reads back valid. (The logit bias makes the small model open calls.)"""
+    call reads back valid. (The logit bias lures the small model into opening calls.)"""
     rt = ModelRuntime(RuntimeConfig(n_ctx_seq=2048, n_seq_max=1, calibrate=False, threads=1,
                                     chat_template_file=str(DATA / template)))
     try:
@@ -213,8 +220,7 @@ async def test_with_auto_a_tagged_call_is_held_to_its_schema(template: str) -> N
                 answer = (await http.post("/v1/chat/completions", json={
                     "messages": ASK, "tools": TOOLS, "max_tokens": 150, "temperature": 0.9,
                     "seed": seed, "logit_bias": bias, "verbose": True})).json()
-                text = answer["__verbose"]["content"]
-                for part in text.split("<tool_call>")[1:]:
+                for part in answer["__verbose"]["content"].split("<tool_call>")[1:]:
                     if "</tool_call>" not in part:
                         continue
                     whole += 1
@@ -228,6 +234,57 @@ async def test_with_auto_a_tagged_call_is_held_to_its_schema(template: str) -> N
             assert_no_leaks(server)
     finally:
         rt.close()
+
+
+GOOD_ARGS = {"city": "Rome", "unit": "celsius"}
+BAD_ARGS = {"city": "Rome", "unit": "kelvin"}
+
+
+def _written(syntax: str, name: str, args: dict[str, str]) -> str:
+    """A call as ``syntax`` writes it (string arguments only)."""
+    if syntax == "hermes":
+        return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+    if syntax == "llama":
+        return json.dumps({"name": name, "parameters": args})
+    if syntax == "mistral_args":
+        return f"[TOOL_CALLS]{name}[ARGS]{json.dumps(args)}"
+    if syntax == "mistral_list":
+        return f"[TOOL_CALLS][{json.dumps({'name': name, 'arguments': args})}]"
+    if syntax == "xml":
+        params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in args.items())
+        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+    pairs = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n"
+                    for k, v in args.items())
+    return f"<tool_call>{name}\n{pairs}</tool_call>"
+
+
+@pytest.mark.parametrize("syntax", FORCED_SYNTAXES)
+def test_the_lazy_constraint_in_each_syntax(smol: ModelRuntime, syntax: str) -> None:
+    """``auto``'s constraint in every syntax: free text is free, a whole valid call is
+    taken, and once a call is opened an unoffered function or an argument its schema
+    refuses is not."""
+    spec = ToolSpec(tuple((t["function"]["name"], "", t["function"]["parameters"])
+                          for t in TOOLS), "auto")
+    grammar = smol.compile_constraint("lark", lazy_call_grammar(
+        spec, special_open=None, syntax=syntax))
+
+    def taken(text: str) -> tuple[bool, bool]:
+        """Whether the grammar takes all of ``text``, and may end there."""
+        state = GrammarState(smol.grammar_vocab.tokenizer(), grammar,
+                             n_vocab=smol.model.info.n_vocab, eog=smol.model.info.eog_tokens)
+        tokens = smol.model.tokenizer.tokenize(text, add_special=False)
+        if state.valid_prefix(tokens) < len(tokens):
+            return False, False
+        for token in tokens:
+            state.advance(token)
+        return True, any(state.allows(t) for t in smol.model.info.eog_tokens)
+
+    assert taken("The weather in Rome is mild; I cannot book tables.") == (True, True)
+    good = _written(syntax, "get_weather", GOOD_ARGS)
+    assert read_calls(good, SCHEMAS) is not None
+    assert taken(good) == (True, True), good
+    assert taken(_written(syntax, "get_weather", BAD_ARGS))[0] is False
+    assert taken(_written(syntax, "delete_all", GOOD_ARGS))[0] is False
 
 
 FUNCTIONS = [ToolFunction(name=t["function"]["name"], description=t["function"]["description"],

@@ -66,10 +66,15 @@ def _arguments(prefix: str, schema: Mapping[str, Any], syntax: str
                ) -> tuple[str, list[str]]:
     """A function's arguments in order (optional ones may be left out): the sequence to
     write in its call, and the rules it names."""
-    properties = schema.get("properties")
-    required = set(schema.get("required") or ())
+    properties = dict(schema.get("properties") or {})
+    required = [key for key in schema.get("required") or () if isinstance(key, str)]
+    for key in required:  # (a required key the properties do not describe: any value)
+        properties.setdefault(key, {})
+    shared = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
     sequence, lines = [], []
-    for j, (key, sub) in enumerate((properties or {}).items()):
+    for j, (key, sub) in enumerate(properties.items()):
+        if shared and isinstance(sub, Mapping):  # its $refs point to the root's
+            sub = {**sub, **shared}
         rule = f"{prefix}_{j}"
         if syntax == "xml":
             opening, close = f"<parameter={key}>\n", "\n</parameter>\n"

@@ -19,6 +19,7 @@ from meshd.daemon.http.tool_calls import (
     FORCED_SYNTAXES,
     ToolSpec,
     answer_calls,
+    forced_call_grammar,
     lazy_call_grammar,
     tool_constraint,
 )
@@ -285,6 +286,31 @@ def test_the_lazy_constraint_in_each_syntax(smol: ModelRuntime, syntax: str) -> 
     assert taken(good) == (True, True), good
     assert taken(_written(syntax, "get_weather", BAD_ARGS))[0] is False
     assert taken(_written(syntax, "delete_all", GOOD_ARGS))[0] is False
+
+
+REF_SCHEMA = {  # as pydantic writes a model's schema: $refs into $defs
+    "$defs": {"Unit": {"type": "string", "enum": ["c", "f"]},
+              "Place": {"type": "object", "properties": {"lat": {"type": "number"}},
+                        "required": ["lat"]}},
+    "type": "object", "required": ["unit", "place", "note"],
+    "properties": {"unit": {"$ref": "#/$defs/Unit"}, "place": {"$ref": "#/$defs/Place"},
+                   "label": {"type": "string", "maxLength": 12}}}
+
+
+@pytest.mark.parametrize("syntax", ["xml", "glm"])
+def test_a_forced_tagged_call_holds_refs_and_undescribed_keys(smol: ModelRuntime,
+                                                              syntax: str) -> None:
+    """Each argument of a tagged call is held on its own, yet a ``$ref`` into the
+    schema's ``$defs`` still resolves, and a required key the properties do not describe
+    is written: the call reads back valid."""
+    spec = ToolSpec((("locate", "", REF_SCHEMA),), "required")
+    grammar = smol.compile_constraint("lark", forced_call_grammar(spec, syntax))
+    prompt = smol.tokenize_prompt("Call locate:", chat=False)
+    gen = smol.generation(prompt, max_tokens=200, grammar=grammar, proposer="off")
+    text = "".join(event.text for event in smol.run(gen))
+    read = read_calls(text, {"locate": REF_SCHEMA})
+    assert read is not None, text
+    jsonschema.validate(read[1][0][1], REF_SCHEMA)
 
 
 FUNCTIONS = [ToolFunction(name=t["function"]["name"], description=t["function"]["description"],

@@ -27,6 +27,7 @@ import attrs
 from meshd.protocol import messages as wire
 
 from ..constraint import JSON_DEFAULTS
+from .schema_defs import hoist_defs
 from .tagged_calls import TAGGED_SYNTAXES, tagged_call_rules
 from .tool_syntax import read_calls
 
@@ -318,13 +319,17 @@ def _up_to(more: int, separator: str, rule: str = "body") -> str:
 def _call_schema(functions: Sequence[tuple[str, str, dict[str, Any]]],
                  arguments: str = "arguments") -> dict[str, Any]:
     """One call's JSON: the name of one of ``functions`` and its ``arguments`` (as the
-    syntax names that key)."""
-    alternatives = [{"type": "object", "properties": {
-        "name": {"const": name}, arguments: schema},
-        "required": ["name", arguments], "additionalProperties": False}
-        for name, _, schema in functions]
+    syntax names that key), each function's ``$defs`` moved to the root
+    (:func:`~.schema_defs.hoist_defs`)."""
+    alternatives, defs = [], {}
+    for i, (name, _, schema) in enumerate(functions):
+        body, found = hoist_defs(schema, f"f{i}_")
+        defs.update(found)
+        alternatives.append({"type": "object", "properties": {
+            "name": {"const": name}, arguments: body},
+            "required": ["name", arguments], "additionalProperties": False})
     call: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
-    return {**call, "x-guidance": dict(JSON_DEFAULTS)}
+    return {**call, **({"$defs": defs} if defs else {}), "x-guidance": dict(JSON_DEFAULTS)}
 
 
 def answer_calls(text: str, spec: ToolSpec, *, finished: bool

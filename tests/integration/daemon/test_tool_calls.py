@@ -290,20 +290,21 @@ def test_the_lazy_constraint_in_each_syntax(smol: ModelRuntime, syntax: str) -> 
 
 REF_SCHEMA = {  # as pydantic writes a model's schema: $refs into $defs
     "$defs": {"Unit": {"type": "string", "enum": ["c", "f"]},
-              "Place": {"type": "object", "properties": {"lat": {"type": "number"}},
-                        "required": ["lat"]}},
-    "type": "object", "required": ["unit", "place", "note"],
+              "Place": {"type": "object", "properties": {"lat": {
+                  "type": "integer", "minimum": -90, "maximum": 90}},
+                        "required": ["lat"], "additionalProperties": False}},
+    "type": "object", "required": ["unit", "place"], "additionalProperties": False,
     "properties": {"unit": {"$ref": "#/$defs/Unit"}, "place": {"$ref": "#/$defs/Place"},
                    "label": {"type": "string", "maxLength": 12}}}
 
 
-@pytest.mark.parametrize("syntax", ["xml", "glm"])
-def test_a_forced_tagged_call_holds_refs_and_undescribed_keys(smol: ModelRuntime,
-                                                              syntax: str) -> None:
-    """Each argument of a tagged call is held on its own, yet a ``$ref`` into the
-    schema's ``$defs`` still resolves, and a required key the properties do not describe
-    is written: the call reads back valid."""
-    spec = ToolSpec((("locate", "", REF_SCHEMA),), "required")
+@pytest.mark.parametrize("syntax", FORCED_SYNTAXES)
+def test_a_forced_call_holds_refs(smol: ModelRuntime, syntax: str) -> None:
+    """A schema's ``$ref``s into its ``$defs`` resolve in every syntax (the schema is
+    nested in a call's JSON beside other functions', or each argument of a tagged call
+    is held on its own): the call reads back valid."""
+    spec = ToolSpec((("locate", "", REF_SCHEMA), ("other", "", {"type": "object"})),
+                    "named", "locate")
     grammar = smol.compile_constraint("lark", forced_call_grammar(spec, syntax))
     prompt = smol.tokenize_prompt("Call locate:", chat=False)
     gen = smol.generation(prompt, max_tokens=200, grammar=grammar, proposer="off")
@@ -311,6 +312,19 @@ def test_a_forced_tagged_call_holds_refs_and_undescribed_keys(smol: ModelRuntime
     read = read_calls(text, {"locate": REF_SCHEMA})
     assert read is not None, text
     jsonschema.validate(read[1][0][1], REF_SCHEMA)
+
+
+@pytest.mark.parametrize("syntax", ["xml", "glm"])
+def test_a_tagged_call_writes_required_keys_its_properties_omit(smol: ModelRuntime,
+                                                                 syntax: str) -> None:
+    schema = {"type": "object", "required": ["text"]}
+    spec = ToolSpec((("note", "", schema),), "required")
+    grammar = smol.compile_constraint("lark", forced_call_grammar(spec, syntax))
+    gen = smol.generation(smol.tokenize_prompt("Take a note:", chat=False), max_tokens=100,
+                          grammar=grammar, proposer="off")
+    read = read_calls("".join(event.text for event in smol.run(gen)), {"note": schema})
+    assert read is not None
+    jsonschema.validate(read[1][0][1], schema)
 
 
 FUNCTIONS = [ToolFunction(name=t["function"]["name"], description=t["function"]["description"],

@@ -61,6 +61,7 @@ from .options import (
 from .refusals import explain_refusals
 from .socket_path import find_socket, socket_candidates
 from .terminal import format_count, stats_line, wants_notes
+from .tool_options import ToolRequest, add_tool_options, call_lines, read_tools
 
 __all__ = ["main"]
 
@@ -97,6 +98,7 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
         # person: a script that chose `generate` needs no reminder on every call).
         print("meshctl: note: sent as raw text without the model's chat template "
               "(`meshctl chat` applies it)", file=sys.stderr)
+    tools: ToolRequest = getattr(args, "tool_request", None) or ToolRequest()
     note = seed_note(args.temperature, args.seed)
     if note is not None and not args.json:
         print(f"meshctl: note: {note}", file=sys.stderr)
@@ -112,6 +114,9 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
         constraint=args.constraint,
         model=args.model,
         keep_alive=args.keep_alive,
+        tools=tools.tools,
+        tool_choice=tools.choice,
+        tool_name=tools.name,
     )
     out: TextIO = sys.stdout
     t0 = time.perf_counter()
@@ -132,6 +137,8 @@ def _cmd_generate(client: SyncClient, args: argparse.Namespace) -> int:
     else:
         if stream.text and not stream.text.endswith("\n"):
             out.write("\n")
+        if done.tool_calls:
+            print(*call_lines(done.tool_calls), sep="\n", file=out)
         print(_stats_line(stream.id, done, elapsed, first - t0 if first else None),
               file=sys.stderr)
         if args.explain and done.speculation.refusals:
@@ -417,6 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
                 [sampling_options()])
     p.add_argument("prompt", help="the user message ('-' reads stdin)")
     p.add_argument("--system", default=None, help="a system message before it")
+    add_tool_options(p)
     _add_generation_options(p)
     for name, help_text in (("health", "status, load and the proposers offered (exit 1 "
                                        "unless ok)"),
@@ -468,7 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Read before connecting: a bad option is refused before anything is sent.
         args.constraint = _constraint(args) if hasattr(args, "json_schema") else None
-    except UsageError as exc:
+        args.tool_request = read_tools(args) if hasattr(args, "tools") else None
+    except (UsageError, ValueError) as exc:
         print(f"meshctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:

@@ -28,7 +28,7 @@ from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import BadRequest, ChatMessage, Client, Constraint, ToolCall, ToolFunction
 from meshd.testing import testmodels
 
-from .daemon_helpers import assert_no_leaks, wait_idle
+from .daemon_helpers import assert_no_leaks, meshctl, wait_idle
 from .test_http import http_daemon, openai_client
 
 TOOLS = [
@@ -400,3 +400,33 @@ def test_forced_calls_hold_on_a_synthetic_qwen35() -> None:
             assert content is None
     finally:
         rt.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_meshctl_chat_offers_tools_from_a_file(
+        smol: ModelRuntime, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``meshctl chat --tools FILE --tool-choice NAME`` calls that function (the file holds
+    OpenAI's ``tools`` array) and prints the call; a bad file or choice is a usage error
+    before anything is sent."""
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_text(json.dumps(TOOLS))
+    async with http_daemon(smol) as (server, path, _http):
+        code = await meshctl("--socket", path, "chat", ASK[0]["content"], "--tools",
+                             str(tools_file), "--tool-choice", "get_weather",
+                             "--max-tokens", "200", "--temperature", "0")
+        assert code == 0
+        calls = [line.split(" ", 2) for line in capsys.readouterr().out.splitlines()
+                 if line.startswith("call ")]
+        assert calls and {name for _, name, _ in calls} == {"get_weather"}
+        for _, name, arguments in calls:
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+        code = await meshctl("--socket", path, "chat", "x", "--tools", str(tools_file),
+                             "--tool-choice", "nope")
+        assert code == 2 and "--tool-choice nope" in capsys.readouterr().err
+        (tmp_path / "bad.json").write_text('[{"parameters": {}}]')
+        code = await meshctl("--socket", path, "chat", "x", "--tools",
+                             str(tmp_path / "bad.json"))
+        assert code == 2 and "item 0 is not a function" in capsys.readouterr().err
+        await wait_idle(server)
+        assert_no_leaks(server)

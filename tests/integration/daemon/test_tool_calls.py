@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import jsonschema
 import pytest
 
@@ -135,6 +136,20 @@ async def test_forced_calls_validate_and_stream(smol: ModelRuntime) -> None:
         assert_no_leaks(server)
 
 
+async def _lured_answers(http: httpx.AsyncClient, rt: ModelRuntime, *,
+                         max_tokens: int) -> list[str]:
+    """The raw text of three sampled ``auto`` answers to ASK, a logit bias towards
+    ``<tool`` luring the small model into opening calls."""
+    bias = {str(t): 6 for t in rt.model.tokenizer.tokenize("<tool", add_special=False)}
+    texts = []
+    for seed in range(3):
+        answer = (await http.post("/v1/chat/completions", json={
+            "messages": ASK, "tools": TOOLS, "max_tokens": max_tokens, "temperature": 0.9,
+            "seed": seed, "logit_bias": bias, "verbose": True})).json()
+        texts.append(answer["__verbose"]["content"])
+    return texts
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_with_auto_a_call_the_model_opens_is_held_to_its_schema(
@@ -143,17 +158,9 @@ async def test_with_auto_a_call_the_model_opens_is_held_to_its_schema(
     call is an offered function's, with valid arguments. (A logit bias towards ``<`` and
     ``tool`` makes the small model open calls; unconstrained it then writes tags and
     never a call.)"""
-    bias = {str(t): 6 for t in smol.model.tokenizer.tokenize("<tool", add_special=False)}
     async with http_daemon(smol) as (server, _path, http):
         opened = 0
-        for seed in range(3):
-            answer = (await http.post("/v1/chat/completions", json={
-                "messages": ASK, "tools": TOOLS, "max_tokens": 60, "temperature": 0.9,
-                "seed": seed, "logit_bias": bias})).json()["choices"][0]
-            message = answer["message"]
-            text = message["content"] or "".join(
-                f"<tool_call>\n{{\"name\": \"{c['function']['name']}\", \"arguments\": "
-                f"{c['function']['arguments']}}}\n</tool_call>" for c in message["tool_calls"])
+        for text in await _lured_answers(http, smol, max_tokens=60):
             for part in text.split("<tool_call>")[1:]:
                 opened += 1
                 call = part.split("\n</tool_call>")
@@ -214,14 +221,10 @@ async def test_with_auto_a_tagged_call_is_held_to_its_schema(template: str) -> N
     rt = ModelRuntime(RuntimeConfig(n_ctx_seq=2048, n_seq_max=1, calibrate=False, threads=1,
                                     chat_template_file=str(DATA / template)))
     try:
-        bias = {str(t): 6 for t in rt.model.tokenizer.tokenize("<tool", add_special=False)}
         async with http_daemon(rt) as (server, _path, http):
             whole = 0
-            for seed in range(3):
-                answer = (await http.post("/v1/chat/completions", json={
-                    "messages": ASK, "tools": TOOLS, "max_tokens": 150, "temperature": 0.9,
-                    "seed": seed, "logit_bias": bias, "verbose": True})).json()
-                for part in answer["__verbose"]["content"].split("<tool_call>")[1:]:
+            for text in await _lured_answers(http, rt, max_tokens=150):
+                for part in text.split("<tool_call>")[1:]:
                     if "</tool_call>" not in part:
                         continue
                     whole += 1

@@ -27,7 +27,7 @@ import attrs
 from meshd.protocol import messages as wire
 
 from ..constraint import JSON_DEFAULTS
-from .schema_defs import hoist_defs
+from .call_schema import closed_objects, hoist_defs
 from .tagged_calls import TAGGED_SYNTAXES, tagged_call_rules
 from .tool_syntax import read_calls
 
@@ -234,7 +234,8 @@ def forced_call_grammar(spec: ToolSpec, syntax: str, *, opener: str | None = Non
     token ``<[ID]>``). Parallel calls: at most one per function (a small model would
     repeat a call until ``max_tokens`` otherwise)."""
     opener = opener or json.dumps(opener_of(syntax))
-    wanted = [f for f in spec.functions if spec.choice == "required" or f[0] == spec.named]
+    wanted = [f for f in _held(spec.functions)
+              if spec.choice == "required" or f[0] == spec.named]
     more = (len(wanted) if spec.parallel and spec.choice == "required" else 1) - 1
     if syntax in TAGGED_SYNTAXES:
         further = _up_to(more, "\n", "call")
@@ -282,7 +283,7 @@ def lazy_call_grammar(spec: ToolSpec, *, special_open: str | None,
     calls end the answer (its readers take nothing after them); Llama 3.x's have no
     opener: an answer that starts with ``{`` is calls, any other is free text (a lexeme
     that could also start a call would swallow it: llguidance's lexer is greedy)."""
-    functions = spec.functions
+    functions = _held(spec.functions)
     many = "*" if spec.parallel else "?"
     if syntax == "llama":
         return "\n".join([
@@ -311,6 +312,14 @@ def lazy_call_grammar(spec: ToolSpec, *, special_open: str | None,
                       *([f"open_special: TEXT {special_open}"] if special_open else [])]) + "\n"
 
 
+def _held(functions: Sequence[tuple[str, str, dict[str, Any]]]
+          ) -> list[tuple[str, str, dict[str, Any]]]:
+    """The functions with their schemas as a call's grammar holds them (objects closed:
+    :func:`~.call_schema.closed_objects`)."""
+    return [(name, description, closed_objects(schema))
+            for name, description, schema in functions]
+
+
 def _up_to(more: int, separator: str, rule: str = "body") -> str:
     """Lark for at most ``more`` further ``rule``s, each after ``separator``."""
     return f" ({json.dumps(separator)} {rule}){{0,{more}}}" if more else ""
@@ -320,7 +329,7 @@ def _call_schema(functions: Sequence[tuple[str, str, dict[str, Any]]],
                  arguments: str = "arguments") -> dict[str, Any]:
     """One call's JSON: the name of one of ``functions`` and its ``arguments`` (as the
     syntax names that key), each function's ``$defs`` moved to the root
-    (:func:`~.schema_defs.hoist_defs`)."""
+    (:func:`~.call_schema.hoist_defs`)."""
     alternatives, defs = [], {}
     for i, (name, _, schema) in enumerate(functions):
         body, found = hoist_defs(schema, f"f{i}_")

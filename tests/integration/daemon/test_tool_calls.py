@@ -317,6 +317,30 @@ def test_a_forced_call_holds_refs(smol: ModelRuntime, syntax: str) -> None:
     jsonschema.validate(read[1][0][1], REF_SCHEMA)
 
 
+OPEN_SCHEMA = {  # as most tools are declared: nothing said of other keys
+    "type": "object", "required": ["city"],
+    "properties": {"city": {"type": "string", "maxLength": 20},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+
+
+@pytest.mark.parametrize("syntax", FORCED_SYNTAXES)
+def test_a_forced_call_takes_only_the_declared_parameters(smol: ModelRuntime,
+                                                          syntax: str) -> None:
+    """A schema that lists its properties and says nothing of other keys gets those only
+    (as llama.cpp reads it): the small model would write invented keys until
+    ``max_tokens``, and the call never closed."""
+    spec = ToolSpec((("forecast", "", OPEN_SCHEMA),), "required")
+    grammar = smol.compile_constraint("lark", forced_call_grammar(spec, syntax))
+    gen = smol.generation(smol.tokenize_prompt("Get the forecast for Rome:", chat=False),
+                          max_tokens=200, grammar=grammar, proposer="off")
+    text = "".join(event.text for event in smol.run(gen))
+    read = read_calls(text, {"forecast": OPEN_SCHEMA})
+    assert read is not None, text
+    for _name, arguments in read[1]:
+        assert set(arguments) <= {"city", "days"}, arguments
+        jsonschema.validate(arguments, OPEN_SCHEMA)
+
+
 @pytest.mark.parametrize("syntax", ["xml", "glm"])
 def test_a_tagged_call_writes_required_keys_its_properties_omit(smol: ModelRuntime,
                                                                  syntax: str) -> None:

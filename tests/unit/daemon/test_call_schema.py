@@ -8,7 +8,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from meshd.daemon.http.schema_defs import hoist_defs
+from meshd.daemon.http.call_schema import closed_objects, hoist_defs
 
 SCHEMA = {"$defs": {"Unit": {"enum": ["c", "f"]},
                     "Place": {"type": "object", "required": ["unit"],
@@ -48,3 +48,43 @@ def test_the_nested_schema_judges_as_the_function_s_own(arguments: dict[str, Any
 def test_a_schema_without_definitions_is_left_as_it_is() -> None:
     plain = {"type": "object", "properties": {"a": {"type": "string"}}}
     assert hoist_defs(plain, "f0_") == (plain, {})
+
+
+OPEN = {"type": "object", "required": ["city"],
+        "properties": {"city": {"type": "string"},
+                       "stops": {"type": "array", "items": {
+                           "type": "object", "properties": {"name": {"type": "string"}}}},
+                       "when": {"anyOf": [{"type": "null"}, {"properties": {
+                           "day": {"type": "integer"}}}]}},
+        "$defs": {"Unit": {"type": "object", "properties": {"u": {"type": "string"}}}}}
+
+
+def test_an_object_that_lists_its_properties_takes_only_those() -> None:
+    closed = closed_objects(OPEN)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["stops"]["items"]["additionalProperties"] is False
+    assert closed["properties"]["when"]["anyOf"][1]["additionalProperties"] is False
+    assert closed["$defs"]["Unit"]["additionalProperties"] is False
+    assert OPEN.get("additionalProperties") is None  # (the declaration is not changed)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
+    {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
+    {"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}},
+    {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+    {"type": "object", "properties": {"a": {}}, "allOf": [{"required": ["a"]}]},
+    {"type": "object"},
+])
+def test_what_the_schema_says_of_other_keys_stands(schema: dict[str, Any]) -> None:
+    assert closed_objects(schema) == schema
+
+
+@pytest.mark.parametrize("value", [
+    {"city": "Rome"}, {"city": "Rome", "x": 1}, {"city": "Rome", "stops": [{"name": "a"}]},
+    {"city": "Rome", "stops": [{"name": "a", "b": 2}]}, {"city": "Rome", "when": {"day": 1}},
+    {"city": "Rome", "when": {"day": 1, "hour": 2}}, {"city": 3}, {},
+])
+def test_what_the_closed_schema_takes_the_declared_one_takes(value: dict[str, Any]) -> None:
+    if jsonschema.Draft202012Validator(closed_objects(OPEN)).is_valid(value):
+        assert jsonschema.Draft202012Validator(OPEN).is_valid(value)

@@ -187,7 +187,7 @@ async def test_a_forced_call_is_written_in_the_templates_own_syntax(
     """With a template that teaches tools, a forced call is offered by the template and
     held to the syntax it teaches; every call parses and validates (a string argument
     written bare in the tagged syntaxes stays a string), and the text is that syntax's."""
-    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=2048, n_seq_max=1, calibrate=False, threads=1,
+    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=2048, n_seq_max=1, calibrate=False, threads=2,
                                     chat_template_file=str(DATA / template)))
     try:
         assert call_syntax(rt) == syntax
@@ -218,7 +218,7 @@ async def test_with_auto_a_tagged_call_is_held_to_its_schema(template: str) -> N
     """In the tagged syntaxes (Qwen 3.5's XML, GLM's) too, ``auto`` leaves the model free
     until it opens a call; from there each argument is held to its schema, so every whole
     call reads back valid. (The logit bias lures the small model into opening calls.)"""
-    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=2048, n_seq_max=1, calibrate=False, threads=1,
+    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=2048, n_seq_max=1, calibrate=False, threads=2,
                                     chat_template_file=str(DATA / template)))
     try:
         async with http_daemon(rt) as (server, _path, http):

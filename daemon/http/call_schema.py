@@ -23,12 +23,15 @@ from typing import Any, Final
 __all__ = ["closed_objects", "hoist_defs"]
 
 _DEF_KEYS: Final = ("$defs", "definitions")
-#: Keywords whose sub-schemas are each a whole schema of a value (closing an object
-#: there keeps the value valid); ``allOf`` is not among them (its parts describe one
-#: object together, and closing one part would refuse the others' keys).
-_EACH_SCHEMA: Final = ("items", "additionalItems", "contains", "not", "if", "then", "else")
-_SCHEMA_LISTS: Final = ("anyOf", "oneOf", "prefixItems")
-_SCHEMA_MAPS: Final = ("properties", "$defs", "definitions", "patternProperties")
+#: Keywords whose sub-schemas each hold a value the whole must hold (closing an object
+#: there only refuses more). Not among them: ``allOf`` (its parts describe one object
+#: together, and closing one part would refuse the others' keys), and ``not``, ``if``
+#: and ``oneOf`` (a closed negation, condition or rival alternative would let through
+#: what the schema refuses).
+_EACH_SCHEMA: Final = ("items", "additionalItems", "contains", "then", "else")
+_SCHEMA_LISTS: Final = ("anyOf", "prefixItems")
+_SCHEMA_MAPS: Final = ("properties", "patternProperties")
+_UNSOUND: Final = ("not", "if", "oneOf")
 
 
 def _renamed(value: Any, prefix: str) -> Any:
@@ -61,26 +64,37 @@ def hoist_defs(schema: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dic
     return _renamed(body, prefix), defs
 
 
+def _mentions(value: Any, keys: tuple[str, ...]) -> bool:
+    if isinstance(value, list):
+        return any(_mentions(item, keys) for item in value)
+    return isinstance(value, dict) and (any(k in value for k in keys) or any(
+        _mentions(item, keys) for item in value.values()))
+
+
 def closed_objects(schema: Any) -> Any:
     """``schema`` with every object that lists ``properties`` and leaves
     ``additionalProperties`` (and ``patternProperties``, ``unevaluatedProperties``,
-    ``allOf``) unsaid taking only those properties."""
-    if isinstance(schema, list):
-        return [closed_objects(item) for item in schema]
+    ``allOf``) unsaid taking only those properties. Its ``$defs`` are closed too unless
+    the schema says ``not``, ``if`` or ``oneOf`` anywhere (a ``$ref`` from there would
+    reach a closed definition)."""
+    return _closed(schema, defs=not _mentions(schema, _UNSOUND))
+
+
+def _closed(schema: Any, *, defs: bool) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
     for key in _EACH_SCHEMA:
         if key in out:
-            out[key] = closed_objects(out[key])
+            out[key] = _closed(out[key], defs=defs)
     for key in _SCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [closed_objects(item) for item in out[key]]
-    for key in _SCHEMA_MAPS:
+            out[key] = [_closed(item, defs=defs) for item in out[key]]
+    for key in (*_SCHEMA_MAPS, *(("$defs", "definitions") if defs else ())):
         if isinstance(out.get(key), dict):
-            out[key] = {name: closed_objects(sub) for name, sub in out[key].items()}
+            out[key] = {name: _closed(sub, defs=defs) for name, sub in out[key].items()}
     if isinstance(out.get("additionalProperties"), dict):
-        out["additionalProperties"] = closed_objects(out["additionalProperties"])
+        out["additionalProperties"] = _closed(out["additionalProperties"], defs=defs)
     if isinstance(out.get("properties"), dict) and not any(k in out for k in (
             "additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")):
         out["additionalProperties"] = False

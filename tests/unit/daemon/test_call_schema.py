@@ -75,6 +75,11 @@ def test_an_object_that_lists_its_properties_takes_only_those() -> None:
     {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
     {"type": "object", "properties": {"a": {}}, "allOf": [{"required": ["a"]}]},
     {"type": "object"},
+    {"if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}},
+    {"not": {"properties": {"kind": {"const": "a"}}}},
+    {"oneOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+    {"oneOf": [{"$ref": "#/$defs/A"}, {"required": ["b"]}],
+     "$defs": {"A": {"properties": {"a": {}}}}},
 ])
 def test_what_the_schema_says_of_other_keys_stands(schema: dict[str, Any]) -> None:
     assert closed_objects(schema) == schema

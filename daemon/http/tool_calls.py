@@ -291,7 +291,8 @@ def lazy_call_grammar(spec: ToolSpec, *, special_open: str | None,
             r"FREE: /([^{](.|\n)*)?/",
             f'body: %json {json.dumps(_call_schema(functions, "parameters"))}']) + "\n"
     opens = "open_text | open_special" if special_open else "open_text"
-    later = special_open or json.dumps(opener_of(syntax))
+    literal = json.dumps(opener_of(syntax))
+    later = special_open or literal
     if syntax in TAGGED_SYNTAXES:
         rules = [f"start: call{many} TEXT", f"call: ({opens}) tagged",
                  *tagged_call_rules(functions, syntax, "tagged")]
@@ -306,9 +307,8 @@ def lazy_call_grammar(spec: ToolSpec, *, special_open: str | None,
                  f"body: %json {json.dumps(_call_schema(functions))}"]
     else:
         raise ValueError(f"no lazy grammar for the {syntax!r} syntax")
-    opener = json.dumps(opener_of(syntax))
     return "\n".join(["%llguidance {}", *rules, r"TEXT: /(.|\n)*/",
-                      f"open_text[lazy]: TEXT {opener}",
+                      f"open_text[lazy]: TEXT {literal}",
                       *([f"open_special: TEXT {special_open}"] if special_open else [])]) + "\n"
 
 

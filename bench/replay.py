@@ -86,7 +86,7 @@ Drafter = Callable[[list[int], int], list[int]]
 Observer = Callable[[int, int, tuple[int, ...]], None]
 
 
-def _replay(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, k_cap: int,
+def replay_rule(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, k_cap: int,
             draft: Drafter, observe: Observer | None = None) -> Replay:
     """Step through ``text`` (plain decoding's tokens after ``prompt``) as the engine
     does: each step asks ``draft`` for at most ``k_cap`` tokens (fewer where the text or
@@ -135,7 +135,7 @@ def replay_ngram(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *
         prop.observe(Outcome(proposed, accepted, committed))
 
     try:
-        return _replay(prompt, text, curve, draft_max, draft, observe)
+        return replay_rule(prompt, text, curve, draft_max, draft, observe)
     finally:
         prop.close()
 
@@ -154,10 +154,10 @@ def replay_simple(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, 
                 return seq[j + n:j + n + k_max]
         return []
 
-    return _replay(prompt, text, curve, m, draft)
+    return replay_rule(prompt, text, curve, m, draft)
 
 
-def _hold(tokens: Sequence[int], end: int, text: Sequence[int], pos: int, limit: int) -> int:
+def held_from(tokens: Sequence[int], end: int, text: Sequence[int], pos: int, limit: int) -> int:
     """How many of at most ``limit`` tokens drafted from the occurrence ending at ``end``
     (repeating periodically where it runs into the end, as the proposer drafts) match
     ``text`` from ``pos`` on."""
@@ -177,7 +177,7 @@ def foresight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
     pos, cost = 1, 0.0
     while pos < len(text):
         k_max = min(draft_max, len(text) - pos - 1, curve.max_k)
-        hold = max((_hold(index.tokens, end, text, pos, k_max)
+        hold = max((held_from(index.tokens, end, text, pos, k_max)
                     for _, end in index.matches()), default=0)
         k = max(range(hold + 1), key=lambda j: ((j + 1) / curve.cost(j), -j))
         cost += curve.cost(k)
@@ -205,7 +205,7 @@ def hindsight(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, *,
         n, end = next(index.matches(), (0, 0))
         limit = min(draft_max, len(text) - pos - 1)
         classes.append(length_class(n) + 1 if n > 0 else 0)  # 0: no match, never drafts
-        holds.append(_hold(index.tokens, end, text, pos, limit) if n > 0 else 0)
+        holds.append(held_from(index.tokens, end, text, pos, limit) if n > 0 else 0)
         index.extend([text[pos]])
     top = min(draft_max, curve.max_k)
 

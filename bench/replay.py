@@ -310,6 +310,37 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The options every replay command shares: where it runs and how the curve is
+    measured."""
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--ctx", type=int, default=4096, help="context per sequence")
+    p.add_argument("--draft-max", type=int, default=32)
+    p.add_argument("--cost-reps", type=int, default=5,
+                   help="rounds of the cost measurement (default 5)")
+    p.add_argument("--json", metavar="FILE", default=None)
+
+
+def run_reports(models: Sequence[str], json_path: str | None,
+                replay: Callable[..., dict[str, Any]],
+                table: Callable[[dict[str, Any]], str]) -> int:
+    """Replay each model (``replay(name, log=...)``), print its table as it ends, and
+    write every report to ``json_path`` where one is given."""
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    reports = []
+    for name in models:
+        report = replay(name, log=log)
+        print(table(report), flush=True)
+        reports.append(report)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(reports, f, indent=1)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m meshd.bench.replay",
                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -321,30 +352,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=128, help="tokens per text (default 128)")
     p.add_argument("--reps", type=int, default=3,
                    help="passes of meshd's proposer over the workloads (default 3)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--ctx", type=int, default=4096, help="context per sequence")
-    p.add_argument("--draft-max", type=int, default=32)
-    p.add_argument("--cost-reps", type=int, default=5,
-                   help="rounds of the cost measurement (default 5)")
-    p.add_argument("--json", metavar="FILE", default=None)
+    add_run_options(p)
     args = p.parse_args(argv)
     if args.tokens < 2 or args.reps < 1 or args.draft_max < 1:
         p.error("--tokens must be at least 2, --reps and --draft-max at least 1")
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    reports = []
-    for name in args.model or ["smollm2-q8_0", "smollm2-q4_1"]:
-        report = replay_model(name, workloads=args.workload or None, tokens=args.tokens,
-                              reps=args.reps, threads=args.threads, n_ctx=args.ctx,
-                              draft_max=args.draft_max, cost_reps=args.cost_reps, log=log)
-        print(format_table(report), flush=True)
-        reports.append(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(reports, f, indent=1)
-    return 0
+    return run_reports(
+        args.model or ["smollm2-q8_0", "smollm2-q4_1"], args.json,
+        lambda name, log: replay_model(
+            name, workloads=args.workload or None, tokens=args.tokens, reps=args.reps,
+            threads=args.threads, n_ctx=args.ctx, draft_max=args.draft_max,
+            cost_reps=args.cost_reps, log=log),
+        format_table)
 
 
 if __name__ == "__main__":

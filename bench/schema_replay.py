@@ -32,7 +32,6 @@ forwards' noise are left out. This prints numbers; it never fails on them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -47,7 +46,7 @@ from meshd.plugins.ngram import NgramProposer
 from meshd.plugins.suffix_index import SuffixIndex
 from meshd.policy.costs import CostCurve
 
-from .replay import Replay, held_from, replay_rule
+from .replay import Replay, add_run_options, held_from, replay_rule, run_reports
 
 #: Builds a fresh matcher for the answer's grammar (one per rule).
 Matchers = Callable[[], LLMatcher]
@@ -251,31 +250,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="constrained workload name or FILE.json (repeatable; default: the "
                         "shipped schema-* workloads)")
     p.add_argument("--tokens", type=int, default=256, help="tokens per answer (default 256)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--ctx", type=int, default=4096, help="context per sequence")
-    p.add_argument("--draft-max", type=int, default=32)
-    p.add_argument("--cost-reps", type=int, default=5,
-                   help="rounds of the cost measurement (default 5)")
-    p.add_argument("--json", metavar="FILE", default=None)
+    add_run_options(p)
     args = p.parse_args(argv)
     if args.tokens < 2 or args.draft_max < 1:
         p.error("--tokens must be at least 2, --draft-max at least 1")
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    reports = []
-    for name in args.model or ["smollm2-q8_0"]:
-        report = replay_schema_model(name, workloads=args.workload, tokens=args.tokens,
-                                     threads=args.threads, n_ctx=args.ctx,
-                                     draft_max=args.draft_max, cost_reps=args.cost_reps,
-                                     log=log)
-        print(format_table(report), flush=True)
-        reports.append(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(reports, f, indent=1)
-    return 0
+    return run_reports(
+        args.model or ["smollm2-q8_0"], args.json,
+        lambda name, log: replay_schema_model(
+            name, workloads=args.workload, tokens=args.tokens, threads=args.threads,
+            n_ctx=args.ctx, draft_max=args.draft_max, cost_reps=args.cost_reps, log=log),
+        format_table)
 
 
 if __name__ == "__main__":

@@ -170,6 +170,13 @@ class Run:
         return None if per_token is None else per_token[0]
 
     @property
+    def copy_accepted_share(self) -> float | None:
+        """Of those tokens, the share meshd drafted as a copy of the prompt into a JSON
+        string value and then accepted (None: no counters)."""
+        per_token = grammar_per_token(self.requests)
+        return None if per_token is None else per_token[2]
+
+    @property
     def grammar_ms_per_token(self) -> float | None:
         """meshd's time choosing tokens under the constraint, per emitted token."""
         per_token = grammar_per_token(self.requests)
@@ -179,6 +186,7 @@ class Run:
         return {"arm": self.arm, "rep": self.rep, "decode_tok_s": self.decode_tok_s,
                 "host_ms_per_step": self.host_ms_per_step,
                 "forced_accepted_share": self.forced_accepted_share,
+                "copy_accepted_share": self.copy_accepted_share,
                 "grammar_ms_per_token": self.grammar_ms_per_token,
                 "requests": [r.as_dict() for r in self.requests]}
 
@@ -333,6 +341,7 @@ def _summary(runs: Sequence[Run]) -> dict[str, Any]:
         "decode_tok_s": _median(rates),
         "host_ms_per_step": _median([r.host_ms_per_step for r in runs]),
         "forced_accepted_share": _median([r.forced_accepted_share for r in runs]),
+        "copy_accepted_share": _median([r.copy_accepted_share for r in runs]),
         "grammar_ms_per_token": _median([r.grammar_ms_per_token for r in runs]),
         "ttft_s": _median([q.ttft_s for q in reqs]),
         "completion_tokens": _median([q.result.completion_tokens for q in reqs]),

@@ -57,7 +57,8 @@ def _table(table: Mapping[str, Any], clients: int) -> list[str]:
     out = [f"-- {table['workload']}, {who}",
            f"  {'arm':<28} {'decode tok/s':>12} {'TTFT ms':>8} {'tokens':>6} "
            f"{'prompt':>6} {'text = meshd':>12} {'meshd / arm':>11}"
-           + (f" {'forced acc':>10} {'grammar ms/tok':>14}" if constrained else "")]
+           + (f" {'forced acc':>10} {'copy acc':>8} {'grammar ms/tok':>14}" if constrained
+              else "")]
     over = table["meshd_over"]
     for name, s in table["arms"].items():
         ttft = None if s["ttft_s"] is None else 1e3 * s["ttft_s"]
@@ -96,11 +97,15 @@ def _constrained(table: Mapping[str, Any]) -> bool:
 
 def _grammar_cells(s: Mapping[str, Any]) -> str:
     """``forced acc``: % of emitted tokens the grammar forced and meshd accepted;
+    ``copy acc``: % meshd copied from the prompt into string values and accepted;
     ``grammar ms/tok``: meshd's time choosing under the constraint per token ("-" where
     the answers carried no counters: not meshd)."""
-    share = s.get("forced_accepted_share")
-    pct = "-" if share is None else f"{100 * share:.1f}%"
-    return f" {pct:>10} {_num(s.get('grammar_ms_per_token'), '.3f'):>14}"
+    cells = [_pct(s.get("forced_accepted_share")), _pct(s.get("copy_accepted_share"))]
+    return f" {cells[0]:>10} {cells[1]:>8} {_num(s.get('grammar_ms_per_token'), '.3f'):>14}"
+
+
+def _pct(share: object) -> str:
+    return "-" if not isinstance(share, float | int) else f"{100 * share:.1f}%"
 
 
 def _same(flags: list[bool] | None) -> str:

@@ -41,10 +41,14 @@ import attrs
 from llguidance import LLMatcher, LLTokenizer
 
 from meshd.native.calibrate import measure_row_costs
+from meshd.native.tokenizer import Tokenizer
 from meshd.plugins.base import Outcome, ProposalRequest
 from meshd.plugins.ngram import NgramProposer
 from meshd.plugins.suffix_index import SuffixIndex
+from meshd.plugins.value_copy import COPY_PRIOR, ValueCopyProposer
+from meshd.policy.acceptance import AcceptanceTracker
 from meshd.policy.costs import CostCurve
+from meshd.policy.draft_length import AdaptiveK
 
 from .replay import Replay, add_run_options, held_from, replay_rule, run_reports
 
@@ -61,6 +65,8 @@ class SchemaReplay:
     forced: Replay
     lookup: Replay
     seer: float
+    #: The engine's rule (forced, value copy, lookup); None without a tokenizer to copy.
+    meshd: Replay | None = None
 
 
 class _Follower:
@@ -130,6 +136,52 @@ def replay_forced_lookup(prompt: Sequence[int], text: Sequence[int], curve: Cost
         prop.close()
 
 
+def replay_engine(prompt: Sequence[int], text: Sequence[int], curve: CostCurve,
+                  matchers: Matchers, copier: Callable[[], ValueCopyProposer], *,
+                  draft_max: int = 32, copy_prior: float = COPY_PRIOR,
+                  eog: frozenset[int] = frozenset()) -> Replay:
+    """The engine's rule on a JSON document: forced tokens first; else a copy of the
+    string value being written out of the prompt (lengths by the cost model at its
+    measured acceptance, as the engine's copy gate chooses them), cut where the
+    grammar forbids; else the n-gram proposer, cut likewise."""
+    follow = _Follower(matchers(), len(prompt))
+    copy = copier()
+    gate = AdaptiveK(curve, AcceptanceTracker(prior=copy_prior), k_max=draft_max)
+    prop = NgramProposer(curve=lambda: curve, eog_tokens=eog)
+    kind = [""]
+
+    def draft(seq: list[int], k_max: int) -> list[int]:
+        forced = follow.forced(seq)[:k_max]
+        kind[0] = "forced"
+        if forced:
+            return forced
+        valid = follow.matcher.validate_tokens
+        copied = list(copy.draft(seq))
+        if copied:
+            k = gate.next_k(k_max)
+            copied = copied[:k]
+            copied = copied[:valid(copied)] if copied else []
+            if copied:
+                kind[0] = "copy"
+                return copied
+        kind[0] = "lookup"
+        got = prop.propose(ProposalRequest(tokens=seq, n_prompt=len(prompt), max_len=k_max,
+                                           deadline=0.0))
+        tokens = list(got.tokens) if got is not None else []
+        return tokens[:valid(tokens)] if tokens else []
+
+    def observe(proposed: int, accepted: int, committed: tuple[int, ...]) -> None:
+        if kind[0] == "copy":
+            gate.observe(proposed, accepted)
+        elif kind[0] == "lookup":
+            prop.observe(Outcome(proposed, accepted, committed))
+
+    try:
+        return replay_rule(prompt, text, curve, draft_max, draft, observe)
+    finally:
+        prop.close()
+
+
 def seer(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, matchers: Matchers,
          *, draft_max: int = 32) -> float:
     """Foresight over the forced run and the suffix chain's matches (module docstring)."""
@@ -154,14 +206,17 @@ def seer(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, matchers:
 
 
 def replay_answer(prompt: Sequence[int], text: Sequence[int], curve: CostCurve,
-                  matchers: Matchers, *, draft_max: int = 32,
-                  eog: frozenset[int] = frozenset()) -> SchemaReplay:
-    """Every rule over one answer (``text``: plain constrained decoding's tokens)."""
+                  matchers: Matchers, *, copier: Callable[[], ValueCopyProposer] | None = None,
+                  draft_max: int = 32, eog: frozenset[int] = frozenset()) -> SchemaReplay:
+    """Every rule over one answer (``text``: plain constrained decoding's tokens);
+    the engine's own with ``copier`` (a fresh value-copy proposer for ``prompt``)."""
     return SchemaReplay(
         len(text), forced_share(prompt, text, matchers),
         replay_forced(prompt, text, curve, matchers, draft_max=draft_max),
         replay_forced_lookup(prompt, text, curve, matchers, draft_max=draft_max, eog=eog),
-        seer(prompt, text, curve, matchers, draft_max=draft_max))
+        seer(prompt, text, curve, matchers, draft_max=draft_max),
+        None if copier is None else replay_engine(prompt, text, curve, matchers, copier,
+                                                  draft_max=draft_max, eog=eog))
 
 
 def replay_schema_model(name: str, *, workloads: Sequence[str] | None, tokens: int,
@@ -204,6 +259,7 @@ def replay_schema_model(name: str, *, workloads: Sequence[str] | None, tokens: i
             if len(text) < 2:
                 continue
             got = replay_answer(prompt, text, curve, _matchers(vocab, grammar),
+                                copier=_copier(rt.model.tokenizer, prompt),
                                 draft_max=draft_max, eog=eog)
             rows.append({"workload": w.name, **attrs.asdict(got),
                          "costs": list(curve.costs[:9])})
@@ -216,6 +272,11 @@ def _matchers(vocab: LLTokenizer, grammar: str) -> Matchers:
     return lambda: LLMatcher(vocab, grammar, log_level=0)
 
 
+def _copier(tokenizer: Tokenizer, prompt: Sequence[int]) -> Callable[[], ValueCopyProposer]:
+    return lambda: ValueCopyProposer(prompt, tokenizer.piece,
+                                     lambda text: tokenizer.tokenize(text, add_special=False))
+
+
 def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 1.0
 
@@ -225,17 +286,19 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [f"{report['model']} ({report['threads']} threads): speedup over plain "
              "constrained decoding, on its own answer",
              f"  {'workload':<18} {'tokens':>6} {'forced share':>12} {'forced':>7} "
-             f"{'+lookup':>7} {'seer':>6}  c(1) c(3) c(7)"]
+             f"{'+lookup':>7} {'meshd':>6} {'seer':>6}  c(1) c(3) c(7)"]
     rows = report["workloads"]
     for r in rows:
         c = r["costs"]
         lines.append(f"  {r['workload']:<18} {r['tokens']:>6} {r['forced_share']:>11.1%} "
                      f"{r['forced']['speedup']:>7.2f} {r['lookup']['speedup']:>7.2f} "
-                     f"{r['seer']:>6.2f}  {c[1]:.2f} {c[3]:.2f} {c[7]:.2f}")
+                     f"{r['meshd']['speedup']:>6.2f} {r['seer']:>6.2f}  "
+                     f"{c[1]:.2f} {c[3]:.2f} {c[7]:.2f}")
     if rows:
         lines.append(f"  {'geometric mean':<18} {'':>6} {'':>12} "
                      f"{geomean([r['forced']['speedup'] for r in rows]):>7.2f} "
                      f"{geomean([r['lookup']['speedup'] for r in rows]):>7.2f} "
+                     f"{geomean([r['meshd']['speedup'] for r in rows]):>6.2f} "
                      f"{geomean([r['seer'] for r in rows]):>6.2f}")
     return "\n".join(lines)
 

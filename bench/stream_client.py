@@ -40,6 +40,9 @@ class GrammarStats:
     #: Drafted tokens the constraint forced, and how many of them were accepted.
     forced_drafted: int = 0
     forced_accepted: int = 0
+    #: Drafted tokens copied from the prompt into a JSON string value, and accepted.
+    copy_drafted: int = 0
+    copy_accepted: int = 0
     #: Draft tokens cut because the constraint forbade them.
     grammar_cut: int = 0
     #: Time choosing tokens under the constraint, and rows that needed a full mask.
@@ -55,6 +58,8 @@ class GrammarStats:
         try:
             return cls(forced_drafted=int(extra.get("forced_drafted", 0)),
                        forced_accepted=int(extra.get("forced_accepted", 0)),
+                       copy_drafted=int(extra.get("copy_drafted", 0)),
+                       copy_accepted=int(extra.get("copy_accepted", 0)),
                        grammar_cut=int(extra.get("grammar_cut", 0)),
                        grammar_ms=float(extra["grammar_ms"]),
                        grammar_masks=int(extra.get("grammar_masks", 0)))
@@ -200,17 +205,20 @@ def decode_rate(tokens: int | None, t_first: float | None, t_last: float | None,
     return (tokens - 1) / (t_last - t_first)
 
 
-def grammar_per_token(records: Sequence[RequestRecord]) -> tuple[float, float] | None:
-    """``(sum forced_accepted, sum grammar_ms)`` over the tokens of the requests whose
-    answer carried meshd's constraint counters (None: none did): what share of the
-    answer the constraint forced, and what choosing under it cost per token."""
+def grammar_per_token(records: Sequence[RequestRecord],
+                      ) -> tuple[float, float, float] | None:
+    """``(sum forced_accepted, sum grammar_ms, sum copy_accepted)`` over the tokens of
+    the requests whose answer carried meshd's constraint counters (None: none did): what
+    share of the answer the constraint forced, what choosing under it cost per token,
+    and what share meshd copied from the prompt into string values."""
     carried = [(g, r.result.completion_tokens) for r in records
                if (g := r.result.grammar) is not None and r.result.error is None]
     tokens = sum(n or 0 for _, n in carried)
     if not carried or tokens <= 0:
         return None
     return (sum(g.forced_accepted for g, _ in carried) / tokens,
-            sum(g.grammar_ms for g, _ in carried) / tokens)
+            sum(g.grammar_ms for g, _ in carried) / tokens,
+            sum(g.copy_accepted for g, _ in carried) / tokens)
 
 
 def aggregate_decode_rate(records: Sequence[RequestRecord]) -> float | None:

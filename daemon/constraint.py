@@ -79,6 +79,18 @@ def _grammar_text(kind: str, value: object) -> str:
                           f"(one of {', '.join(CONSTRAINT_KINDS)})")
 
 
+def is_json_document(grammar: str) -> bool:
+    """Whether llguidance's ``grammar`` is one JSON schema (what ``json_schema`` and
+    ``json_object`` compile to), not a lark, regex or tool-call grammar."""
+    try:
+        parsed = json.loads(grammar)
+    except ValueError:
+        return False
+    grammars = parsed.get("grammars") if isinstance(parsed, dict) else None
+    return (isinstance(grammars, list) and len(grammars) == 1
+            and isinstance(grammars[0], dict) and grammars[0].get("json_schema") is not None)
+
+
 def compile_grammar(kind: str, value: object, tokenizer: LLTokenizer) -> str:
     """llguidance's grammar for a constraint, checked against the model's vocabulary.
 
@@ -105,6 +117,9 @@ class GrammarState:
         #: Full masks computed (each a pass over the vocabulary), for the statistics.
         self.masks = 0
         self._forced: list[int] | None = None
+        #: The grammar holds the whole answer to one JSON document (a JSON schema or
+        #: ``json_object``): an unescaped quote in it opens or closes a string.
+        self.json_document = is_json_document(grammar)
 
     def allows(self, token: int) -> bool:
         """May ``token`` come next? (End-of-generation tokens once the grammar accepts.)"""

@@ -31,6 +31,7 @@ from meshd.native.session import SequenceSession
 from meshd.native.tokenizer import Tokenizer, Utf8Assembler
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
 from meshd.plugins.grammar import GrammarProposer
+from meshd.plugins.value_copy import COPY_PRIOR, ValueCopyProposer
 from meshd.policy.costs import CostModel, RepairCost
 from meshd.policy.decision import (
     FinishReason,
@@ -154,10 +155,19 @@ class Generation:
         #: Drafts of the forced tokens, with their own gate (they hold far more often).
         self.forced: GrammarProposer | None = None
         self.forced_gate: StepGate | None = None
+        #: Copies of the JSON string value being written out of the prompt, gated apart.
+        self.copy: ValueCopyProposer | None = None
+        self.copy_gate: StepGate | None = None
         if grammar is not None and proposer is not None:
             self.forced = GrammarProposer(grammar.forced)
             self.forced_gate = StepGate(costs, draft_max=settings.draft_max, adaptive=True,
                                         prior=settings.forced_prior or FORCED_PRIOR, streaks=False)
+            if grammar.json_document:
+                self.copy = ValueCopyProposer(
+                    prompt, tokenizer.piece,
+                    lambda text: tokenizer.tokenize(text, add_special=False))
+                self.copy_gate = StepGate(costs, draft_max=settings.draft_max,
+                                          adaptive=True, prior=COPY_PRIOR)
         self.finish: FinishReason | None = None
         self.last = -1
         self.committed: list[int] = []
@@ -344,9 +354,13 @@ class Generation:
         no more than ``cap`` (the length chosen for a shared forward)."""
         if self.done:
             raise RuntimeError("generation finished")
-        draft = self._forced_draft(cap)
+        draft = self._side_draft(self.forced, self.forced_gate, cap)
         forced = bool(draft)
+        copied = False
         if not forced:
+            draft = self._side_draft(self.copy, self.copy_gate, cap)
+            copied = bool(draft)
+        if not forced and not copied:
             wanted = self._gate()
             k = wanted if cap is None else min(wanted, cap)
             if k == 0 < wanted:
@@ -367,21 +381,24 @@ class Generation:
         caps = RepairCaps(self.session.recurrent, self.session.rollback_window, False)
         if needs_checkpoint(len(draft), caps):
             self.session.checkpoint()
-        return Window(self.last, self.session.n_past, draft, forced=forced)
+        return Window(self.last, self.session.n_past, draft, forced=forced, copied=copied)
 
-    def _forced_draft(self, cap: int | None) -> tuple[int, ...]:
-        """The tokens the constraint forces next, as this step's draft, when its gate
-        says a window of them pays (empty otherwise)."""
-        grammar, gate = self.grammar, self.forced_gate
-        if grammar is None or gate is None or self.forced is None or not grammar.forced():
+    def _side_draft(self, side: GrammarProposer | ValueCopyProposer | None,
+                    gate: StepGate | None, cap: int | None) -> tuple[int, ...]:
+        """A draft from the constraint's side (the tokens it forces, or a JSON value
+        copied out of the prompt), each with its own gate: where ``side`` has one and
+        its gate says a window pays, cut where the grammar forbids (empty otherwise)."""
+        grammar = self.grammar
+        if side is None or gate is None or grammar is None or not side.ready(self.tokens):
             return ()
-        k_max = self._reach()
-        if cap is not None:
-            k_max = min(k_max, cap)
+        k_max = self._reach() if cap is None else min(self._reach(), cap)
         k = gate.verdict(StepFacts(
             exact_verifiable=self.sampler.params.exact_verifiable, k_max=k_max,
             repair=self._repair_cost() if self.session.recurrent else None)).k
-        return self._propose(self.forced, k, gate) if k > 0 else ()
+        draft = self._propose(side, k, gate) if k > 0 else ()
+        keep = grammar.valid_prefix(draft)
+        self.stats.grammar_cut += len(draft) - keep
+        return draft[:keep]
 
     def _propose(self, proposer: Proposer, k: int, gate: StepGate | None = None,
                  ) -> tuple[int, ...]:
@@ -487,10 +504,14 @@ class Generation:
                 self.forced_gate.verified(k, matched)
                 self.stats.forced_drafted += k
                 self.stats.forced_accepted += accepted
+            elif window.copied and self.copy_gate is not None:
+                self.copy_gate.verified(k, matched)
+                self.stats.copy_drafted += k
+                self.stats.copy_accepted += accepted
             else:
                 self.gate.verified(k, matched)
                 self.acceptance.observe(k, matched)
-        if self.proposer is not None and k > 0 and not window.forced:
+        if self.proposer is not None and k > 0 and not (window.forced or window.copied):
             try:
                 self.proposer.observe(Outcome(k, accepted, decision.committed))
             except Exception:

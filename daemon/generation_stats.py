@@ -48,6 +48,10 @@ class GenerationStats:
     forced_drafted: int = 0
     """Drafted tokens that the request's constraint forced (part of ``drafted``)."""
     forced_accepted: int = 0
+    copy_drafted: int = 0
+    """Drafted tokens copied from the prompt into a JSON string value (part of
+    ``drafted``)."""
+    copy_accepted: int = 0
     grammar_cut: int = 0
     """Draft tokens the constraint forbade, cut before they were verified."""
     grammar_ms: float = 0.0
@@ -119,6 +123,8 @@ class GenerationStats:
             "proposer_faults": dict(self.proposer_faults),
             "forced_drafted": self.forced_drafted,
             "forced_accepted": self.forced_accepted,
+            "copy_drafted": self.copy_drafted,
+            "copy_accepted": self.copy_accepted,
             "grammar_cut": self.grammar_cut,
             "grammar_ms": self.grammar_ms,
             "grammar_masks": self.grammar_masks,

@@ -86,6 +86,7 @@ def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.Spec
     if stats.grammar_ms > 0.0:  # the request had an output constraint
         extra.update(forced_drafted=stats.forced_drafted,
                      forced_accepted=stats.forced_accepted,
+                     copy_drafted=stats.copy_drafted, copy_accepted=stats.copy_accepted,
                      grammar_cut=stats.grammar_cut, grammar_ms=stats.grammar_ms,
                      grammar_masks=stats.grammar_masks)
     return wire.SpeculationStats(

@@ -26,6 +26,8 @@ class Window:
     real: int | None = None
     #: The draft is the tokens the request's constraint forces (the grammar proposer's).
     forced: bool = False
+    #: The draft copies the JSON value being written out of the prompt (value copy).
+    copied: bool = False
 
     @property
     def drafted(self) -> int:

@@ -30,6 +30,10 @@ class GrammarProposer:
     def __init__(self, forced: Callable[[], Sequence[int]]) -> None:
         self._forced = forced
 
+    def ready(self, tokens: Sequence[int]) -> bool:
+        """Whether the constraint forces a token next (``tokens`` are its own state)."""
+        return bool(self._forced())
+
     def propose(self, request: ProposalRequest) -> Proposal | None:
         tokens = tuple(self._forced()[: request.max_len])
         return Proposal(tokens) if tokens else None

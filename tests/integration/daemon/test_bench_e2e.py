@@ -238,12 +238,13 @@ def _meshd_finish(extra: dict[str, object]) -> object:
 
 def test_sse_keeps_meshds_constraint_counters() -> None:
     extra = {"trims": 0, "forced_drafted": 6, "forced_accepted": 5, "grammar_cut": 1,
-             "grammar_ms": 0.8, "grammar_masks": 2}
+             "grammar_ms": 0.8, "grammar_masks": 2, "copy_drafted": 4, "copy_accepted": 3}
     r = parse_sse(_sse(_chat('{"city": '), _chat('"Paris"}'), _meshd_finish(extra),
                        {"choices": [], "usage": {"completion_tokens": 10}}, "[DONE]"))
     assert r.text == '{"city": "Paris"}' and r.completion_tokens == 10
     assert r.grammar == GrammarStats(forced_drafted=6, forced_accepted=5, grammar_cut=1,
-                                     grammar_ms=0.8, grammar_masks=2)
+                                     grammar_ms=0.8, grammar_masks=2, copy_drafted=4,
+                                     copy_accepted=3)
     # unconstrained meshd (no grammar counters), llama-server (no meshd block)
     assert parse_sse(_sse(_chat("x"), _meshd_finish({"trims": 0}), "[DONE]")).grammar is None
     assert parse_sse(_sse(_chat("x"), _chat(finish="stop"), "[DONE]")).grammar is None
@@ -260,19 +261,21 @@ def test_constraint_counters_per_token_medians_and_identity() -> None:
     figure is the median over runs. The counters do not enter the text comparison."""
     text = '{"city": "Paris"}'
     runs = {
-        "meshd": [Run("meshd", rep, (_record(0, text, 10, GrammarStats(forced_accepted=f,
-                                                                      grammar_ms=ms)),
-                                     _record(1, text, 10, GrammarStats(forced_accepted=f,
-                                                                       grammar_ms=ms))))
+        "meshd": [Run("meshd", rep, (_record(0, text, 10, GrammarStats(
+                                         forced_accepted=f, grammar_ms=ms, copy_accepted=f)),
+                                     _record(1, text, 10, GrammarStats(
+                                         forced_accepted=f, grammar_ms=ms))))
                   for rep, (f, ms) in enumerate([(2, 0.2), (5, 0.6), (3, 0.4)])],
         "llama-server": [Run("llama-server", rep, (_record(0, text, 10, None),
                                                    _record(1, '{"city":"Paris"}', 10, None)))
                          for rep in range(3)],
     }
     assert runs["meshd"][1].forced_accepted_share == 0.5
+    assert runs["meshd"][1].copy_accepted_share == 0.25  # one request of the two copied
     assert runs["meshd"][1].grammar_ms_per_token == pytest.approx(0.06)
     meshd, peer = _summary(runs["meshd"]), _summary(runs["llama-server"])
     assert meshd["forced_accepted_share"] == 0.3
+    assert meshd["copy_accepted_share"] == 0.15
     assert meshd["grammar_ms_per_token"] == pytest.approx(0.04)
     assert meshd["runs"][0]["requests"][0]["grammar"]["forced_accepted"] == 2
     assert (peer["forced_accepted_share"], peer["grammar_ms_per_token"]) == (None, None)
@@ -294,8 +297,10 @@ def _table(name: str, response_format: object) -> dict[str, object]:
            "failed_runs": 0}
     return {"workload": name, "response_format": response_format, "meshd_over": {"p": 1.0},
             "not_run": {}, "best_peer": None, "meshd_over_best_peer": None, "arms": {
-                "meshd": {**arm, "forced_accepted_share": 0.25, "grammar_ms_per_token": 0.04},
-                "p": {**arm, "forced_accepted_share": None, "grammar_ms_per_token": None,
+                "meshd": {**arm, "forced_accepted_share": 0.25, "copy_accepted_share": 0.125,
+                          "grammar_ms_per_token": 0.04},
+                "p": {**arm, "forced_accepted_share": None, "copy_accepted_share": None,
+                      "grammar_ms_per_token": None,
                       "same_text_as_meshd": [True]}}}
 
 
@@ -305,9 +310,10 @@ def test_report_adds_the_constraint_columns_only_to_constrained_workloads() -> N
     assert "forced acc" not in free
     assert re.search(r"^  meshd +50\.0 +100 +8 +30 +- +-$", free, re.M)
     assert re.search(r"^  p +50\.0 +100 +8 +30 +1/1 +1\.00x$", free, re.M)
-    assert re.search(r"^  arm .* meshd / arm +forced acc +grammar ms/tok$", json_table, re.M)
-    assert re.search(r"^  meshd +50\.0 .* - +25\.0% +0\.040$", json_table, re.M)
-    assert re.search(r"^  p +50\.0 .* 1\.00x +- +-$", json_table, re.M)
+    assert re.search(r"^  arm .* meshd / arm +forced acc +copy acc +grammar ms/tok$",
+                     json_table, re.M)
+    assert re.search(r"^  meshd +50\.0 .* - +25\.0% +12\.5% +0\.040$", json_table, re.M)
+    assert re.search(r"^  p +50\.0 .* 1\.00x +- +- +-$", json_table, re.M)
 
 
 # --------------------------------------------------------------------------- for real

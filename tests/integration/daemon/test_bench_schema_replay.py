@@ -19,6 +19,7 @@ from meshd.bench.schema_replay import (
     seer,
 )
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.plugins.value_copy import ValueCopyProposer
 from meshd.policy.costs import CostCurve
 
 #: Extra rows cheap (costs in decodes, by rows), as in the prompt-lookup replay's tests.
@@ -87,9 +88,18 @@ def test_a_copied_value_is_drafted_by_the_lookup_where_nothing_is_forced(
     passage = ("The quick brown fox jumps over the lazy dog near the riverbank, while the "
                "old farmer watches from the porch of his wooden house.")
     prompt, text = _answer(rt, grammar, f"Quote this sentence exactly as JSON: {passage}")
-    got = replay_answer(prompt, text, CHEAP, lambda: LLMatcher(vocab, grammar, log_level=0))
+    tokenizer = rt.model.tokenizer
+    got = replay_answer(
+        prompt, text, CHEAP, lambda: LLMatcher(vocab, grammar, log_level=0),
+        copier=lambda: ValueCopyProposer(
+            prompt, tokenizer.piece, lambda s: tokenizer.tokenize(s, add_special=False)))
     assert got.lookup.accepted > got.forced.accepted  # the copy, on top of the keys
     assert got.lookup.speedup > got.forced.speedup
+    # The engine's rule copies the value from its first bytes, before a token n-gram
+    # of the quote has matched: more of it drafted and kept than lookup alone.
+    assert got.meshd is not None
+    assert got.meshd.accepted > got.lookup.accepted
+    assert got.meshd.speedup > got.lookup.speedup
 
 
 def test_the_command_prints_and_writes_its_table(tmp_path: Path,
@@ -104,6 +114,7 @@ def test_the_command_prints_and_writes_its_table(tmp_path: Path,
     (row,) = report["workloads"]
     assert row["workload"] == "schema-classify" and 0.0 < row["forced_share"] < 1.0
     assert row["forced"]["speedup"] >= 1.0 and row["seer"] >= 1.0
+    assert row["meshd"]["drafted"] >= row["forced"]["drafted"]  # the engine's rule ran
 
 
 def test_a_workload_without_a_schema_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import jsonschema
 import pytest
 
-from meshd.daemon.constraint import ConstraintError
+from meshd.daemon.constraint import ConstraintError, is_json_document
 from meshd.daemon.runtime import ModelRuntime
 from meshd.daemon.sampling import SamplingParams
 
@@ -124,6 +124,44 @@ def test_every_output_validates_on_the_default_model() -> None:
                                  max_tokens=256)
             assert gen.finish.value == "eog", text
             jsonschema.validate(json.loads(text), SCHEMAS[schema])
+
+
+def test_values_copied_from_the_prompt_are_drafted_and_change_nothing() -> None:
+    """Inside a JSON string, the value's first bytes found in the prompt: the prompt's
+    continuation is drafted (the default model writes ``"Ing"`` where the prompt has
+    `` Ingrid``, so token lookup finds no match there) and verified like any draft."""
+    rt = runtime("smol")
+    schema = {"type": "object",
+              "properties": {"name": {"type": "string", "maxLength": 40},
+                             "email": {"type": "string", "maxLength": 60},
+                             "order": {"type": "string", "maxLength": 20}},
+              "required": ["name", "email", "order"], "additionalProperties": False}
+    grammar = rt.compile_constraint("json_schema", schema)
+    prompt = prompt_of(rt, "Extract the name, email and order number as JSON.\n\nFrom: "
+                           "Ingrid Solberg <ingrid.solberg@nordkapp-tools.no>\nPlease ship "
+                           "order NK-20931 by express.")
+    for sampling in (GREEDY, SEEDED):
+        plain, plain_gen = generate(rt, prompt, grammar, "off", sampling)
+        assert plain_gen.stats.copy_drafted == 0
+        text, gen = generate(rt, prompt, grammar, "auto", sampling)
+        assert text == plain, sampling
+        assert gen.stats.copy_accepted > 0, (text, gen.stats)
+        assert gen.stats.drafted >= gen.stats.copy_drafted + gen.stats.forced_drafted
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_only_a_json_document_s_strings_are_copied_into() -> None:
+    """Quotes mean a string only where the whole answer is one JSON document."""
+    rt = runtime("smol")
+    assert is_json_document(rt.compile_constraint("json_schema", SCHEMAS["record"]))
+    assert is_json_document(rt.compile_constraint("json_object", None))
+    for kind, value in [("regex", r'"[a-z]+"'), ("lark", 'start: "\\"" /[a-z]+/ "\\""'),
+                        ("gbnf", 'root ::= "\\"" [a-z]+ "\\""')]:
+        grammar = rt.compile_constraint(kind, value)
+        assert not is_json_document(grammar), kind
+        prompt = prompt_of(rt, 'Repeat "lantern" with its quotes: "lantern"')
+        _, gen = generate(rt, prompt, grammar, "auto", GREEDY, max_tokens=12)
+        assert gen.stats.copy_drafted == 0
 
 
 def test_regex_and_lark_constraints_hold_on_every_output() -> None:

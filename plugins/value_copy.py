@@ -31,6 +31,9 @@ MIN_BYTES = 2
 MAX_KEY_BYTES = 64
 #: Bytes of the source's continuation tokenized into a draft.
 MAX_COPY_BYTES = 64
+#: Occurrences of a whole value inside words skipped before giving up (bounds a
+#: step's search in a long prompt full of a short value's bytes).
+MAX_SKIPS = 32
 _QUOTE, _BACKSLASH = 0x22, 0x5C
 
 
@@ -52,7 +55,9 @@ class ValueCopyProposer:
         self._n_prompt = len(prompt)
         self._answer = bytearray()
         self._seen = len(prompt)
-        #: Where the open string begins in the answer (None: outside one), kept current.
+        #: Whether the answer ends inside a string, where that string's bytes begin in
+        #: the answer, and whether its last byte was an escaping backslash: kept
+        #: current as tokens are committed.
         self._inside = False
         self._start = 0
         self._escape = False
@@ -117,7 +122,11 @@ class ValueCopyProposer:
         that starts a word there (a value copied from prose starts where a word does:
         ``"grid`` is no copy of ``Ingrid``)."""
         source, at = self._source, self._source.find(key)
+        skips = 0
         while whole and at > 0 and source[at - 1:at].isalnum():
+            skips += 1
+            if skips > MAX_SKIPS:
+                return -1
             at = source.find(key, at + 1)
         return at
 

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from meshd.plugins.base import ProposalRequest
-from meshd.plugins.value_copy import MAX_COPY_BYTES, MAX_KEY_BYTES, ValueCopyProposer
+from meshd.plugins.value_copy import (
+    MAX_COPY_BYTES,
+    MAX_KEY_BYTES,
+    MAX_SKIPS,
+    ValueCopyProposer,
+)
 
 PROMPT = ("From: Ingrid Solberg <ingrid.solberg@nordkapp.no>\n"
           "Order NK-20931, ship express to Tromsø. Call +47 412 55 810.")
@@ -59,6 +64,13 @@ def test_a_whole_value_is_copied_only_from_where_a_word_starts() -> None:
     assert drafted(make(), '{"name": "grid') == ""
     prompt = "ingrid's grid layout"
     assert drafted(make(prompt), '{"name": "grid', prompt) == " layout"
+
+
+def test_the_search_for_a_word_start_gives_up_after_a_bounded_number_of_skips() -> None:
+    near = "xab " * MAX_SKIPS + "ab near"
+    assert drafted(make(near), '{"k": "ab', near) == " near"
+    far = "xab " * (MAX_SKIPS + 1) + "ab far"
+    assert drafted(make(far), '{"k": "ab', far) == ""
 
 
 def test_a_long_value_is_matched_by_its_tail() -> None:

@@ -18,6 +18,9 @@ curve at the workload's mean decode context, then:
 * ``+lookup``: the same, and where nothing is forced, the daemon's n-gram proposer over
   the prompt and the answer so far, its draft cut at the first token the grammar
   forbids (meshd-auto's rule on a model without an MTP head);
+* ``meshd``: the engine's rule on a JSON document: as ``+lookup``, with a copy of the
+  string value being written out of the prompt (the value-copy proposer, its lengths by
+  the cost model at its measured acceptance) tried before the n-gram proposer;
 * ``seer``: drafting with foresight: each step drafts, from the forced run or the
   suffix chain's match that will hold longest, exactly the number of tokens that pays
   best for that step on the curve. A reference for what drafting from the grammar and
@@ -38,8 +41,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
-from llguidance import LLMatcher, LLTokenizer
+from llguidance import LLTokenizer
 
+from meshd.daemon.constraint import GrammarState
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.tokenizer import Tokenizer
 from meshd.plugins.base import Outcome, ProposalRequest
@@ -52,8 +56,10 @@ from meshd.policy.draft_length import AdaptiveK
 
 from .replay import Replay, add_run_options, held_from, replay_rule, run_reports
 
-#: Builds a fresh matcher for the answer's grammar (one per rule).
-Matchers = Callable[[], LLMatcher]
+#: Builds a fresh grammar state for the answer's grammar (one per rule).
+Grammars = Callable[[], GrammarState]
+#: Builds a fresh value-copy proposer for the answer's prompt.
+Copiers = Callable[[], ValueCopyProposer]
 
 
 @attrs.frozen
@@ -70,28 +76,26 @@ class SchemaReplay:
 
 
 class _Follower:
-    """A matcher kept at the answer's position: the replay hands over the whole
-    sequence each step, and only the answer's new tokens are consumed."""
+    """The engine's grammar state kept at the answer's position: the replay hands over
+    the whole sequence each step, and only the answer's new tokens are consumed."""
 
-    def __init__(self, matcher: LLMatcher, n_prompt: int) -> None:
-        self.matcher = matcher
+    def __init__(self, state: GrammarState, n_prompt: int) -> None:
+        self.state = state
         self._at = n_prompt
 
-    def sync(self, seq: Sequence[int]) -> LLMatcher:
+    def sync(self, seq: Sequence[int]) -> GrammarState:
         if len(seq) > self._at:
-            if not self.matcher.consume_tokens(list(seq[self._at:])):
-                raise ValueError(f"the grammar refused the answer: {self.matcher.get_error()}")
+            self.state.settle(seq[self._at:])
             self._at = len(seq)
-        return self.matcher
+        return self.state
 
     def forced(self, seq: Sequence[int]) -> list[int]:
-        m = self.sync(seq)
-        return [] if m.is_stopped() else list(m.compute_ff_tokens())
+        return self.sync(seq).forced()
 
 
-def forced_share(prompt: Sequence[int], text: Sequence[int], matchers: Matchers) -> float:
+def forced_share(prompt: Sequence[int], text: Sequence[int], grammars: Grammars) -> float:
     """The share of ``text``'s tokens that the grammar forced where they stand."""
-    follow = _Follower(matchers(), len(prompt))
+    follow = _Follower(grammars(), len(prompt))
     seq, hits = list(prompt), 0
     for token in text:
         forced = follow.forced(seq)
@@ -101,51 +105,23 @@ def forced_share(prompt: Sequence[int], text: Sequence[int], matchers: Matchers)
 
 
 def replay_forced(prompt: Sequence[int], text: Sequence[int], curve: CostCurve,
-                  matchers: Matchers, *, draft_max: int = 32) -> Replay:
+                  grammars: Grammars, *, draft_max: int = 32) -> Replay:
     """Only the grammar's forced tokens drafted (the daemon's grammar proposer)."""
-    follow = _Follower(matchers(), len(prompt))
+    follow = _Follower(grammars(), len(prompt))
     return replay_rule(prompt, text, curve, draft_max, lambda seq, k: follow.forced(seq)[:k])
 
 
-def replay_forced_lookup(prompt: Sequence[int], text: Sequence[int], curve: CostCurve,
-                         matchers: Matchers, *, draft_max: int = 32,
-                         eog: frozenset[int] = frozenset()) -> Replay:
-    """Forced tokens first; elsewhere the n-gram proposer, cut where the grammar
-    forbids (the engine's rule for a constrained request with prompt lookup)."""
-    follow = _Follower(matchers(), len(prompt))
-    prop = NgramProposer(curve=lambda: curve, eog_tokens=eog)
-    looked = [False]
-
-    def draft(seq: list[int], k_max: int) -> list[int]:
-        forced = follow.forced(seq)[:k_max]
-        looked[0] = not forced
-        if forced:
-            return forced
-        got = prop.propose(ProposalRequest(tokens=seq, n_prompt=len(prompt), max_len=k_max,
-                                           deadline=0.0))
-        tokens = list(got.tokens) if got is not None else []
-        return tokens[:follow.matcher.validate_tokens(tokens)] if tokens else []
-
-    def observe(proposed: int, accepted: int, committed: tuple[int, ...]) -> None:
-        if looked[0]:
-            prop.observe(Outcome(proposed, accepted, committed))
-
-    try:
-        return replay_rule(prompt, text, curve, draft_max, draft, observe)
-    finally:
-        prop.close()
-
-
-def replay_engine(prompt: Sequence[int], text: Sequence[int], curve: CostCurve,
-                  matchers: Matchers, copier: Callable[[], ValueCopyProposer], *,
-                  draft_max: int = 32, copy_prior: float = COPY_PRIOR,
-                  eog: frozenset[int] = frozenset()) -> Replay:
-    """The engine's rule on a JSON document: forced tokens first; else a copy of the
-    string value being written out of the prompt (lengths by the cost model at its
-    measured acceptance, as the engine's copy gate chooses them), cut where the
-    grammar forbids; else the n-gram proposer, cut likewise."""
-    follow = _Follower(matchers(), len(prompt))
-    copy = copier()
+def replay_lookup(prompt: Sequence[int], text: Sequence[int], curve: CostCurve,
+                  grammars: Grammars, *, copier: Copiers | None = None, draft_max: int = 32,
+                  copy_prior: float = COPY_PRIOR, eog: frozenset[int] = frozenset(),
+                  ) -> Replay:
+    """Forced tokens first; else, with ``copier``, a copy of the string value being
+    written out of the prompt (lengths by the cost model at its measured acceptance, as
+    the engine's copy gate chooses them); else the n-gram proposer. Every draft is cut
+    where the grammar forbids. Without ``copier`` this is the engine's rule with prompt
+    lookup alone; with it, the engine's rule on a JSON document."""
+    follow = _Follower(grammars(), len(prompt))
+    copy = copier() if copier is not None else None
     gate = AdaptiveK(curve, AcceptanceTracker(prior=copy_prior), k_max=draft_max)
     prop = NgramProposer(curve=lambda: curve, eog_tokens=eog)
     kind = [""]
@@ -155,12 +131,11 @@ def replay_engine(prompt: Sequence[int], text: Sequence[int], curve: CostCurve,
         kind[0] = "forced"
         if forced:
             return forced
-        valid = follow.matcher.validate_tokens
-        copied = list(copy.draft(seq))
+        valid = follow.state.valid_prefix
+        copied = list(copy.draft(seq)) if copy is not None else []
         if copied:
-            k = gate.next_k(k_max)
-            copied = copied[:k]
-            copied = copied[:valid(copied)] if copied else []
+            copied = copied[:gate.next_k(k_max)]
+            copied = copied[:valid(copied)]
             if copied:
                 kind[0] = "copy"
                 return copied
@@ -168,7 +143,7 @@ def replay_engine(prompt: Sequence[int], text: Sequence[int], curve: CostCurve,
         got = prop.propose(ProposalRequest(tokens=seq, n_prompt=len(prompt), max_len=k_max,
                                            deadline=0.0))
         tokens = list(got.tokens) if got is not None else []
-        return tokens[:valid(tokens)] if tokens else []
+        return tokens[:valid(tokens)]
 
     def observe(proposed: int, accepted: int, committed: tuple[int, ...]) -> None:
         if kind[0] == "copy":
@@ -182,10 +157,10 @@ def replay_engine(prompt: Sequence[int], text: Sequence[int], curve: CostCurve,
         prop.close()
 
 
-def seer(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, matchers: Matchers,
+def seer(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, grammars: Grammars,
          *, draft_max: int = 32) -> float:
     """Foresight over the forced run and the suffix chain's matches (module docstring)."""
-    follow = _Follower(matchers(), len(prompt))
+    follow = _Follower(grammars(), len(prompt))
     index = SuffixIndex()
     index.extend([*prompt, text[0]])
     pos, cost = 1, 0.0
@@ -206,17 +181,18 @@ def seer(prompt: Sequence[int], text: Sequence[int], curve: CostCurve, matchers:
 
 
 def replay_answer(prompt: Sequence[int], text: Sequence[int], curve: CostCurve,
-                  matchers: Matchers, *, copier: Callable[[], ValueCopyProposer] | None = None,
+                  grammars: Grammars, *, copier: Copiers | None = None,
                   draft_max: int = 32, eog: frozenset[int] = frozenset()) -> SchemaReplay:
     """Every rule over one answer (``text``: plain constrained decoding's tokens);
     the engine's own with ``copier`` (a fresh value-copy proposer for ``prompt``)."""
     return SchemaReplay(
-        len(text), forced_share(prompt, text, matchers),
-        replay_forced(prompt, text, curve, matchers, draft_max=draft_max),
-        replay_forced_lookup(prompt, text, curve, matchers, draft_max=draft_max, eog=eog),
-        seer(prompt, text, curve, matchers, draft_max=draft_max),
-        None if copier is None else replay_engine(prompt, text, curve, matchers, copier,
-                                                  draft_max=draft_max, eog=eog))
+        len(text), forced_share(prompt, text, grammars),
+        replay_forced(prompt, text, curve, grammars, draft_max=draft_max),
+        replay_lookup(prompt, text, curve, grammars, draft_max=draft_max, eog=eog),
+        seer(prompt, text, curve, grammars, draft_max=draft_max),
+        None if copier is None else replay_lookup(prompt, text, curve, grammars,
+                                                  copier=copier, draft_max=draft_max,
+                                                  eog=eog))
 
 
 def replay_schema_model(name: str, *, workloads: Sequence[str] | None, tokens: int,
@@ -244,6 +220,7 @@ def replay_schema_model(name: str, *, workloads: Sequence[str] | None, tokens: i
     try:
         eog = frozenset(rt.model.info.eog_tokens)
         vocab: LLTokenizer = rt.grammar_vocab.tokenizer()
+        n_vocab = rt.model.info.n_vocab
         for w in chosen:
             grammar = rt.compile_constraint("json_schema", w.schema)
             prompt, _ = render_prompt(rt, w, room=tokens)
@@ -258,8 +235,9 @@ def replay_schema_model(name: str, *, workloads: Sequence[str] | None, tokens: i
                                                           reps=cost_reps, context_tokens=at))
             if len(text) < 2:
                 continue
-            got = replay_answer(prompt, text, curve, _matchers(vocab, grammar),
-                                copier=_copier(rt.model.tokenizer, prompt),
+            got = replay_answer(prompt, text, curve,
+                                grammar_states(vocab, grammar, n_vocab=n_vocab, eog=eog),
+                                copier=copiers(rt.model.tokenizer, prompt),
                                 draft_max=draft_max, eog=eog)
             rows.append({"workload": w.name, **attrs.asdict(got),
                          "costs": list(curve.costs[:9])})
@@ -268,11 +246,14 @@ def replay_schema_model(name: str, *, workloads: Sequence[str] | None, tokens: i
     return {"model": spec.name, "threads": threads, "workloads": rows}
 
 
-def _matchers(vocab: LLTokenizer, grammar: str) -> Matchers:
-    return lambda: LLMatcher(vocab, grammar, log_level=0)
+def grammar_states(vocab: LLTokenizer, grammar: str, *, n_vocab: int,
+                   eog: frozenset[int]) -> Grammars:
+    """Fresh grammar states for ``grammar``, as the engine makes one per request."""
+    return lambda: GrammarState(vocab, grammar, n_vocab=n_vocab, eog=eog)
 
 
-def _copier(tokenizer: Tokenizer, prompt: Sequence[int]) -> Callable[[], ValueCopyProposer]:
+def copiers(tokenizer: Tokenizer, prompt: Sequence[int]) -> Copiers:
+    """Fresh value-copy proposers for ``prompt``, as the engine makes one per request."""
     return lambda: ValueCopyProposer(prompt, tokenizer.piece,
                                      lambda text: tokenizer.tokenize(text, add_special=False))
 

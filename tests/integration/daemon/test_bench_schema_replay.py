@@ -9,17 +9,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llguidance import LLMatcher
 
 from meshd.bench.schema_replay import (
+    Grammars,
+    copiers,
     forced_share,
+    grammar_states,
     main,
     replay_answer,
     replay_forced,
     seer,
 )
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.plugins.value_copy import ValueCopyProposer
 from meshd.policy.costs import CostCurve
 
 #: Extra rows cheap (costs in decodes, by rows), as in the prompt-lookup replay's tests.
@@ -45,6 +46,12 @@ def rt() -> Iterator[ModelRuntime]:
         yield runtime
 
 
+def _states(rt: ModelRuntime, grammar: str) -> Grammars:
+    info = rt.model.info
+    return grammar_states(rt.grammar_vocab.tokenizer(), grammar, n_vocab=info.n_vocab,
+                          eog=frozenset(info.eog_tokens))
+
+
 def _answer(rt: ModelRuntime, grammar: str, task: str) -> tuple[list[int], list[int]]:
     prompt = rt.tokenize_prompt(rt.render_chat([{"role": "user", "content": task}]),
                                 chat=True)
@@ -58,25 +65,21 @@ def _answer(rt: ModelRuntime, grammar: str, task: str) -> tuple[list[int], list[
 def test_an_answer_the_schema_mostly_dictates_pays_by_its_forced_tokens(
         rt: ModelRuntime) -> None:
     grammar = rt.compile_constraint("json_schema", SCHEMA)
-    vocab = rt.grammar_vocab.tokenizer()
-
-    def matchers() -> LLMatcher:
-        return LLMatcher(vocab, grammar, log_level=0)
-
+    states = _states(rt, grammar)
     prompt, text = _answer(rt, grammar, "Order AB-7 wants 3 units. Answer as JSON.")
-    share = forced_share(prompt, text, matchers)
+    share = forced_share(prompt, text, states)
     assert 0.5 < share < 1.0  # the keys and the one enum value, not the free values
-    forced = replay_forced(prompt, text, CHEAP, matchers)
+    forced = replay_forced(prompt, text, CHEAP, states)
     assert forced.drafted > 0 and forced.accepted > len(text) // 2
     assert forced.speedup > 1.5
-    got = replay_answer(prompt, text, CHEAP, matchers)
-    assert got == replay_answer(prompt, text, CHEAP, matchers)  # no clock, no noise
+    got = replay_answer(prompt, text, CHEAP, states)
+    assert got == replay_answer(prompt, text, CHEAP, states)  # no clock, no noise
     assert got.forced == forced and got.forced_share == share
     # Foresight drafts the forced runs too, and never a window that does not pay.
     assert got.seer >= forced.speedup * 0.95
     # On a curve where a second row costs as much as a decode, no window pays.
     flat = CostCurve.from_row_costs({2: 2.0, 9: 9.0, 17: 17.0, 33: 33.0})
-    assert seer(prompt, text, flat, matchers) == pytest.approx(1.0)
+    assert seer(prompt, text, flat, states) == pytest.approx(1.0)
 
 
 def test_a_copied_value_is_drafted_by_the_lookup_where_nothing_is_forced(
@@ -84,15 +87,11 @@ def test_a_copied_value_is_drafted_by_the_lookup_where_nothing_is_forced(
     schema = {"type": "object", "properties": {"quote": {"type": "string", "maxLength": 400}},
               "required": ["quote"], "additionalProperties": False}
     grammar = rt.compile_constraint("json_schema", schema)
-    vocab = rt.grammar_vocab.tokenizer()
     passage = ("The quick brown fox jumps over the lazy dog near the riverbank, while the "
                "old farmer watches from the porch of his wooden house.")
     prompt, text = _answer(rt, grammar, f"Quote this sentence exactly as JSON: {passage}")
-    tokenizer = rt.model.tokenizer
-    got = replay_answer(
-        prompt, text, CHEAP, lambda: LLMatcher(vocab, grammar, log_level=0),
-        copier=lambda: ValueCopyProposer(
-            prompt, tokenizer.piece, lambda s: tokenizer.tokenize(s, add_special=False)))
+    got = replay_answer(prompt, text, CHEAP, _states(rt, grammar),
+                        copier=copiers(rt.model.tokenizer, prompt))
     assert got.lookup.accepted > got.forced.accepted  # the copy, on top of the keys
     assert got.lookup.speedup > got.forced.speedup
     # The engine's rule copies the value from its first bytes, before a token n-gram

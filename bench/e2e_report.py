@@ -100,12 +100,9 @@ def _grammar_cells(s: Mapping[str, Any]) -> str:
     ``copy acc``: % meshd copied from the prompt into string values and accepted;
     ``grammar ms/tok``: meshd's time choosing under the constraint per token ("-" where
     the answers carried no counters: not meshd)."""
-    cells = [_pct(s.get("forced_accepted_share")), _pct(s.get("copy_accepted_share"))]
-    return f" {cells[0]:>10} {cells[1]:>8} {_num(s.get('grammar_ms_per_token'), '.3f'):>14}"
-
-
-def _pct(share: object) -> str:
-    return "-" if not isinstance(share, float | int) else f"{100 * share:.1f}%"
+    forced, copied = (_num(s.get(key), ".1%")
+                      for key in ("forced_accepted_share", "copy_accepted_share"))
+    return f" {forced:>10} {copied:>8} {_num(s.get('grammar_ms_per_token'), '.3f'):>14}"
 
 
 def _same(flags: list[bool] | None) -> str:

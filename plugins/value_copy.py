@@ -52,7 +52,6 @@ class ValueCopyProposer:
         self._piece = piece
         self._tokenize = tokenize
         self._source = b"".join(piece(t) for t in prompt)
-        self._n_prompt = len(prompt)
         self._answer = bytearray()
         self._seen = len(prompt)
         #: Whether the answer ends inside a string, where that string's bytes begin in
@@ -92,7 +91,7 @@ class ValueCopyProposer:
 
     def _copy(self, tokens: Sequence[int]) -> tuple[int, ...]:
         value = bytes(self._answer[self._start:])
-        if len(value) < MIN_BYTES or len(tokens) <= self._n_prompt:
+        if len(value) < MIN_BYTES:  # (inside a string: the answer has tokens)
             return ()
         key = value[-MAX_KEY_BYTES:]
         escape = key.rfind(b"\\")

@@ -1,16 +1,24 @@
 """The model's own multi-token-prediction (MTP, "nextn") head as a draft source.
 
 A second llama.cpp context of type MTP on the same model object. Its entry at position p
-is (token x_p, target hidden h_{p-1}) and its logits predict x_{p+1}. So after every target
-forward (prefill chunks, verify windows, replays) we feed it the same tokens and positions,
-each paired with the previous row's target hidden state; the first row of a sequence
-pairs with the carried ``pending_h`` (the last target row of the previous forward).
+is (token x_p, target hidden h_{p-1}) and its logits predict x_{p+1}. So it must see
+every token the target decodes (prefill chunks, verify windows, replays) at the same
+position, each paired with the previous row's target hidden state; the first row of a
+forward pairs with the carried ``pending_h`` (the last target row of the forward before).
+
+Why lazily: those rows wait in the session's queue, and reach the MTP context with the
+session's next draft (or once :data:`QUEUE_ROWS` of them wait). A verify window's
+rejected rows are then never fed (a repair drops them from the queue); a session that
+is not drafting (speculation turned down, several requests sharing forwards) pays one
+wide MTP forward every :data:`QUEUE_ROWS` tokens instead of one per target forward; and
+where the graph allows (:data:`ROWS_RIDE_ALONG`) the queue rides in the first draft
+forward instead of one of its own.
 
 Why we keep ``pre_verify_h`` and the window's hidden rows: after a verify with n rows kept
 the new ``pending_h`` is the kept window's last row, and when nothing of the window is kept
 (restore-and-replay) it is the one from before the window (llama-server loses that one).
-Every MTP draft entry is an output: qwen35's MTP graph reads the hidden state before it
-drops non-output rows, so masked reads would return wrong rows otherwise.
+Every draft entry is an output, and queued rows are outputs nowhere: each row's logits
+would cost a pass of the vocabulary matrix.
 """
 
 from __future__ import annotations
@@ -25,6 +33,17 @@ from .errors import NativeError, RuntimeStateError
 from .llama import float_rows, lc, lcx
 from .model import Model
 from .primitives import ContextConfig, FloatArray, Row, context_params
+
+#: Rows a session's queue holds before they are fed without waiting for a draft: a
+#: forward of this many rows costs a few one-row ones, and the queue's hidden rows stay
+#: small (this many rows of ``n_embd`` floats).
+QUEUE_ROWS = 32
+
+#: Architectures whose MTP graph keeps a hidden row for every batch entry (it drops
+#: the rows without logits only after taking them), so queued rows can ride without
+#: logits in the first draft forward. Elsewhere (mimo2, step35, deepseek4 ...) the
+#: graph drops them first, and the queue is fed in a forward of its own before drafting.
+ROWS_RIDE_ALONG = frozenset({"qwen35", "qwen35moe"})
 
 
 def _embd(row: FloatArray) -> lc.llama_embd:
@@ -45,13 +64,16 @@ class MtpSession:
         self.window_h = np.zeros((0, n), dtype=np.float32)
         self.stale = False
         self.drafts = 0
+        #: (token, position, the target's hidden row before it) not yet fed to the head.
+        self.queue: list[tuple[int, int, FloatArray]] = []
 
     def trim(self, keep_to: int, kept_rows: int | None) -> None:
         """Follow a target repair: drop MTP KV >= keep_to and pick the carried hidden row."""
         with self.owner.lock:
             lc.llama_memory_seq_rm(self.owner.memory, self.seq_id, keep_to, -1)
+        self.queue = [e for e in self.queue if e[1] < keep_to]
         if keep_to == 0:
-            self.pending_h[:] = 0.0
+            self.pending_h = np.zeros_like(self.pending_h)
             self.stale = False
         elif kept_rows is None:
             self.stale = True  # cut outside the last window: the hidden row is unknown
@@ -87,11 +109,15 @@ class MtpContext:
         if not ctx:
             raise NativeError("llama.cpp could not create the MTP context")
         self.ctx = ctx
-        lcx.llama_set_embeddings_nextn(ctx, True, True)
+        #: Queued rows join the first draft forward (see ROWS_RIDE_ALONG); the hidden
+        #: rows are then read by batch index (llama.cpp's "unmasked" layout).
+        self.ride_along = model.info.architecture in ROWS_RIDE_ALONG
+        lcx.llama_set_embeddings_nextn(ctx, True, not self.ride_along)
         self.memory = lc.llama_get_memory(ctx)
         self.batch = lc.llama_batch_ext_init(ctx)
         self.n_embd = int(lc.llama_model_n_embd_out(model.handle))
         self.n_vocab = model.info.n_vocab
+        self.n_batch = config.n_batch
         self._sessions: dict[int, MtpSession] = {}
         #: MTP forwards run (catch-ups and draft steps), for tests and stats.
         self.forwards = 0
@@ -136,6 +162,10 @@ class MtpContext:
         tok = {i: items[i][1] for i in live}
         batch = self.batch
         with self.lock:
+            queued = [items[i][0] for i in live]
+            if not self.ride_along \
+                    or sum(len(sess.queue) + 1 for sess in queued) > self.n_batch:
+                self._feed(queued)
             try:
                 for step in range(max(items[i][3] for i in live)):
                     rows = [i for i in live if items[i][3] > step]
@@ -143,14 +173,10 @@ class MtpContext:
                     at: dict[int, int] = {}
                     for i in rows:
                         sess, _, pos0, _ = items[i]
-                        idx = lc.llama_batch_ext_add_token(batch, sess.seq_id, tok[i])
-                        if idx < 0:
-                            raise NativeError(f"MTP batch rejected token {tok[i]} ({idx})")
-                        lc.llama_batch_ext_set_pos(batch, idx, (lc.llama_pos * 1)(pos0 + step))
-                        if not lc.llama_batch_ext_set_embd_token(batch, idx, _embd(h[i])):
-                            raise NativeError("MTP batch rejected the hidden row")
-                        lc.llama_batch_ext_set_output_logits(batch, idx, True)
-                        at[i] = idx
+                        if step == 0:  # queued rows ride along with the first draft
+                            for token, pos, hq in sess.queue:
+                                self._add(sess.seq_id, token, pos, hq, output=False)
+                        at[i] = self._add(sess.seq_id, tok[i], pos0 + step, h[i], output=True)
                     rc = lc.llama_process(self.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
                     self.forwards += 1
                     if rc != 0:
@@ -159,6 +185,9 @@ class MtpContext:
                             f"MTP draft decode failed ({rc})", seq_id=first[0].seq_id,
                             positions=(first[2] + step, first[2] + step + 1),
                         )
+                    if step == 0:
+                        for sess in queued:
+                            sess.queue = []
                     for i in rows:
                         logits = float_rows(lc.llama_get_logits_ith(self.ctx, at[i]), 1,
                                             self.n_vocab)[0]
@@ -178,33 +207,55 @@ class MtpContext:
         return tokens, chances
 
     def catch_up(self, rows: Sequence[Row], hidden: FloatArray) -> None:
-        """Feed the MTP context what the target just decoded (no outputs)."""
-        batch = self.batch
-        lc.llama_batch_ext_clear(batch)
+        """Queue what the target just decoded for the head (each row with the target's
+        hidden row before it), feeding the sessions whose queue is full."""
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         for k, r in enumerate(rows):
             sess = self._sessions.get(r.seq_id)
             if sess is None:
                 continue
-            first.setdefault(r.seq_id, k)
+            beg = first.setdefault(r.seq_id, k)
             last[r.seq_id] = k
-            idx = lc.llama_batch_ext_add_token(batch, r.seq_id, r.token)
-            if idx < 0:
-                raise NativeError(f"MTP catch-up batch rejected token {r.token} ({idx})")
-            lc.llama_batch_ext_set_pos(batch, idx, (lc.llama_pos * 1)(r.pos))
-            h = sess.pending_h if k == first[r.seq_id] else hidden[k - 1]
-            if not lc.llama_batch_ext_set_embd_token(batch, idx, _embd(np.ascontiguousarray(h))):
-                raise NativeError("MTP catch-up batch rejected a hidden row")
-        if not first:
-            return
-        rc = lc.llama_process(self.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
-        self.forwards += 1
-        if rc != 0:
-            raise RuntimeStateError(f"MTP catch-up decode failed ({rc})")
+            sess.queue.append((r.token, r.pos, sess.pending_h if k == beg else hidden[k - 1]))
+        full = []
         for seq_id, beg in first.items():
             sess = self._sessions[seq_id]
             end = last[seq_id]
             sess.pre_verify_h = sess.pending_h
             sess.window_h = hidden[beg:end + 1]
             sess.pending_h = hidden[end].copy()
+            if len(sess.queue) >= QUEUE_ROWS:
+                full.append(sess)
+        if full:
+            with self.lock:
+                self._feed(full)
+
+    def _feed(self, sessions: Sequence[MtpSession]) -> None:
+        """Feed the queued rows of ``sessions`` to the head (no outputs), in forwards of
+        at most ``n_batch`` rows; the lock is held."""
+        entries = [(sess.seq_id, e) for sess in sessions for e in sess.queue]
+        for sess in sessions:
+            sess.queue = []
+        batch = self.batch
+        for at in range(0, len(entries), self.n_batch):
+            lc.llama_batch_ext_clear(batch)
+            for seq_id, (token, pos, h) in entries[at:at + self.n_batch]:
+                self._add(seq_id, token, pos, h, output=False)
+            rc = lc.llama_process(self.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+            self.forwards += 1
+            if rc != 0:
+                raise RuntimeStateError(f"MTP catch-up decode failed ({rc})")
+
+    def _add(self, seq_id: int, token: int, pos: int, h: FloatArray, *, output: bool) -> int:
+        """Append one entry (token at ``pos``, paired with hidden row ``h``) to the batch."""
+        batch = self.batch
+        idx = lc.llama_batch_ext_add_token(batch, seq_id, token)
+        if idx < 0:
+            raise NativeError(f"MTP batch rejected token {token} ({idx})")
+        lc.llama_batch_ext_set_pos(batch, idx, (lc.llama_pos * 1)(pos))
+        if not lc.llama_batch_ext_set_embd_token(batch, idx, _embd(np.ascontiguousarray(h))):
+            raise NativeError("MTP batch rejected a hidden row")
+        if output:
+            lc.llama_batch_ext_set_output_logits(batch, idx, True)
+        return int(idx)

@@ -421,6 +421,8 @@ class Generation:
             elapsed = time.perf_counter() - t0
             if head is not None:
                 elapsed += head.take_ahead_seconds()
+                if head.session is not None:  # the head's upkeep is not drafting
+                    elapsed = max(0.0, elapsed - head.session.note_head_feed())
             self.stats.propose_ms += elapsed * 1e3
         (gate or self.gate).drafted(elapsed,
                                     len(proposal.tokens) if proposal is not None else 0)

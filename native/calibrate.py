@@ -115,10 +115,11 @@ def measure_mtp_costs(context: TargetContext, *, steps: int = 15, draft_len: int
             body_ms = (c.decode_ms - fwd0) - mtp_ms
             if body_ms <= 0 or session.mtp is None:
                 return None
-            overheads.append(mtp_ms / body_ms)
             t0 = time.perf_counter()
             tokens, _ = session.mtp.draft(t, session.n_past, draft_len)
-            draft_ms = (time.perf_counter() - t0) * 1e3
+            fed_ms = session.note_head_feed() * 1e3  # the head fed what it decoded
+            draft_ms = (time.perf_counter() - t0) * 1e3 - fed_ms
+            overheads.append((mtp_ms + fed_ms) / body_ms)
             if tokens:
                 draft_costs.append(draft_ms / len(tokens) / body_ms)
     if not overheads or not draft_costs:

@@ -8,23 +8,25 @@ forward pairs with the carried ``pending_h`` (the last target row of the forward
 
 Why lazily: those rows wait in the session's queue, and reach the MTP context with the
 session's next draft (or once :data:`QUEUE_ROWS` of them wait). A verify window's
-rejected rows are then never fed (a repair drops them from the queue); a session that
-is not drafting (speculation turned down, several requests sharing forwards) pays one
-wide MTP forward every :data:`QUEUE_ROWS` tokens instead of one per target forward; and
-where the graph allows (:data:`ROWS_RIDE_ALONG`) the queue rides in the first draft
-forward instead of one of its own.
+rejected rows are then never fed (a repair drops them from the queue), and a session
+that is not drafting (speculation turned down, several requests sharing forwards) pays
+one wide MTP forward every :data:`QUEUE_ROWS` tokens instead of one per target forward.
+The feeding before a draft is a forward of its own, timed apart (``fed_s``): it is the
+head's upkeep, paid per step whatever the draft's length, and charged to drafting per
+token it would make long drafts look dearer than they are.
 
 Why we keep ``pre_verify_h`` and the window's hidden rows: after a verify with n rows kept
 the new ``pending_h`` is the kept window's last row, and when nothing of the window is kept
 (restore-and-replay) it is the one from before the window (llama-server loses that one).
-Every draft entry is an output, and queued rows are outputs nowhere: each row's logits
-would cost a pass of the vocabulary matrix.
+Every MTP draft entry is an output: qwen35's MTP graph reads the hidden state before it
+drops non-output rows, so masked reads would return wrong rows otherwise.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,12 +40,6 @@ from .primitives import ContextConfig, FloatArray, Row, context_params
 #: forward of this many rows costs a few one-row ones, and the queue's hidden rows stay
 #: small (this many rows of ``n_embd`` floats).
 QUEUE_ROWS = 32
-
-#: Architectures whose MTP graph keeps a hidden row for every batch entry (it drops
-#: the rows without logits only after taking them), so queued rows can ride without
-#: logits in the first draft forward. Elsewhere (mimo2, step35, deepseek4 ...) the
-#: graph drops them first, and the queue is fed in a forward of its own before drafting.
-ROWS_RIDE_ALONG = frozenset({"qwen35", "qwen35moe"})
 
 
 def _embd(row: FloatArray) -> lc.llama_embd:
@@ -66,6 +62,15 @@ class MtpSession:
         self.drafts = 0
         #: (token, position, the target's hidden row before it) not yet fed to the head.
         self.queue: list[tuple[int, int, FloatArray]] = []
+        #: Seconds spent feeding the queue before drafts, not yet taken (see
+        #: :meth:`take_fed_s`).
+        self.fed_s = 0.0
+
+    def take_fed_s(self) -> float:
+        """The feeding time of the drafts since the last call (the head's upkeep: its
+        owner counts it with the target's forwards, not with the drafting)."""
+        fed, self.fed_s = self.fed_s, 0.0
+        return fed
 
     def trim(self, keep_to: int, kept_rows: int | None) -> None:
         """Follow a target repair: drop MTP KV >= keep_to and pick the carried hidden row."""
@@ -109,10 +114,7 @@ class MtpContext:
         if not ctx:
             raise NativeError("llama.cpp could not create the MTP context")
         self.ctx = ctx
-        #: Queued rows join the first draft forward (see ROWS_RIDE_ALONG); the hidden
-        #: rows are then read by batch index (llama.cpp's "unmasked" layout).
-        self.ride_along = model.info.architecture in ROWS_RIDE_ALONG
-        lcx.llama_set_embeddings_nextn(ctx, True, not self.ride_along)
+        lcx.llama_set_embeddings_nextn(ctx, True, True)
         self.memory = lc.llama_get_memory(ctx)
         self.batch = lc.llama_batch_ext_init(ctx)
         self.n_embd = int(lc.llama_model_n_embd_out(model.handle))
@@ -162,10 +164,13 @@ class MtpContext:
         tok = {i: items[i][1] for i in live}
         batch = self.batch
         with self.lock:
-            queued = [items[i][0] for i in live]
-            if not self.ride_along \
-                    or sum(len(sess.queue) + 1 for sess in queued) > self.n_batch:
-                self._feed(queued)
+            fed = [items[i][0] for i in live if items[i][0].queue]
+            if fed:
+                t0 = time.perf_counter()
+                self._feed(fed)
+                share = (time.perf_counter() - t0) / len(fed)
+                for sess in fed:
+                    sess.fed_s += share
             try:
                 for step in range(max(items[i][3] for i in live)):
                     rows = [i for i in live if items[i][3] > step]
@@ -173,9 +178,6 @@ class MtpContext:
                     at: dict[int, int] = {}
                     for i in rows:
                         sess, _, pos0, _ = items[i]
-                        if step == 0:  # queued rows ride along with the first draft
-                            for token, pos, hq in sess.queue:
-                                self._add(sess.seq_id, token, pos, hq, output=False)
                         at[i] = self._add(sess.seq_id, tok[i], pos0 + step, h[i], output=True)
                     rc = lc.llama_process(self.ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
                     self.forwards += 1
@@ -185,9 +187,6 @@ class MtpContext:
                             f"MTP draft decode failed ({rc})", seq_id=first[0].seq_id,
                             positions=(first[2] + step, first[2] + step + 1),
                         )
-                    if step == 0:
-                        for sess in queued:
-                            sess.queue = []
                     for i in rows:
                         logits = float_rows(lc.llama_get_logits_ith(self.ctx, at[i]), 1,
                                             self.n_vocab)[0]

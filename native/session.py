@@ -206,6 +206,18 @@ class SequenceSession:
         if self.mtp is not None:
             self.counters.mtp_ms += self.context.last_mtp_s * 1e3
 
+    def note_head_feed(self) -> float:
+        """Count the MTP head's feeding before this session's last drafts
+        (:meth:`~meshd.native.mtp.MtpSession.take_fed_s`) as its upkeep, with the verify
+        forwards it precedes (``mtp_ms`` and ``verify_ms``); returns its seconds, for the
+        caller to take out of the drafting time."""
+        if self.mtp is None:
+            return 0.0
+        fed = self.mtp.take_fed_s()
+        self.counters.verify_ms += fed * 1e3
+        self.counters.mtp_ms += fed * 1e3
+        return fed
+
     def prefill(self, tokens: Sequence[int]) -> FloatArray:
         """Decode a prompt in ``n_batch`` chunks; returns the last row's logits (a copy)."""
         self._check()

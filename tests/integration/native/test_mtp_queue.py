@@ -71,9 +71,10 @@ def test_a_session_that_does_not_draft_feeds_the_head_once_per_full_queue(
         assert context.mtp.forwards - before == 2  # one per QUEUE_ROWS decodes, not 64
         before = context.mtp.forwards
         s.mtp.draft(last, s.n_past, K)
-        # The queue rides with the first draft where the graph allows it, else it is fed
-        # in a forward of its own first.
-        assert context.mtp.forwards - before == K + (not context.mtp.ride_along)
+        assert context.mtp.forwards - before == 1 + K  # the queue, then one per draft
+        # That feeding is timed apart from the drafting, and counted once.
+        assert s.note_head_feed() > 0.0
+        assert s.note_head_feed() == 0.0
 
 
 def test_rejected_rows_leave_the_queue_with_the_repair(context: TargetContext) -> None:

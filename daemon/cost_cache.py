@@ -17,7 +17,10 @@ from typing import Protocol
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.context import ContextConfig, TargetContext
 from meshd.native.cpus import openmp_wait_settings
-from meshd.policy.costs import is_plausible, within_rows
+from meshd.policy.costs import SPOT_K, is_plausible, spot_agrees, within_rows
+
+#: Interleaved rounds of the start-up check of a cached curve (its first sizes only).
+SPOT_REPS = 3
 
 
 class _Bar(Protocol):
@@ -77,27 +80,36 @@ def cached_thread_counts(model_key: list[object]) -> list[int | None]:
 def load_or_measure_costs(context: TargetContext, path: Path, *, threads: int | None,
                           placement: Sequence[object], note: Callable[[str, str], None],
                           step: Callable[[str], _Bar]) -> list[float]:
-    """The calibrated curve of ``context``'s model: cached per model and machine,
-    measured (and measured again once if implausible) otherwise. A curve still
-    implausible after that (heavy contention) is used capped at each size's rows and
-    never cached; the online cost model corrects it from real forwards."""
+    """The calibrated curve of ``context``'s model: cached per model and machine (and
+    measured again where a quick check of its first sizes disagrees:
+    :func:`~meshd.policy.costs.spot_agrees`), measured (and measured again once if
+    implausible) otherwise. A curve still implausible after that (heavy contention) is
+    used capped at each size's rows and never cached; the online cost model corrects it
+    from real forwards."""
     config = context.config
     cache = cost_cache_path(path, config, threads, placement)
     try:
         cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
-        if is_plausible(cached) and len(cached) == config.draft_max + 1:
-            return cached
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    model_key = cost_model_key(path, config, placement)
-    others = [t for t in cached_thread_counts(model_key) if t != threads]
-    if others:
-        def name(t: int | None) -> str:
-            return f"--threads {t}" if t else "the default threads"
+        cached = []
+    if is_plausible(cached) and len(cached) == config.draft_max + 1:
+        spot = measure_row_costs(context, min(SPOT_K, config.draft_max), reps=SPOT_REPS)
+        if spot_agrees(cached, spot):
+            return cached
+        note("recalibrating", "measuring the verify cost again: the cached curve "
+             f"({_first(cached, len(spot))}) disagrees with what these forwards cost now "
+             f"({_first(spot, len(spot))}); it was probably measured while other work ran")
+    else:
+        model_key = cost_model_key(path, config, placement)
+        others = [t for t in cached_thread_counts(model_key) if t != threads]
+        if others:
+            def name(t: int | None) -> str:
+                return f"--threads {t}" if t else "the default threads"
 
-        note("recalibrating", f"measuring the verify cost again for {name(threads)}: the "
-             f"cached measurement is for {', '.join(sorted({name(t) for t in others}))} "
-             "(it depends on the thread count)")
+            note("recalibrating", f"measuring the verify cost again for {name(threads)}: "
+                 "the cached measurement is for "
+                 f"{', '.join(sorted({name(t) for t in others}))} "
+                 "(it depends on the thread count)")
     bar = step("measuring the verify cost (once per model, threads and machine)")
     costs = measure_row_costs(context, config.draft_max)
     if not is_plausible(costs):  # measured under contention: try once more
@@ -108,10 +120,16 @@ def load_or_measure_costs(context: TargetContext, path: Path, *, threads: int | 
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"costs": costs, "model": model_key, "threads": threads}))
+        key = cost_model_key(path, config, placement)
+        tmp.write_text(json.dumps({"costs": costs, "model": key, "threads": threads}))
         tmp.replace(cache)
     except OSError as exc:  # serving goes on; the next start measures again
         note("cost_cache_unwritable", f"cannot keep the measured verify cost in "
              f"{cache.parent}: {exc.strerror or exc}; the next start will measure it again "
              "(make the directory writable, or set XDG_CACHE_HOME / CACHE_DIRECTORY)")
     return costs
+
+
+def _first(costs: Sequence[float], n: int) -> str:
+    """``c(1)=1.39, c(2)=2.03``: a curve's first sizes, for a note."""
+    return ", ".join(f"c({k})={c:.2f}" for k, c in enumerate(costs[:n]) if k)

@@ -18,10 +18,30 @@ from meshd.policy.costs import (
     choose_k,
     is_plausible,
     ratios,
+    spot_agrees,
     within_rows,
 )
 
 Q4_1 = [1.0, 1.75, 2.32, 3.40, 3.9, 4.3, 4.7, 5.0, 5.4]
+
+
+def test_a_cached_curve_is_checked_on_its_first_sizes_by_their_extra_cost() -> None:
+    # Measured here for a 1B model: a calibration taken while other work ran, and a
+    # quiet re-measurement of its first sizes.
+    skewed, quiet = [1.0, 1.19, 2.04, 1.94], [1.0, 1.45, 2.24, 2.35]
+    assert is_plausible(skewed)  # plausible, yet its 2-row forward is far too cheap
+    assert not spot_agrees(skewed, quiet)
+    # Two quiet calibrations of the same model, minutes apart, agree.
+    assert spot_agrees([1.0, 1.39, 2.03, 2.08], quiet)
+    assert spot_agrees(quiet, quiet[:2])  # only the sizes measured are compared
+
+
+@given(st.lists(st.floats(1.0, 8.0), min_size=2, max_size=9))
+def test_a_curve_agrees_with_itself_and_not_with_one_twice_as_dear(extra: list[float],
+                                                                    ) -> None:
+    curve = [1.0, *extra]
+    assert spot_agrees(curve, curve)
+    assert not spot_agrees(curve, [1.0, *(1.0 + 2 * (c - 1.0) + 0.25 for c in extra)])
 
 
 def test_plausibility() -> None:

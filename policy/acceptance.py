@@ -100,6 +100,11 @@ class AcceptanceTracker:
             out.append(mean)
         return tuple(out)
 
+    def evidence(self, i: int) -> float:
+        """How many verified drafts (decayed) position ``i``'s estimate rests on; 0:
+        only the prior and the positions before it."""
+        return self._trials[min(i, self.max_positions - 1)]
+
     def acceptance(self, i: int) -> float:
         """The estimate for 0-based position ``i``."""
         return self.acceptances(i + 1)[i]

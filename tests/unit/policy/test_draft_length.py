@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from meshd.policy.acceptance import AcceptanceTracker, Explorer
 from meshd.policy.costs import CostCurve, choose_k, expected_committed, ratios, speedup_limit
-from meshd.policy.draft_length import AdaptiveK
+from meshd.policy.draft_length import EXPLORED, LONGER_EVERY, AdaptiveK
 
 from .curves import Q4_1, Q8_0
 
@@ -504,3 +504,36 @@ def test_without_streaks_one_estimate_per_position_whatever_the_last_window_did(
     assert head.current_tracker() is head.tracker and head.tracker.updates == 1
     assert lookup.current_tracker() is not lookup.tracker
     assert head.acceptances() != lookup.acceptances()
+
+
+# --- longer windows tried where their positions were never verified -----------------
+
+#: A 1B model's curve on 2 cores, where 3 rows cost what 4 do: at a flat acceptance of
+#: 0.85 one draft is best (1.225x) and three come within 2% (1.202x).
+PAIRS = [1.0, 1.36, 2.2, 2.2, 3.0, 3.0, 3.8, 3.8]
+
+
+def _controller(tracker: AcceptanceTracker) -> AdaptiveK:
+    return AdaptiveK(CostCurve.sanitized(PAIRS), tracker, streaks=False, draft_cost=0.15)
+
+
+def test_a_longer_window_is_tried_now_and_then_while_its_positions_are_unverified() -> None:
+    """Positions never verified follow the ones before them; windows of one draft never
+    verify the second, so without a try now and then the estimate never moves (a head
+    whose later drafts are likelier than its first would draft 1 token a step for good:
+    seen on a daemon whose earlier requests left a flat pooled estimate)."""
+    ak = _controller(AcceptanceTracker(prior=0.85))  # a flat estimate, nothing verified
+    ks = [ak.next_k() for _ in range(2 * LONGER_EVERY)]
+    assert ks.count(1) == 2 * LONGER_EVERY - 2
+    assert [i for i, k in enumerate(ks) if k > 1] == [LONGER_EVERY - 1, 2 * LONGER_EVERY - 1]
+    assert all(k == 3 for k in ks if k > 1)  # the next length within reach (3 rows cost 4)
+
+
+def test_no_longer_window_is_tried_where_verified_positions_say_it_loses() -> None:
+    tracker = AcceptanceTracker(prior=0.85)
+    for _ in range(4):
+        tracker.update(7, 2)  # every position within reach verified: two drafts kept
+    assert all(tracker.evidence(i) >= EXPLORED for i in range(3))
+    ak = _controller(tracker)
+    ks = [ak.next_k() for _ in range(4 * LONGER_EVERY)]
+    assert len(set(ks)) == 1  # one length chosen on the estimates alone, no tries

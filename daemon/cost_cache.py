@@ -14,13 +14,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from meshd.native.calibrate import measure_row_costs
+from meshd.native.calibrate import measure_row_costs, measure_row_costs_timed
 from meshd.native.context import ContextConfig, TargetContext
 from meshd.native.cpus import openmp_wait_settings
 from meshd.policy.costs import SPOT_K, is_plausible, spot_agrees, within_rows
 
 #: Interleaved rounds of the start-up check of a cached curve (its first sizes only).
 SPOT_REPS = 3
+#: A one-row forward shorter than this (a tiny model) is timed by the scheduler's noise
+#: more than by its work: its cached curve is kept without the check.
+SPOT_MIN_S = 0.002
 
 
 class _Bar(Protocol):
@@ -93,8 +96,9 @@ def load_or_measure_costs(context: TargetContext, path: Path, *, threads: int | 
     except (OSError, ValueError, KeyError, TypeError):
         cached = []
     if is_plausible(cached) and len(cached) == config.draft_max + 1:
-        spot = measure_row_costs(context, min(SPOT_K, config.draft_max), reps=SPOT_REPS)
-        if spot_agrees(cached, spot):
+        spot, unit_s = measure_row_costs_timed(context, min(SPOT_K, config.draft_max),
+                                               reps=SPOT_REPS)
+        if unit_s < SPOT_MIN_S or spot_agrees(cached, spot):
             return cached
         note("recalibrating", "measuring the verify cost again: the cached curve "
              f"({_first(cached, len(spot))}) disagrees with what these forwards cost now "

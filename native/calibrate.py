@@ -25,7 +25,18 @@ def measure_row_costs(
     context: TargetContext, k_max: int, *, reps: int = 5,
     context_tokens: int = CALIBRATION_CONTEXT, baseline: TargetContext | None = None,
 ) -> list[float]:
-    """Relative cost of a forward of k+1 rows vs 1 row, for k = 0..k_max.
+    """Relative cost of a forward of k+1 rows vs 1 row, for k = 0..k_max (see
+    :func:`measure_row_costs_timed`)."""
+    return measure_row_costs_timed(context, k_max, reps=reps, context_tokens=context_tokens,
+                                   baseline=baseline)[0]
+
+
+def measure_row_costs_timed(
+    context: TargetContext, k_max: int, *, reps: int = 5,
+    context_tokens: int = CALIBRATION_CONTEXT, baseline: TargetContext | None = None,
+) -> tuple[list[float], float]:
+    """Relative cost of a forward of k+1 rows vs 1 row, for k = 0..k_max, and the unit's
+    wall time in seconds.
 
     Arms are interleaved (1, 2, ..., k_max+1, 1, 2, ...) and medians taken, so machine
     noise hits every size alike. Uses one temporary session slot.
@@ -58,7 +69,7 @@ def measure_row_costs(
             for n in times:
                 times[n].append(_time_window(session, filler[:n], base_pos))
     base = statistics.median(unit_times if unit_times else times[1])
-    return [statistics.median(times[n]) / base for n in range(1, k_max + 2)]
+    return [statistics.median(times[n]) / base for n in range(1, k_max + 2)], base
 
 
 def _time_window(session: SequenceSession, window: list[int], base_pos: int) -> float:

@@ -91,6 +91,7 @@ def load_or_measure_costs(context: TargetContext, path: Path, *, threads: int | 
     from real forwards."""
     config = context.config
     cache = cost_cache_path(path, config, threads, placement)
+    model_key = cost_model_key(path, config, placement)
     try:
         cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
     except (OSError, ValueError, KeyError, TypeError):
@@ -104,7 +105,6 @@ def load_or_measure_costs(context: TargetContext, path: Path, *, threads: int | 
              f"({_first(cached, len(spot))}) disagrees with what these forwards cost now "
              f"({_first(spot, len(spot))}); it was probably measured while other work ran")
     else:
-        model_key = cost_model_key(path, config, placement)
         others = [t for t in cached_thread_counts(model_key) if t != threads]
         if others:
             def name(t: int | None) -> str:
@@ -124,8 +124,7 @@ def load_or_measure_costs(context: TargetContext, path: Path, *, threads: int | 
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
-        key = cost_model_key(path, config, placement)
-        tmp.write_text(json.dumps({"costs": costs, "model": key, "threads": threads}))
+        tmp.write_text(json.dumps({"costs": costs, "model": model_key, "threads": threads}))
         tmp.replace(cache)
     except OSError as exc:  # serving goes on; the next start measures again
         note("cost_cache_unwritable", f"cannot keep the measured verify cost in "

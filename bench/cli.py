@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--identity", action="store_true",
                    help="the identity gate: meshd-off vs every proposer; exits 1 on a "
                         "divergence on a synthetic model, or on a real one with the "
-                        "default (bf16) K cache on the CPU")
+                        "default K cache on the CPU (its attention kernel pinned)")
     p.add_argument("--prompts", type=positive, default=2, help="--identity: prompts per model")
     p.add_argument("--k", action="append", type=positive, default=[], metavar="K",
                    help="--identity: fixed draft lengths (repeatable; default 1, 3, 8)")

@@ -9,12 +9,13 @@ prompts, and CI runs a small version of it.
 On the synthetic models (:mod:`meshd.testing.testmodels`) the winning logit beats the
 runner-up by several logits by design, so any divergence is a bug: the gate exits 1.
 On a real model (SmolLM2, quantized) it gates too where every forward computes a row's
-logits in the same kernel, as with the default bf16 K cache on the CPU (docs/identity.md, "Identity
-and its limits"): a divergence there is a bug as well. With ``--cache-type-k f16`` (or on
-an accelerator) batched and serial forwards may round differently and a near-tie can
-flip, so there it only reports the identity rate and, for each divergence, the
-reference's top-1/top-2 logit margin at the diverging position, so a divergence at a
-large margin (a bug) stands out from one at a near-tie.
+logits in the same kernel, as on the CPU by default (the attention kernel pinned per
+forward, docs/identity.md, "Identity and its limits"): a divergence there is a bug as
+well. On an accelerator (or a runtime without meshd's patch, with an f16 cache) batched
+and serial forwards may round differently and a near-tie can flip, so there it only
+reports the identity rate and, for each divergence, the reference's top-1/top-2 logit
+margin at the diverging position, so a divergence at a large margin (a bug) stands out
+from one at a near-tie.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def check_model(name: str, config: IdentityConfig, log: Log) -> dict[str, Any]:
         entry = {
             "name": spec.name, "path": str(spec.path), "synthetic": spec.synthetic,
             # Whether every divergence is a bug: margins are wide by design (synthetic)
-            # or every forward rounds a row alike (a bf16 K cache on the CPU).
+            # or every forward rounds a row alike (the CPU, its kernel pinned).
             "gated": spec.synthetic or rt.context.exact,
             "cache_type_k": rt.context.config.cache_type_k,
             "runs": runs, "identical": identical,

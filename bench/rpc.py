@@ -117,8 +117,9 @@ def cmd_bench_rpc(args: argparse.Namespace) -> int:
     (workload,) = load_workloads([args.workload])
     results: dict[str, Any] = {}
     # The loopback workers compute on this machine's CPU, so every row gets the cache
-    # "auto" gives a model run wholly on the CPU (else the local row would get bf16 and
-    # the split rows f16: two kernels, and maybe two texts, in one table).
+    # "auto" gives a model run wholly on the CPU (else, on a runtime without meshd's
+    # patch, the local row would get bf16 and the split rows f16: two kernels, and maybe
+    # two texts, in one table).
     cache_type_k = resolve_cache_type_k(args.cache_type_k, all_on_cpu=True)
     with LoopbackWorkers(max(counts)) as workers:
         for n in [0, *counts]:

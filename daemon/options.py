@@ -170,13 +170,14 @@ def model_options(*, ctx: int = DEFAULT_CTX, model: bool = True,
                         "quiet one). OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment "
                         "win; meshd bench-threads measures both")
     g.add_argument("--cache-type-k", choices=CACHE_TYPES_K, default="auto",
-                   help="the attention K cache's type (default auto: bf16 when every layer "
-                        "runs on this CPU, so that one-token decodes and verify windows "
-                        "compute the same bits at any context length and speculation "
-                        "keeps plain decoding's text; f16 elsewhere). f16, llama.cpp's "
-                        "default, prefills long prompts faster on the CPU, but past 256 "
-                        "tokens of context with 2 threads or more speculation can leave "
-                        "plain decoding's text at a near-tie")
+                   help="the attention K cache's type (default auto: f16, with the CPU's "
+                        "attention kernel pinned to one for every forward, so that "
+                        "one-token decodes and verify windows compute the same bits at any "
+                        "context length and speculation keeps plain decoding's text; bf16 "
+                        "where the runtime "
+                        "cannot pin it; 4.5x slower to prefill a long prompt). On an "
+                        "accelerator llama.cpp's kernels choose, and past 256 tokens "
+                        "speculation can leave plain decoding's text at a near-tie")
     g.add_argument("--chat-template-file", metavar="FILE", default=None,
                    help="a Jinja chat template used instead of the model's own")
     g.add_argument("--chat-template", metavar="NAME|JINJA", default=None,

@@ -10,6 +10,10 @@ install time, and the right CMake flags depend on the machine:
   no longer compiles for Pascal (61).
 * pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS, so a wheel built once with
   other flags is silently reused. We keep our own wheel cache keyed by the flags.
+* meshd patches the runtime (``native/patches/*.patch``, applied to the sdist before it
+  compiles): ``llama_set_attn_kernel`` pins ggml-cpu's flash-attention kernel per
+  forward, so that prefill takes the fast tiled kernel while decoding and verify
+  windows share one kernel (docs/identity.md says why). The patches key the cache too.
 
 This file uses the standard library only: ``native/bootstrap.py`` runs it before meshd
 itself is installed (``python native/build.py``), and it is importable as
@@ -28,6 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +46,8 @@ AMX_OFF = ["-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8"]
 # Every profile carries ggml's RPC backend, so `meshd worker` can offer this machine's
 # devices to a meshd elsewhere and `meshd serve --rpc` can use remote ones.
 RPC_ON = "-DGGML_RPC=ON"
+#: Patches applied to the sdist, in name order (``git apply -p1`` from its root).
+PATCHES_DIR = Path(__file__).resolve().parent / "patches"
 PRE_BLACKWELL_ARCHS = ["61", "75", "80", "86", "87", "89", "90"]
 CUDA13_MIN_ARCH = 75  # CUDA 13.0 dropped Maxwell, Pascal and Volta
 
@@ -60,8 +67,9 @@ class BuildProfile:
     notes: tuple[str, ...] = field(default=())
 
     def key(self) -> str:
-        """Stable identity of the build: version + flags (keys our wheel cache)."""
-        blob = json.dumps([LLAMA_CPP_VERSION, self.name, list(self.cmake_args)])
+        """Stable identity of the build: version + flags + patches (keys our wheel cache)."""
+        blob = json.dumps([LLAMA_CPP_VERSION, self.name, list(self.cmake_args),
+                           [hashlib.sha256(p.read_bytes()).hexdigest() for p in patches()]])
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def as_json(self) -> dict[str, object]:
@@ -239,6 +247,32 @@ def select_profile(
 # --------------------------------------------------------------------------- install
 
 
+def patches() -> list[Path]:
+    """The runtime patches meshd applies to llama-cpp-python's sdist, in order."""
+    return sorted(PATCHES_DIR.glob("*.patch"))
+
+
+def patched_sdist(python: str, workdir: Path, log: Callable[[str], None]) -> Path:
+    """Download the pinned sdist into ``workdir``, unpack it and apply :func:`patches`;
+    returns the source tree to build. A patch that does not apply is an error: a build
+    without it would break meshd's identity guarantee silently."""
+    subprocess.run([python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    "-q", "-d", str(workdir),
+                    f"{LLAMA_CPP_PYTHON}=={LLAMA_CPP_VERSION}"], check=True)
+    archives = sorted(workdir.glob("llama_cpp_python-*.tar.gz"))
+    if not archives:
+        raise BuildProfileError(f"pip download produced no sdist in {workdir}")
+    shutil.unpack_archive(str(archives[-1]), str(workdir))
+    tree = workdir / archives[-1].name.removesuffix(".tar.gz")
+    for patch in patches():
+        log(f"applying {patch.name}")
+        try:
+            subprocess.run(["git", "apply", "-p1", str(patch)], cwd=tree, check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise BuildProfileError(f"cannot apply {patch} to {tree.name}: {exc}") from exc
+    return tree
+
+
 def marker_path(prefix: str | None = None) -> Path:
     """Where we record the profile the environment's llama-cpp-python was built with."""
     return Path(prefix or sys.prefix) / "share" / "meshd" / "llama-build.json"
@@ -297,11 +331,13 @@ def install(
         env = dict(os.environ)
         env["CMAKE_ARGS"] = " ".join(profile.cmake_args)
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
-        command = [python, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps",
-                   f"{LLAMA_CPP_PYTHON}=={LLAMA_CPP_VERSION}", "-w", str(cache)]
-        if sys.stderr.isatty():
-            command.append("-v")  # the build's step counters, for the progress line
-        run_with_progress(command, what=f"building llama.cpp ({profile.name})", env=env)
+        with tempfile.TemporaryDirectory(prefix="meshd-llama-") as tmp:
+            tree = patched_sdist(python, Path(tmp), log)
+            command = [python, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps",
+                       str(tree), "-w", str(cache)]
+            if sys.stderr.isatty():
+                command.append("-v")  # the build's step counters, for the progress line
+            run_with_progress(command, what=f"building llama.cpp ({profile.name})", env=env)
         wheels = sorted(cache.glob("llama_cpp_python-*.whl"))
         if not wheels:
             raise BuildProfileError(f"pip wheel produced no wheel in {cache}")

@@ -23,20 +23,21 @@ import numpy as np
 
 from .cpus import usable_cpus
 from .errors import CapacityError, NativeError, RuntimeStateError
-from .llama import float_rows, lc, lcx
+from .llama import attn_kernel_pinnable, float_rows, lc, lcx, set_attn_kernel
 from .model import Model
 from .mtp import MtpContext
-from .primitives import CACHE_TYPES_K as CACHE_TYPES_K
-from .primitives import DEFAULT_DRAFT_MAX as DEFAULT_DRAFT_MAX
-from .primitives import ROLLBACK_MAX as ROLLBACK_MAX
-from .primitives import ContextConfig as ContextConfig
 from .primitives import (
+    ATTN_KERNEL,
     FloatArray,
     Row,
     context_params,
     resolve_cache_type_k,
     rounds_rows_alike,
 )
+from .primitives import CACHE_TYPES_K as CACHE_TYPES_K
+from .primitives import DEFAULT_DRAFT_MAX as DEFAULT_DRAFT_MAX
+from .primitives import ROLLBACK_MAX as ROLLBACK_MAX
+from .primitives import ContextConfig as ContextConfig
 
 
 class SlotHolder(Protocol):
@@ -60,12 +61,14 @@ class TargetContext:
     def __init__(self, model: Model, config: ContextConfig = DEFAULT_CONFIG) -> None:
         self.model = model
         all_on_cpu = model.gpu_layers == 0
+        pinnable = config.pin_attention and attn_kernel_pinnable()
         config = attrs.evolve(config, cache_type_k=resolve_cache_type_k(
-            config.cache_type_k, all_on_cpu=all_on_cpu))
+            config.cache_type_k, all_on_cpu=all_on_cpu, pinnable=pinnable))
         #: The configuration as made: ``cache_type_k`` is the type it resolved to.
         self.config = config
         #: Whether every forward rounds a row alike (:func:`rounds_rows_alike`).
-        self.exact = rounds_rows_alike(config.cache_type_k, all_on_cpu=all_on_cpu)
+        self.exact = rounds_rows_alike(config.cache_type_k, all_on_cpu=all_on_cpu,
+                                       pinnable=pinnable)
         self.lock = threading.RLock()
         info = model.info
         if config.n_ctx_seq > info.n_ctx_train > 0:
@@ -86,6 +89,8 @@ class TargetContext:
                 f"({config.n_seq_max} sequences); lower n_ctx_seq or n_seq_max"
             )
         self._ctx = ctx
+        if all_on_cpu and pinnable:  # on accelerators llama.cpp's own kernels stand
+            set_attn_kernel(ctx, ATTN_KERNEL)
         self.n_vocab = info.n_vocab
         self.n_embd = lc.llama_model_n_embd_out(model.handle)
         self.memory = lc.llama_get_memory(ctx)

@@ -21,7 +21,18 @@ import llama_cpp.llama_cpp_ext as lcx
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ensure_backend", "float_rows", "last_error", "lc", "lcx"]
+__all__ = [
+    "ATTN_BY_WIDTH",
+    "ATTN_ROW",
+    "ATTN_TILED",
+    "attn_kernel_pinnable",
+    "ensure_backend",
+    "float_rows",
+    "last_error",
+    "lc",
+    "lcx",
+    "set_attn_kernel",
+]
 
 _log = logging.getLogger("meshd.llama")
 _init_lock = threading.Lock()
@@ -91,3 +102,36 @@ def float_rows(ptr: Any, n_rows: int, width: int) -> npt.NDArray[np.float32]:
     if not ptr:
         raise ValueError("llama.cpp returned a NULL float pointer")
     return np.ctypeslib.as_array(ptr, shape=(n_rows, width))
+
+
+#: ``llama_set_attn_kernel``'s kernels (meshd's runtime patch, native/patches): ggml-cpu's
+#: flash attention chosen by batch width (llama.cpp's own rule), the per-row kernel at
+#: every width, or the tiled kernel at every width (the bench compares them).
+ATTN_BY_WIDTH, ATTN_ROW, ATTN_TILED = 0, 1, 2
+
+
+def _bind_attn_kernel() -> Any:
+    """``llama_set_attn_kernel`` from the loaded libllama, or None on a runtime built
+    without meshd's patch (then a context keeps llama.cpp's own kernel choice)."""
+    try:
+        fn = lc._lib.llama_set_attn_kernel
+    except AttributeError:
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    fn.restype = None
+    return fn
+
+
+_set_attn_kernel = _bind_attn_kernel()
+
+
+def attn_kernel_pinnable() -> bool:
+    """Whether this runtime can pin the attention kernel (:func:`set_attn_kernel`)."""
+    return _set_attn_kernel is not None
+
+
+def set_attn_kernel(ctx: Any, kernel: int) -> None:
+    """Pin ``ctx``'s CPU flash-attention kernel for its forwards from now on (a no-op
+    on a runtime without meshd's patch: :func:`attn_kernel_pinnable` tells)."""
+    if _set_attn_kernel is not None:
+        _set_attn_kernel(ctx, kernel)

@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from .llama import lc
+from .llama import ATTN_TILED, lc
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -30,6 +30,11 @@ DEFAULT_DRAFT_MAX = 32
 #: keeps one more copy of every recurrent layer's state per sequence.
 ROLLBACK_MAX = 8
 
+#: The attention kernel every forward of a CPU context takes, whatever its width:
+#: llama.cpp's tiled prefill kernel, where each row's result is its own whatever shares
+#: its tile (meshd's patch computes only a tile's rows, so a one-row decode pays for one).
+ATTN_KERNEL = ATTN_TILED
+
 #: The K-cache types a context can be given ("auto": :func:`resolve_cache_type_k`).
 CACHE_TYPES_K = ("auto", "f16", "bf16")
 #: ggml.h's numbers of the resolved K-cache types (GGML_TYPE_F16, GGML_TYPE_BF16).
@@ -42,34 +47,37 @@ def _check_cache_type_k(requested: str) -> None:
                          f"{', '.join(CACHE_TYPES_K)}")
 
 
-def resolve_cache_type_k(requested: str, *, all_on_cpu: bool) -> str:
-    """The K-cache type a context gets: ``requested``, or for "auto" bf16 when every
-    layer runs on this CPU and f16 (llama.cpp's default) otherwise.
+def resolve_cache_type_k(requested: str, *, all_on_cpu: bool, pinnable: bool = True) -> str:
+    """The K-cache type a context gets: ``requested``, or for "auto" llama.cpp's f16,
+    except bf16 on the CPU of a runtime that cannot pin its attention kernel.
 
-    Why bf16 on the CPU: ggml's CPU flash attention runs a forward of ONE row over 512
-    KV cells or more in its own kernel (the KV range split across threads, partial sums
-    merged) and every wider forward in another (each row over the whole range; 64 rows
-    or more tiled), and the kernels round differently. Speculation verifies in wide
-    forwards what plain decoding computes one row at a time, so past 256 tokens of
-    context a greedy near-tie could flip and the text leave plain decoding's. Both fast
-    kernels take only f16 (or f32) caches with K and V of one type; with a bf16 K cache
-    every forward, of any width and any mix of sequences, runs each row through the same
-    kernel, so its logits do not depend on how rows were batched. Decoding costs the
-    same; a long prompt's prefill loses the tiled kernel (docs/identity.md, "Identity and its
-    limits", has the measurements and the trade). Accelerators have their own kernels,
-    so where layers are offloaded "auto" keeps llama.cpp's default.
+    Why: ggml's CPU flash attention has three kernels and picks one by a forward's
+    width (one row over 512 KV cells or more: the KV range split across threads; 64
+    rows or more: tiled; else each row over the whole range), and they round
+    differently. Speculation verifies in wide forwards what plain decoding computes one
+    row at a time, so a greedy near-tie could flip and the text leave plain decoding's.
+    meshd's runtime patch (``llama_set_attn_kernel``) pins one kernel instead
+    (:data:`ATTN_KERNEL`, the fast tiled one) for every forward: prompts, decode steps
+    and verify windows of any width, so a row's logits do not depend on what shares its
+    forward. Without the patch only a bf16 K cache gives that (both fast kernels take
+    f16 or f32 caches only), at 4.5x a long prompt's prefill time (docs/identity.md).
+    Accelerators have their own kernels, so where layers are offloaded "auto" keeps
+    llama.cpp's default.
     """
     _check_cache_type_k(requested)
     if requested != "auto":
         return requested
-    return "bf16" if all_on_cpu else "f16"
+    return "bf16" if all_on_cpu and not pinnable else "f16"
 
 
-def rounds_rows_alike(cache_type_k: str, *, all_on_cpu: bool) -> bool:
+def rounds_rows_alike(cache_type_k: str, *, all_on_cpu: bool, pinnable: bool = True) -> bool:
     """Whether every forward computes a row's logits the same way, whatever rows are
-    batched with it: a bf16 K cache on the CPU (:func:`resolve_cache_type_k` says why).
-    Then speculation's text is plain decoding's bit for bit, and a divergence is a bug."""
-    return cache_type_k == "bf16" and all_on_cpu
+    batched with it: on the CPU, with the attention kernel pinned (f16) or a bf16 K
+    cache (:func:`resolve_cache_type_k` says why). Then speculation's text is plain
+    decoding's bit for bit, and a divergence is a bug."""
+    if not all_on_cpu:
+        return False
+    return cache_type_k == "bf16" or (cache_type_k == "f16" and pinnable)
 
 
 @attrs.frozen
@@ -93,6 +101,9 @@ class ContextConfig:
     in_place_rollback: bool = True
     #: The K cache's type, one of :data:`CACHE_TYPES_K` (the context resolves "auto").
     cache_type_k: str = "auto"
+    #: Pin the attention kernel (:data:`ATTN_KERNEL`) where the runtime can; off leaves
+    #: llama.cpp's choice by a forward's width.
+    pin_attention: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx_seq < 16 or self.n_seq_max < 1 or self.draft_max < 0:

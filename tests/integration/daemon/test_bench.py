@@ -133,7 +133,7 @@ def test_identity_gate_on_smollm2_gates_with_the_default_cache(tmp_path: Path) -
                  "--tokens", "12", "--k", "4", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     m = report["models"][0]
-    assert m["synthetic"] is False and m["gated"] is True and m["cache_type_k"] == "bf16"
+    assert m["synthetic"] is False and m["gated"] is True and m["cache_type_k"] == "f16"
     assert m["runs"] > 0 and m["identical"] == m["runs"]
     assert report["gated_divergences"] == 0
 

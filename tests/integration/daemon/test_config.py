@@ -252,8 +252,8 @@ def test_the_prefix_cache_can_be_bounded_or_turned_off(tmp_path: Path) -> None:
 
 
 def test_the_k_cache_type_reaches_the_runtime_from_flag_and_file(tmp_path: Path) -> None:
-    """``--cache-type-k`` / ``[model] cache_type_k``: auto by default (bf16 on the CPU,
-    for identity at any length), f16 for llama.cpp's faster prefill."""
+    """``--cache-type-k`` / ``[model] cache_type_k``: auto by default (f16 with the
+    attention kernel pinned on the CPU, for identity at any length), bf16 on request."""
     assert cfg.Config().model.cache_type_k == "auto"
     args = _serve_parser().parse_args(["--cache-type-k", "f16"])
     assert cfg.load(None, environ={}, flags=cfg.explicit_flags(args)).config.model \

@@ -453,6 +453,18 @@ def test_profile_key_differs_per_flags_and_name() -> None:
     assert len(keys) == 6
 
 
+def test_runtime_patches_key_the_build(tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changed runtime patch is a new build (a wheel built without it is never reused)."""
+    assert [p.name for p in build.patches()] == ["llama-attn-kernel.patch"]
+    patch = tmp_path / "a.patch"
+    patch.write_text("one")
+    monkeypatch.setattr(build, "PATCHES_DIR", tmp_path)
+    first = CPU.key()
+    patch.write_text("two")
+    assert CPU.key() != first
+
+
 def test_wheel_cache_is_keyed_by_profile(tmp_path: Path) -> None:
     env = {"XDG_CACHE_HOME": str(tmp_path)}
     other = BuildProfile("cpu-x86", ("-DGGML_NATIVE=ON",))

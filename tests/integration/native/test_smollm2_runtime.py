@@ -171,10 +171,10 @@ def test_window_width_does_not_change_the_logits(smollm2: Model,
                                                  smol_ctx: TargetContext) -> None:
     """Why speculation (and a padded shared window) keeps plain decoding's tokens: a
     window of any width, one row included, computes the same bits at any context length
-    (past 256 tokens too, where the KV view reaches 512 cells and an f16 cache would
-    send one-row forwards through another attention kernel: docs/identity.md,
-    Identity and its limits)."""
-    assert smol_ctx.config.cache_type_k == "bf16"  # "auto" on a model run on this CPU
+    (past 256 tokens too, where the KV view reaches 512 cells and llama.cpp would send
+    one-row forwards through another attention kernel: the context pins one,
+    docs/identity.md, Identity and its limits)."""
+    assert smol_ctx.config.cache_type_k == "f16"  # "auto", with the kernel pinned
     assert smol_ctx.exact
     tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)
     assert len(tokens) >= 310
@@ -190,16 +190,17 @@ def test_window_width_does_not_change_the_logits(smollm2: Model,
 N_F16 = 280
 
 
-def test_with_an_f16_cache_one_row_forwards_differ_past_256_tokens(
-        smollm2: Model) -> None:
-    """What ``--cache-type-k f16`` (llama.cpp's default) trades for its faster prefill:
-    past 256 tokens a one-row forward rounds differently from a window, with 2 threads
-    or more; with one thread it does not (nothing is split across threads)."""
+def test_unpinned_one_row_forwards_differ_past_256_tokens(smollm2: Model) -> None:
+    """What pinning the attention kernel buys: with llama.cpp's own choice by width (an
+    f16 cache, ``pin_attention`` off, as in any other llama.cpp program) a one-row
+    forward past 256 tokens rounds differently from a window, with 2 threads or more;
+    with one thread it does not (nothing is split across threads)."""
     tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:N_F16 + 24]
     for threads, same in ((2, False), (1, True)):
         ctx = TargetContext(smollm2, ContextConfig(n_ctx_seq=1024, n_seq_max=1,
                                                    draft_max=8, n_threads=threads,
-                                                   cache_type_k="f16"))
+                                                   cache_type_k="f16",
+                                                   pin_attention=False))
         try:
             assert ctx.config.cache_type_k == "f16" and not ctx.exact
             plain = _rows_by_width(ctx, tokens, N_F16, 1)
@@ -211,19 +212,30 @@ def test_with_an_f16_cache_one_row_forwards_differ_past_256_tokens(
             ctx.close()
 
 
-def test_auto_k_cache_is_bf16_only_where_every_layer_runs_on_this_cpu() -> None:
-    assert resolve_cache_type_k("auto", all_on_cpu=True) == "bf16"
+def test_auto_k_cache_is_bf16_only_where_the_kernel_cannot_be_pinned() -> None:
+    assert resolve_cache_type_k("auto", all_on_cpu=True) == "f16"
+    assert resolve_cache_type_k("auto", all_on_cpu=True, pinnable=False) == "bf16"
     assert resolve_cache_type_k("auto", all_on_cpu=False) == "f16"
+    assert resolve_cache_type_k("auto", all_on_cpu=False, pinnable=False) == "f16"
     assert resolve_cache_type_k("f16", all_on_cpu=True) == "f16"
     assert resolve_cache_type_k("bf16", all_on_cpu=False) == "bf16"
     with pytest.raises(ValueError, match="unknown K-cache type 'q4_0'"):
         resolve_cache_type_k("q4_0", all_on_cpu=True)
     with pytest.raises(ValueError, match="unknown K-cache type"):
         ContextConfig(cache_type_k="f32")
-    # Only a bf16 cache on the CPU makes every forward round a row alike.
-    assert rounds_rows_alike("bf16", all_on_cpu=True)
+    # On the CPU a pinned kernel, or a bf16 cache, makes every forward round a row alike.
+    assert rounds_rows_alike("f16", all_on_cpu=True)
+    assert not rounds_rows_alike("f16", all_on_cpu=True, pinnable=False)
+    assert rounds_rows_alike("bf16", all_on_cpu=True, pinnable=False)
     assert not rounds_rows_alike("bf16", all_on_cpu=False)
-    assert not rounds_rows_alike("f16", all_on_cpu=True)
+    assert not rounds_rows_alike("f16", all_on_cpu=False)
+
+
+def test_the_runtime_pins_the_attention_kernel() -> None:
+    """meshd's runtime patch is in the built llama.cpp (native/patches): without it the
+    default K cache falls back to bf16 and a long prompt's prefill takes 4.5x as long."""
+    from meshd.native.llama import attn_kernel_pinnable
+    assert attn_kernel_pinnable()
 
 
 def test_how_a_prompt_is_batched_does_not_change_the_logits(
@@ -270,3 +282,22 @@ def test_a_window_shared_with_other_sequences_keeps_its_bits(
                 a.retire()
                 b.retire()
         assert np.array_equal(np.concatenate(rows), alone), width
+
+
+def test_decoded_tokens_and_the_same_tokens_prefilled_keep_their_bits(
+        smollm2: Model, smol_ctx: TargetContext) -> None:
+    """A turn's answer decoded one token at a time and the same answer prefilled as part
+    of the next turn's prompt give the same bits (every forward takes one attention
+    kernel): a multi-turn chat reads the same logits whether its history comes from the
+    prefix cache or is prefilled afresh."""
+    tokens = smollm2.tokenizer.tokenize(_LONG_TEXT, add_special=False)[:310]
+    assert len(tokens) == 310
+    head, answer = tokens[:262], tokens[262:-1]  # the answer past 256 tokens of context
+    with SequenceSession.open(smol_ctx) as s:
+        s.prefill(head)
+        for tok in answer:
+            s.decode(tok)
+        cached = np.array(s.decode(tokens[-1]))
+    with SequenceSession.open(smol_ctx) as s:
+        fresh = np.array(s.prefill(tokens))
+    assert np.array_equal(cached, fresh)

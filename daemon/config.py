@@ -113,10 +113,9 @@ class ModelSection:
                            "meshd has its cores) | sleep (at once: for machines shared with "
                            "other busy processes)", flag="thread_wait",
                            validator=v.in_(THREAD_WAITS))
-    cache_type_k: str = key("auto", "attention K cache type: auto (f16, with the CPU's "
-                            "attention kernel pinned to one for every forward, so that "
-                            "speculation's text is plain decoding's at any length; bf16 on a "
-                            "runtime built without meshd's patch) | f16 | bf16",
+    cache_type_k: str = key("auto", "attention K cache type: auto (f16, the CPU's attention "
+                            "kernel pinned so that speculation's text is plain decoding's; "
+                            "bf16 on a runtime without meshd's patch) | f16 | bf16",
                             flag="cache_type_k", live=True, validator=v.in_(CACHE_TYPES_K))
     chat_template_file: str | None = key(None, "a Jinja chat template used instead of the "
                                          "model's own (as llama-server's "

@@ -47,7 +47,10 @@ earlier ones, so a prefix cache cannot make it trivial (a suffix would leave the
 workload cached); arms of one repetition get the same prompts. One warm-up request per
 server precedes the measurements. After the runs each server is left idle for 2 s, then
 its CPU time (``/proc/PID/stat``) is read over ``--idle-seconds``: a daemon that spins
-while idle slows everything else on the machine.
+while idle slows everything else on the machine. Every server's time to ready (process
+start to ``/health`` 200) is reported too. ``--workload long-prompt`` / ``multi-turn``
+are scenes (:mod:`.e2e_scenes`), on servers of their own. ``--busy N`` runs N Python busy
+loops beside the servers throughout (started first, killed by pid on every exit path).
 """
 
 from __future__ import annotations
@@ -58,7 +61,6 @@ import http.client
 import json
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,8 +97,24 @@ from .e2e_arms import (
     request_body,
 )
 from .e2e_report import format_e2e
+from .e2e_scenes import (
+    SCENE_NAMES,
+    Scene,
+    add_scene_arguments,
+    make_scene,
+    ready_ratios,
+    run_scene,
+    scene_options,
+)
 from .llama_server import ARM_PREFIX, server_version
-from .processes import ServerProcess, clean_env, die_with_parent, free_port
+from .processes import (
+    ServerProcess,
+    busy_loops,
+    check_alive,
+    clean_env,
+    die_with_parent,
+    free_port,
+)
 from .stream_client import (
     RequestRecord,
     StreamResult,
@@ -104,6 +122,7 @@ from .stream_client import (
     grammar_per_token,
     run_clients,
 )
+from .stream_client import median_or_none as _median
 from .workloads import ArmUnavailable, BenchError, Workload, load_workloads
 
 __all__ = ["E2eConfig", "add_arguments", "cmd_bench_e2e", "run_e2e"]
@@ -125,7 +144,8 @@ def _start_server(stack: contextlib.ExitStack, arm: E2eArm, mut: ModelUnderTest,
     else:
         assert binary is not None
         cmd = llama_server_command(arm, binary, mut.spec.path, cfg, clients, port)
-    server = ServerProcess(cmd, port, name=arm.name, env=clean_env())
+    server = ServerProcess(cmd, port, name=arm.name, env=clean_env(),
+                           start_timeout_s=cfg.start_timeout_s)
     stack.callback(server.close)
     return server
 
@@ -293,7 +313,7 @@ def _run_workload(workload: Workload, arms: Sequence[E2eArm],
                 run = _generate_run(arm, mut, prompt, rep, cfg)
             else:
                 run = _serve_run(arm, servers[arm.name], mut, workload, rep, clients, cfg)
-                _check_alive(arm.name, servers, unavailable)
+                check_alive(arm.name, servers, unavailable)
             runs[arm.name].append(run)
             log(f"  {mut.spec.name} {workload.name} {clients} client(s) {arm.name} rep "
                 f"{rep + 1}: {_rate_text(run)}")
@@ -314,22 +334,6 @@ def _rate_text(run: Run) -> str:
         return f"{rate:.1f} tok/s"
     errors = [r.result.error for r in run.requests if r.result.error]
     return f"failed ({errors[0]})" if errors else "no decode rate (one chunk)"
-
-
-def _check_alive(name: str, servers: dict[str, ServerProcess],
-                 unavailable: dict[str, str]) -> None:
-    """A server that exited is dropped, and why is kept for the report."""
-    server = servers[name]
-    code = server.proc.poll()
-    if code is not None:
-        unavailable[name] = f"{name} exited with status {code} during the runs; its last " \
-                            f"lines:\n{server.log_tail()}"
-        del servers[name]
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    good = [v for v in values if v is not None]
-    return statistics.median(good) if good else None
 
 
 def _summary(runs: Sequence[Run]) -> dict[str, Any]:
@@ -414,7 +418,8 @@ def _start_servers(stack: contextlib.ExitStack, arms: Sequence[E2eArm],
         except (ArmUnavailable, BenchError) as exc:
             unavailable[arm.name] = str(exc)
             continue
-        started[arm.name] = {"command": server.command, "pid": server.pid}
+        started[arm.name] = {"command": server.command, "pid": server.pid,
+                             "ready_s": server.ready_s}
         why = _warm_up(server, mut, workloads[0], cfg)
         if why is not None:
             unavailable[arm.name] = why
@@ -427,23 +432,26 @@ def _start_servers(stack: contextlib.ExitStack, arms: Sequence[E2eArm],
 def _run_block(mut: ModelUnderTest, arms: Sequence[E2eArm], clients: int,
                workloads: Sequence[Workload], cfg: E2eConfig, binary: str | None,
                binary_why: str | None, unavailable: Mapping[str, str], log: Log,
-               ) -> dict[str, Any]:
-    """One model at one client count: its servers started, every workload run, the idle
-    CPU read, the servers stopped (on every exit path)."""
+               scene: Scene | None = None) -> dict[str, Any]:
+    """One model at one client count: its servers started, every workload run (or the
+    scene, its servers warmed up by ``workloads[0]``), the idle CPU read, the servers
+    stopped (on every exit path)."""
     missing = dict(unavailable)
     idle: dict[str, float | None] = {}
     with contextlib.ExitStack() as stack:
         servers, started = _start_servers(stack, arms, mut, clients, workloads, cfg,
                                           binary, binary_why, missing, log)
-        tables = [_run_workload(w, arms, servers, missing, mut, clients, cfg, log)
-                  for w in workloads]
+        tables = [] if scene else [_run_workload(w, arms, servers, missing, mut, clients,
+                                                 cfg, log) for w in workloads]
+        scene_table = None if scene is None else run_scene(scene, arms, servers, missing, log)
         if cfg.idle_seconds > 0 and servers:
             log(f"  idle CPU: {IDLE_SETTLE_S:g} s, then {cfg.idle_seconds:g} s of reading")
             idle = _idle_cpu(servers, cfg.idle_seconds)
     for name, info in started.items():
         info["idle_cpu_pct"] = idle.get(name)
-    return {"clients": clients, "servers": started, "unavailable": missing,
-            "idle_seconds": cfg.idle_seconds, "workloads": tables}
+    return {"clients": clients, "ctx": cfg.ctx, "servers": started, "unavailable": missing,
+            "idle_seconds": cfg.idle_seconds, "workloads": tables,
+            "ready_over_llama_server": ready_ratios(started), "scene": scene_table}
 
 
 def _arms_for(mut: ModelUnderTest, wanted: Sequence[str] | None,
@@ -466,24 +474,37 @@ def run_e2e(cfg: E2eConfig, log: Log | None = None) -> dict[str, Any]:
         raise BenchError(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARM_NAMES)}")
     if not meshd_executable().is_file():
         raise BenchError(f"no meshd executable at {meshd_executable()}")
-    workloads = load_workloads(list(cfg.workloads))
+    scenes = [w for w in cfg.workloads if w in SCENE_NAMES]
+    names = [w for w in cfg.workloads if w not in SCENE_NAMES]
+    workloads = load_workloads(names) if names else []
     binary, binary_why = find_llama_server(cfg.llama_server)
     models = []
-    for name in cfg.models:
-        mut = model_under_test(resolve_model(name, threads=cfg.threads))
-        arms, unavailable = _arms_for(mut, cfg.arms)
-        say(f"{mut.spec.name}: {mut.spec.path}")
-        blocks = [_run_block(mut, arms, n, workloads, cfg, binary, binary_why, unavailable,
-                             say) for n in cfg.clients]
-        models.append({"name": mut.spec.name, "path": str(mut.spec.path),
-                       "note": mut.spec.note, "has_mtp": mut.has_mtp, "chat": mut.chat,
-                       "endpoint": mut.path, "blocks": blocks})
+    with busy_loops(cfg.busy) as busy:
+        if busy:
+            say(f"busy machine: {len(busy)} busy loop(s) beside the servers, pids "
+                f"{', '.join(map(str, busy))}")
+        for name in cfg.models:
+            mut = model_under_test(resolve_model(name, threads=cfg.threads))
+            arms, unavailable = _arms_for(mut, cfg.arms)
+            say(f"{mut.spec.name}: {mut.spec.path}")
+            blocks = [_run_block(mut, arms, n, workloads, cfg, binary, binary_why,
+                                 unavailable, say) for n in cfg.clients if workloads]
+            for scene_name in scenes:
+                scene = make_scene(scene_name, mut, cfg)
+                say(f"  {scene_name}: {scene.describe()}")
+                blocks.append(_run_block(
+                    mut, arms, scene.clients, [scene.warm_up],
+                    attrs.evolve(cfg, ctx=scene.ctx), binary, binary_why, unavailable, say,
+                    scene=scene))
+            models.append({"name": mut.spec.name, "path": str(mut.spec.path),
+                           "note": mut.spec.note, "has_mtp": mut.has_mtp, "chat": mut.chat,
+                           "endpoint": mut.path, "blocks": blocks})
     return {
         "command": "meshd bench-e2e", "config": attrs.asdict(cfg),
         "meshd": str(meshd_executable()),
         "llama_server": {"binary": binary, "unavailable": binary_why,
                          "version": server_version(binary) if binary else None},
-        "models": models,
+        "busy_pids": busy, "models": models,
     }
 
 
@@ -509,8 +530,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="smollm2-q4_1, smollm2-q8_0, qwen35-0.74, qwen35-1b-0.74, ... or a "
                         "GGUF path, as for meshd bench (repeatable; default: smollm2-q4_1)")
     p.add_argument("--workload", action="append", default=[], metavar="NAME",
-                   help="shipped workload or FILE.json (repeatable; default: "
-                        f"{', '.join(DEFAULT_WORKLOADS)})")
+                   help="shipped workload, FILE.json, or a scene: long-prompt, multi-turn "
+                        f"(repeatable; default: {', '.join(DEFAULT_WORKLOADS)})")
     p.add_argument("--clients", type=client_counts, default="1,4", metavar="N[,N...]",
                    help="clients sending at once; each count gets its own servers")
     p.add_argument("--tokens", type=positive, default=128, metavar="N",
@@ -532,6 +553,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="give up on one request after this long")
     p.add_argument("--json", metavar="FILE", help="also write everything, every request, "
                                                   "as JSON")
+    add_scene_arguments(p)
 
 
 def _unwind(signum: int, _frame: object) -> None:
@@ -550,7 +572,7 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
             tokens=args.tokens, reps=args.reps, ctx=args.ctx,
             threads=args.threads or usable_cpus(), idle_seconds=args.idle_seconds,
             arms=tuple(args.arm) or None, llama_server=args.llama_server,
-            timeout_s=args.timeout)
+            timeout_s=args.timeout, **scene_options(args))
         report = run_e2e(cfg)
     except BenchError as exc:
         print(f"meshd bench-e2e: {exc}", file=sys.stderr)

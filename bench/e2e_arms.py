@@ -78,6 +78,18 @@ class E2eConfig:
     arms: tuple[str, ...] | None = None
     llama_server: str | None = None
     timeout_s: float = 600.0
+    #: Seconds a server may take from its start to ``/health`` answering 200.
+    start_timeout_s: float = 180.0
+    #: The ``long-prompt`` scene: the document's length in tokens, and how many
+    #: streaming clients are already decoding when it is sent.
+    prompt_tokens: int = 3000
+    bystanders: int = 1
+    #: The ``multi-turn`` scene: chats interleaved, turns each, system prompt tokens.
+    chats: int = 2
+    turns: int = 4
+    system_tokens: int = 1000
+    #: ``python -c "while True: pass"`` processes running beside the servers.
+    busy: int = 0
 
 
 @attrs.frozen

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -80,7 +80,8 @@ def proc_cpu_s(pid: int) -> float | None:
 class ServerProcess:
     """A server child process listening on ``127.0.0.1:port``, ready once ``GET /health``
     answers 200; its output goes to a temporary file (a pipe nobody reads would fill up
-    and block it), whose tail explains a failure.
+    and block it), whose tail explains a failure. ``ready_s``: seconds from just before
+    the process was started to the first ``/health`` 200 (polled every 50 ms).
 
     Raises :class:`BenchError` when the command cannot run and :class:`ArmUnavailable`
     when the server exits or stays unready; either way nothing is left running.
@@ -95,6 +96,7 @@ class ServerProcess:
         # Held open for the process's lifetime (closed in close()), so no with-block.
         self._log_file: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
             prefix=f"meshd-{name}-")
+        started = time.perf_counter()
         try:
             self.proc = subprocess.Popen(
                 self.command, env=None if env is None else dict(env),
@@ -108,6 +110,7 @@ class ServerProcess:
         except BaseException:
             self.close()
             raise
+        self.ready_s: float = time.perf_counter() - started
 
     @property
     def pid(self) -> int:
@@ -116,6 +119,23 @@ class ServerProcess:
     def cpu_s(self) -> float | None:
         """CPU seconds the server has used so far (see :func:`proc_cpu_s`)."""
         return proc_cpu_s(self.proc.pid)
+
+    def wait_quiet(self, timeout_s: float = 30.0, *, window_s: float = 0.25,
+                   max_share: float = 0.05) -> bool:
+        """Wait until the server uses under ``max_share`` of one core over ``window_s``
+        (it has finished or abandoned what it was doing); False if that did not happen
+        within ``timeout_s`` (or its CPU time cannot be read)."""
+        deadline = time.monotonic() + timeout_s
+        before = self.cpu_s()
+        while before is not None and time.monotonic() < deadline:
+            time.sleep(window_s)
+            after = self.cpu_s()
+            if after is None:
+                return False
+            if after - before < max_share * window_s:
+                return True
+            before = after
+        return False
 
     def log_tail(self, n: int = 12) -> str:
         """The last ``n`` lines the server printed."""
@@ -176,3 +196,39 @@ class ServerProcess:
         self.stop()
         with contextlib.suppress(OSError):
             self._log_file.close()
+
+
+def check_alive(name: str, servers: dict[str, ServerProcess],
+                unavailable: dict[str, str]) -> None:
+    """A server that exited is dropped from ``servers``, and why is kept in
+    ``unavailable`` for the report."""
+    server = servers[name]
+    code = server.proc.poll()
+    if code is not None:
+        unavailable[name] = f"{name} exited with status {code} during the runs; its last " \
+                            f"lines:\n{server.log_tail()}"
+        del servers[name]
+
+
+#: What a busy-machine process runs: one core's worth of a Python busy loop.
+BUSY_LOOP: Final = ("-c", "while True: pass")
+
+
+@contextlib.contextmanager
+def busy_loops(n: int) -> Iterator[list[int]]:
+    """``n`` ``python -c "while True: pass"`` processes for the ``with`` block (a busy
+    machine, as a server meets it beside other work); their pids. Each is killed by pid
+    on the way out, an exception included, and dies with this process otherwise."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen(
+                [sys.executable, *BUSY_LOOP], env=clean_env(), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                preexec_fn=die_with_parent))
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGKILL)
+            p.wait()

@@ -18,10 +18,12 @@ finish chunk's ``meshd.extra``: forced drafts, grammar time); other servers' do 
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
+import statistics
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,7 +32,8 @@ import attrs
 from .processes import REQUEST_TIMEOUT_S
 
 __all__ = ["GrammarStats", "RequestRecord", "StreamResult", "aggregate_decode_rate",
-           "decode_rate", "grammar_per_token", "parse_sse", "run_clients", "stream_request"]
+           "decode_rate", "gaps_within", "grammar_per_token", "median_or_none", "parse_sse",
+           "records_from", "run_clients", "stream_request"]
 
 
 @attrs.frozen
@@ -84,6 +87,8 @@ class StreamResult:
     error: str | None = None
     #: meshd's constraint counters (None: unconstrained, or a server without them).
     grammar: GrammarStats | None = None
+    #: When each non-empty piece of text arrived (``t_first`` .. ``t_last``).
+    piece_times: tuple[float, ...] = ()
 
 
 def _piece(choice: Mapping[str, Any]) -> str:
@@ -96,9 +101,12 @@ def _piece(choice: Mapping[str, Any]) -> str:
     return text if isinstance(text, str) else ""
 
 
-def parse_sse(lines: Iterable[tuple[float, bytes]]) -> StreamResult:
-    """Read ``data:`` records (each with the time its line arrived) up to ``[DONE]``."""
+def parse_sse(lines: Iterable[tuple[float, bytes]],
+              on_piece: Callable[[float], None] | None = None) -> StreamResult:
+    """Read ``data:`` records (each with the time its line arrived) up to ``[DONE]``;
+    ``on_piece`` is called with the time of each non-empty piece of text as it comes."""
     parts: list[str] = []
+    times: list[float] = []
     t_first = t_last = None
     chunks = 0
     usage: Mapping[str, Any] | None = None
@@ -135,9 +143,12 @@ def parse_sse(lines: Iterable[tuple[float, bytes]]) -> StreamResult:
             piece = _piece(choice)
             if piece:
                 parts.append(piece)
+                times.append(t)
                 chunks += 1
                 t_first = t if t_first is None else t_first
                 t_last = t
+                if on_piece is not None:
+                    on_piece(t)
             if choice.get("finish_reason"):
                 finish = str(choice["finish_reason"])
     tokens, source = _token_count(usage, predicted_n, chunks)
@@ -145,7 +156,8 @@ def parse_sse(lines: Iterable[tuple[float, bytes]]) -> StreamResult:
     return StreamResult(
         text="".join(parts), t_first=t_first, t_last=t_last, completion_tokens=tokens,
         prompt_tokens=prompt if isinstance(prompt, int) else None, tokens_from=source,
-        content_chunks=chunks, finish_reason=finish, error=error, grammar=grammar)
+        content_chunks=chunks, finish_reason=finish, error=error, grammar=grammar,
+        piece_times=tuple(times))
 
 
 def _grammar(record: Mapping[str, Any]) -> GrammarStats | None:
@@ -221,6 +233,19 @@ def grammar_per_token(records: Sequence[RequestRecord],
             sum(g.copy_accepted for g, _ in carried) / tokens)
 
 
+def median_or_none(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are not None (None if there are none)."""
+    good = [v for v in values if v is not None]
+    return statistics.median(good) if good else None
+
+
+def gaps_within(times: Sequence[float], start: float, end: float) -> list[float]:
+    """The waits between consecutive arrivals ``times`` that overlap ``(start, end)``:
+    what a streaming client waited for text while something else happened (a wait that
+    began before ``start`` or ended after ``end`` counts whole)."""
+    return [b - a for a, b in itertools.pairwise(times) if b > start and a < end]
+
+
 def aggregate_decode_rate(records: Sequence[RequestRecord]) -> float | None:
     """``sum(tokens_i - 1) / (max t_last - min t_first)`` over requests served together
     (``None`` if any of them failed)."""
@@ -234,17 +259,27 @@ def aggregate_decode_rate(records: Sequence[RequestRecord]) -> float | None:
     return total / span if span > 0 and total > 0 else None
 
 
-def _timed_lines(resp: http.client.HTTPResponse) -> Iterator[tuple[float, bytes]]:
+def _timed_lines(resp: http.client.HTTPResponse, stop: threading.Event | None = None,
+                 ) -> Iterator[tuple[float, bytes]]:
+    """The response's lines with their arrival times; with ``stop``, the reading ends
+    after the first line read once it is set (the connection is closed, and the server
+    abandons the request)."""
     while line := resp.readline():
         yield time.perf_counter(), line
+        if stop is not None and stop.is_set():
+            return
 
 
 def stream_request(port: int, path: str, body: Mapping[str, Any], *,
                    start: threading.Barrier | None = None,
-                   timeout: float = REQUEST_TIMEOUT_S) -> tuple[float, StreamResult]:
+                   timeout: float = REQUEST_TIMEOUT_S,
+                   on_piece: Callable[[float], None] | None = None,
+                   stop: threading.Event | None = None) -> tuple[float, StreamResult]:
     """POST ``body`` to ``127.0.0.1:port`` and read its stream; returns the
     ``perf_counter`` time it was sent and what came back. With ``start``, the connection
-    is opened first and the request sent when every client's is open."""
+    is opened first and the request sent when every client's is open. ``on_piece``: see
+    :func:`parse_sse`; ``stop``: hang up after the next line once it is set (the result
+    is what came until then)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     t_sent = time.perf_counter()
     try:
@@ -260,7 +295,7 @@ def stream_request(port: int, path: str, body: Mapping[str, Any], *,
         resp = conn.getresponse()
         if resp.status != 200:
             return t_sent, StreamResult(error=f"HTTP {resp.status}: {resp.read()[:500]!r}")
-        return t_sent, parse_sse(_timed_lines(resp))
+        return t_sent, parse_sse(_timed_lines(resp, stop), on_piece)
     except (OSError, http.client.HTTPException, threading.BrokenBarrierError) as exc:
         return t_sent, StreamResult(error=f"{type(exc).__name__}: {exc}")
     finally:
@@ -282,6 +317,13 @@ def run_clients(port: int, path: str, bodies: Sequence[Mapping[str, Any]], *,
         results = [f.result() for f in futures]
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+    return records_from(results, tags)
+
+
+def records_from(results: Sequence[tuple[float, StreamResult]], tags: Sequence[str],
+                 ) -> list[RequestRecord]:
+    """:func:`stream_request`'s answers as one run's records, client ``i`` the ``i``-th,
+    their times on the run's clock (0 = the first request sent)."""
     t0 = min(t for t, _ in results)
     return [RequestRecord(i, tags[i], t - t0, _shifted(r, t0))
             for i, (t, r) in enumerate(results)]
@@ -290,4 +332,5 @@ def run_clients(port: int, path: str, bodies: Sequence[Mapping[str, Any]], *,
 def _shifted(r: StreamResult, t0: float) -> StreamResult:
     """``r`` with its times on the run's clock (0 = the first request sent)."""
     return attrs.evolve(r, t_first=None if r.t_first is None else r.t_first - t0,
-                        t_last=None if r.t_last is None else r.t_last - t0)
+                        t_last=None if r.t_last is None else r.t_last - t0,
+                        piece_times=tuple(t - t0 for t in r.piece_times))

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,15 @@ from meshd.bench.e2e_arms import (
     request_body,
 )
 from meshd.bench.e2e_report import format_e2e
-from meshd.bench.processes import clean_env, proc_cpu_s
+from meshd.bench.e2e_scenes import document_text, scene_ratios, token_counter
+from meshd.bench.processes import busy_loops, clean_env, proc_cpu_s
 from meshd.bench.stream_client import (
     GrammarStats,
     RequestRecord,
     StreamResult,
     aggregate_decode_rate,
     decode_rate,
+    gaps_within,
     parse_sse,
 )
 from meshd.bench.workloads import BenchError, Workload, load_workloads
@@ -352,6 +355,9 @@ def test_bench_e2e_reports_what_a_user_sees(tmp_path: Path,
                           r"meshd-off \d+\.\d{3} ms$", text, re.M)) == 4
     assert len(re.findall(r"^-- idle CPU, [12] client\(s\): .*meshd \d+\.\d%, meshd-off "
                           r"\d+\.\d%", text, re.M)) == 2
+    assert len(re.findall(r"^-- time to ready \(process start to /health 200\), [12] "
+                          r"client\(s\): meshd \d+\.\d\d s, meshd-off \d+\.\d\d s", text,
+                          re.M)) == 2
     if peer is None:
         assert report["llama_server"]["unavailable"].startswith("no llama-server on PATH")
         assert len(re.findall(r"^  llama-server +not run: no llama-server on PATH", text,
@@ -390,8 +396,205 @@ def test_bench_e2e_reports_what_a_user_sees(tmp_path: Path,
         assert {"meshd", "meshd-off"} <= set(servers)
         for name, info in servers.items():
             assert info["idle_cpu_pct"] is not None and info["idle_cpu_pct"] >= 0, name
+            assert 0 < info["ready_s"] < 180, name
             # Nothing is left running, and meshd's private socket directory is gone.
             assert _pid_gone(info["pid"]), name
             for arg in info["command"]:
                 if arg.startswith("unix:"):
                     assert not Path(arg[5:]).parent.exists()
+
+
+# --------------------------------------------------------------------------- scenes
+
+
+def test_sse_keeps_when_each_piece_arrived_and_reports_it_as_it_comes() -> None:
+    seen: list[float] = []
+    r = parse_sse(_sse(_chat("a"), _chat(""), _chat("b"), _chat("c"), "[DONE]"),
+                  on_piece=seen.append)
+    assert r.piece_times == (10.0, 12.0, 13.0) and seen == [10.0, 12.0, 13.0]
+    assert (r.t_first, r.t_last) == (10.0, 13.0)
+
+
+def test_a_bystanders_waits_are_those_overlapping_the_prefill() -> None:
+    """A wait that straddles either end of the window counts whole: a bystander stalled
+    from before the long prompt was sent to after its first text waited all of it."""
+    times = [0.0, 0.1, 0.2, 3.0, 3.1, 3.2]
+    assert gaps_within(times, 0.15, 3.05) == pytest.approx([0.1, 2.8, 0.1])
+    assert gaps_within(times, 5.0, 6.0) == []
+    assert gaps_within([1.0], 0.0, 2.0) == []
+
+
+def test_busy_loops_spin_and_are_killed_by_pid_on_every_exit() -> None:
+    with busy_loops(2) as pids:
+        assert len(pids) == 2 and not any(_pid_gone(p) for p in pids)
+        deadline = time.monotonic() + 10
+        while (proc_cpu_s(pids[0]) or 0) < 0.05 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (proc_cpu_s(pids[0]) or 0) >= 0.05  # it burns CPU
+    assert all(_pid_gone(p) for p in pids)
+    with pytest.raises(RuntimeError), busy_loops(1) as failed:
+        raise RuntimeError("the benchmark failed")
+    assert _pid_gone(failed[0])
+    with busy_loops(0) as none:
+        assert none == []
+
+
+@pytest.mark.parametrize("n", [200, 3000])
+def test_the_long_document_is_cut_to_the_asked_tokens(n: int) -> None:
+    with token_counter(resolve_model("smollm2-q4_1").path) as count:
+        text, got = document_text(n, count)
+        assert count(text) == got and abs(got - n) <= max(4, n // 100)
+    assert text == text.strip() and "meshd" in text
+
+
+def test_scene_ratios_are_meshds_time_over_each_arms() -> None:
+    summaries = {"meshd": {"ttft_s": 1.0, "turns": [{"ttft_s": 0.5}, {"ttft_s": None}]},
+                 "llama-server": {"ttft_s": 2.0, "turns": [{"ttft_s": 0.25}, {"ttft_s": 1.0}]},
+                 "other": {"ttft_s": 0.0, "turns": []}}
+    assert scene_ratios(summaries, ["ttft_s", "turns.0.ttft_s", "turns.1.ttft_s"]) == {
+        "llama-server": {"ttft_s": 0.5, "turns.0.ttft_s": 2.0, "turns.1.ttft_s": None},
+        "other": {"ttft_s": None, "turns.0.ttft_s": None, "turns.1.ttft_s": None}}
+    assert scene_ratios({"llama-server": {"ttft_s": 1.0}}, ["ttft_s"]) == {}
+
+
+def _scene_block(scene: dict[str, object]) -> dict[str, object]:
+    return {"clients": 2, "ctx": 4096, "idle_seconds": 0, "workloads": [],
+            "servers": {"meshd": {"ready_s": 1.5, "idle_cpu_pct": None},
+                        "llama-server": {"ready_s": 0.5, "idle_cpu_pct": None}},
+            "ready_over_llama_server": {"meshd": 3.0}, "scene": scene}
+
+
+def test_report_prints_the_scenes_waits_turns_and_time_to_ready() -> None:
+    def gaps(most: float, median: float) -> list[dict[str, object]]:
+        return [{"max_gap_s": most, "median_gap_s": median, "covered": True, "errors": []}]
+    long_prompt = {
+        "scene": "long-prompt", "document_tokens": 3000, "bystanders": 1, "reps": 3,
+        "tokens": 8, "not_run": {}, "arms": {
+            "meshd": {"prompt_tokens": 3040, "ttft_alone_s": 12.0, "ttft_beside_s": 13.0,
+                      "bystanders": gaps(0.5, 0.05), "failed_runs": 0, "quiet_after": True},
+            "llama-server": {"prompt_tokens": 3040, "ttft_alone_s": 12.0,
+                             "ttft_beside_s": 26.0, "bystanders": gaps(14.0, 0.01),
+                             "failed_runs": 0, "quiet_after": True}},
+        "meshd_over": {"llama-server": {"ttft_alone_s": 1.0, "ttft_beside_s": 0.5,
+                                        "bystanders.0.max_gap_s": 0.5 / 14,
+                                        "bystanders.0.median_gap_s": 5.0}}}
+    turns = [{"ttft_s": t, "prompt_tokens": p, "failed": 0}
+             for t, p in [(1.0, 1040), (0.1, 1100), (0.12, 1160), (0.15, 1220)]]
+    multi_turn = {
+        "scene": "multi-turn", "chats": 2, "turns": 4, "system_tokens": 1000, "reps": 3,
+        "tokens": 8, "not_run": {"llama-server-ngram-simple": "copies only"},
+        "arms": {"meshd": {"turns": turns}, "llama-server": {"turns": turns}},
+        "meshd_over": {"llama-server": {f"turns.{t}.ttft_s": 1.0 for t in range(4)}}}
+    report = _report([])
+    blocks = report["models"][0]["blocks"]  # type: ignore[index]
+    blocks[:] = [_scene_block(long_prompt), _scene_block(multi_turn)]
+    text = format_e2e(report)
+    assert re.search(r"^-- long-prompt: a 3000-token document, alone and beside 1 streaming",
+                     text, re.M)
+    assert re.search(r"^  meshd +3040 +12000 +13000 +1 +500 +50$", text, re.M)
+    assert re.search(r"^  llama-server +3040 +12000 +26000 +1 +14000 +10$", text, re.M)
+    assert re.search(r"^  meshd / llama-server \(times: below 1\.00x meshd's is shorter\): "
+                     r"TTFT alone 1\.00x; TTFT beside 0\.50x; bystander 1 longest wait "
+                     r"0\.04x, median wait 5\.00x$", text, re.M)
+    assert re.search(r"^  arm +turn 1 +turn 2 +turn 3 +turn 4 +prompt$", text, re.M)
+    assert re.search(r"^  meshd +1000 +100 +120 +150 +1040/1100/1160/1220$", text, re.M)
+    assert re.search(r"^  meshd / llama-server +(1\.00x +){3}1\.00x", text, re.M)
+    assert re.search(r"^  llama-server-ngram-simple +not run: copies only$", text, re.M)
+    assert len(re.findall(r"^-- time to ready \(process start to /health 200\), "
+                          r"(long-prompt|multi-turn) servers \(2 slot\(s\), context 4096\): "
+                          r"meshd 1\.50 s, llama-server 0\.50 s; meshd / llama-server 3\.00x$",
+                          text, re.M)) == 2
+
+
+def _run_scene_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str,
+                   ) -> tuple[str, dict[str, Any]]:
+    """``meshd bench-e2e`` on the meshd arm (and llama-server, if on PATH): its text and
+    JSON report; no server is left running."""
+    out = tmp_path / "e2e.json"
+    assert main(["bench-e2e", "--tokens", str(TOKENS), "--reps", "1", "--idle-seconds", "0",
+                 "--arm", "meshd", "--arm", "llama-server", "--json", str(out), *args]) == 0
+    report = json.loads(out.read_text())
+    for model in report["models"]:
+        for block in model["blocks"]:
+            assert 0 < block["servers"]["meshd"]["ready_s"] < 180
+            for name, info in block["servers"].items():
+                assert _pid_gone(info["pid"]), name
+    return capsys.readouterr().out, report
+
+
+def _peer_unavailable(text: str, scene: dict[str, Any]) -> bool:
+    """Without llama-server on PATH its arm is reported not run, in the JSON and text."""
+    if shutil.which("llama-server") is not None:
+        return False
+    assert scene["not_run"]["llama-server"].startswith("no llama-server on PATH")
+    assert re.search(r"^  llama-server +not run: no llama-server on PATH", text, re.M)
+    return True
+
+
+@pytest.mark.slow
+def test_long_prompt_scene_reports_the_bystanders_waits(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text, report = _run_scene_cli(tmp_path, capsys, "--workload", "long-prompt",
+                                  "--prompt-tokens", "300", "--bystanders", "1")
+    (block,) = report["models"][0]["blocks"]
+    scene = block["scene"]
+    assert block["clients"] == 2 and scene["scene"] == "long-prompt"
+    assert abs(scene["document_tokens"] - 300) <= 4
+    assert re.search(rf"^-- long-prompt: a {scene['document_tokens']}-token document, alone "
+                     r"and beside 1 streaming bystander", text, re.M)
+    # prompt, TTFT alone, TTFT beside, bystander, longest and median wait: nothing else
+    assert re.search(r"^  meshd +\d+ +\d+ +\d+ +1 +\d+ +\d+$", text, re.M)
+    assert re.search(r"^-- time to ready \(process start to /health 200\), long-prompt "
+                     r"servers \(2 slot\(s\), context 2048\): meshd \d+\.\d\d s", text, re.M)
+    meshd = scene["arms"]["meshd"]
+    assert meshd["failed_runs"] == 0 and meshd["quiet_after"]
+    assert meshd["prompt_tokens"] > scene["document_tokens"]
+    assert meshd["ttft_alone_s"] > 0 and meshd["ttft_beside_s"] > 0
+    (bystander,) = meshd["bystanders"]
+    assert bystander["covered"] and not bystander["errors"]
+    assert 0 < bystander["median_gap_s"] <= bystander["max_gap_s"]
+    (run,) = meshd["runs"]
+    assert run["beside"]["completion_tokens"] == TOKENS and run["beside"]["error"] is None
+    (by_request,) = run["bystander_requests"]  # it hung up once the prefill was over
+    assert by_request["error"] is None and by_request["t_first"] < run["beside"]["t_sent"]
+    assert by_request["t_last"] > run["beside"]["t_first"]
+    if not _peer_unavailable(text, scene):
+        assert scene["meshd_over"]["llama-server"]["bystanders.0.max_gap_s"] > 0
+
+
+@pytest.mark.slow
+def test_multi_turn_scene_reports_ttft_per_turn(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text, report = _run_scene_cli(tmp_path, capsys, "--workload", "multi-turn",
+                                  "--chats", "2", "--turns", "4", "--system-tokens", "200")
+    (block,) = report["models"][0]["blocks"]
+    scene = block["scene"]
+    assert (scene["chats"], scene["turns"], block["clients"]) == (2, 4, 2)
+    assert re.search(r"^  meshd +(\d+ +){4}\d+/\d+/\d+/\d+$", text, re.M)
+    turns = scene["arms"]["meshd"]["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3, 4]
+    assert all(t["ttft_s"] > 0 and t["failed"] == 0 for t in turns)
+    prompts = [t["prompt_tokens"] for t in turns]  # each turn resends the history
+    assert prompts == sorted(prompts) and prompts[0] > scene["system_tokens"]
+    assert prompts[3] - prompts[0] >= 3 * TOKENS
+    (run,) = scene["arms"]["meshd"]["runs"]
+    assert [[q["chat"] for q in row] for row in run["turns"]] == [[0, 1]] * 4
+    assert [q["prompt_tag"] for q in run["turns"][3]] == ["[1.1]", "[1.2]"]
+    if not _peer_unavailable(text, scene):
+        assert all(scene["meshd_over"]["llama-server"][f"turns.{t}.ttft_s"] > 0
+                   for t in range(1, 4))
+
+
+@pytest.mark.slow
+def test_busy_machine_mode_reports_time_to_ready_and_kills_its_loops(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text, report = _run_scene_cli(tmp_path, capsys, "--busy", "1", "--workload", "story",
+                                  "--clients", "1")
+    (pid,) = report["busy_pids"]
+    assert _pid_gone(pid) and report["config"]["busy"] == 1
+    assert "busy machine: 1 'python -c \"while True: pass\"' process(es) ran beside" in text
+    assert re.search(r"^-- time to ready \(process start to /health 200\), 1 client\(s\): "
+                     r"meshd \d+\.\d\d s", text, re.M)
+    (block,) = report["models"][0]["blocks"]
+    (table,) = block["workloads"]
+    assert table["arms"]["meshd"]["decode_tok_s"] > 0

@@ -4,6 +4,9 @@ Why one loop for all sessions: every active request advances once per iteration,
 engine step over all of them (:func:`meshd.daemon.engine.step_many`: shared forwards,
 continuous batching), cheaper than a forward each, and nobody starves; waiting requests
 are admitted first-come first-served as slots free up, up to a bounded queue (``Busy``).
+An admitted request's prompt is prefilled a chunk at a time after each step of the
+requests already decoding (:class:`~meshd.daemon.prefill.Prefills`), so a long prompt
+never stops their tokens, and a request whose client left is dropped between chunks.
 
 The scheduler is purely async: it decides when to admit and when to step and hands the
 work to the model's compute thread (:mod:`.compute`); how a step is taken is the
@@ -28,20 +31,14 @@ import anyio.abc
 import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from meshd.native.errors import CapacityError, NativeError
+from meshd.native.errors import CapacityError
 from meshd.policy.decision import FinishReason
 
 from .compute import ComputeThread, loop_poster
-from .engine import (
-    Generation,
-    StepOutcome,
-    TokenEvent,
-    step_many,
-)
-from .forwards import ForwardTiming
+from .engine import Generation, TokenEvent
 from .generation_stats import GenerationStats
 from .options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
-from .prefill import start_many
+from .prefill import Prefills
 from .request_errors import RequestError
 from .runtime import ModelRuntime
 from .sampling import GREEDY, SamplingParams
@@ -51,6 +48,7 @@ from .statistics import (
     SchedulerCounters,
     SchedulerStatistics,
 )
+from .step_runs import StepRun, run_steps
 
 #: The longest admissions wait for running requests to end so that a hybrid model's
 #: context can get its rollback snapshots back (a few seconds of one request's decoding).
@@ -156,7 +154,12 @@ class Scheduler:
         self.compute = compute if compute is not None else ComputeThread()
         self._owns_compute = compute is None
         self._waiting: collections.deque[GenerationHandle] = collections.deque()
+        #: Requests decoding.
         self._active: list[GenerationHandle] = []
+        #: Requests admitted whose prompts are being prefilled (in ``_prefills``).
+        self._prefilling: list[GenerationHandle] = []
+        #: Their prompts, prefilled a chunk at a time (used on the compute thread only).
+        self._prefills = Prefills()
         self._wakeup = anyio.Event()
         self._counters = counters if counters is not None else SchedulerCounters()
         self._figures = self._runtime_figures()
@@ -173,11 +176,14 @@ class Scheduler:
 
     @property
     def active(self) -> int:
-        return len(self._active)
+        """Requests holding a slot: decoding, or their prompts being prefilled."""
+        return len(self._active) + len(self._prefilling)
 
     def running(self) -> list[Generation]:
-        """The generation of every request decoding now."""
-        return [h.generation for h in self._active if h.generation is not None]
+        """The generation of every request holding a slot now (decoding, or its prompt
+        being prefilled)."""
+        return [h.generation for h in [*self._active, *self._prefilling]
+                if h.generation is not None]
 
     @property
     def queued(self) -> int:
@@ -185,7 +191,7 @@ class Scheduler:
 
     def statistics(self) -> SchedulerStatistics:
         """The scheduler's figures now, frozen: safe to keep and to read anywhere."""
-        return SchedulerStatistics.of(self._counters, active=len(self._active),
+        return SchedulerStatistics.of(self._counters, active=self.active,
                                       queued=len(self._waiting), runtime=self._figures)
 
     def _runtime_figures(self) -> RuntimeFigures:
@@ -209,7 +215,7 @@ class Scheduler:
         when none is, instead of always.
         """
         slots = self.runtime.context.config.n_seq_max
-        free = max(0, slots - len(self._active) - self._admitting)
+        free = max(0, slots - self.active - self._admitting)
         if len(self._waiting) >= free + self.max_queue:
             self._counters.rejected_busy += 1
             raise Busy(f"all {slots} slots are busy and {len(self._waiting) - free} "
@@ -277,7 +283,7 @@ class Scheduler:
         try:
             while True:
                 await self._admit()
-                if not self._active:
+                if not self._active and not self._prefilling:
                     if not self._waiting:
                         self._wakeup = anyio.Event()
                         await self._wakeup.wait()
@@ -286,13 +292,15 @@ class Scheduler:
                 await anyio.lowlevel.checkpoint()
         finally:
             with anyio.CancelScope(shield=True):
-                for handle in [*self._active, *self._waiting]:
+                self._prefills.clear()  # the compute thread has no call of ours now
+                for handle in [*self._active, *self._prefilling, *self._waiting]:
                     gen = handle.generation
                     if gen is not None:
                         await self.run_sync(gen.close)  # idempotent
                     self._finish(handle, GenerationFailed("model", "the server is shutting down",
                                                 gen.stats if gen is not None else None))
                 self._active.clear()
+                self._prefilling.clear()
                 self._waiting.clear()
                 if self._owns_compute:
                     self.compute.close()
@@ -307,7 +315,7 @@ class Scheduler:
         speculating request without them (each window checkpointed and replayed, no
         shared forwards). Waiting is bounded by :data:`SNAPSHOT_WAIT_S`; past it,
         admissions go on and the switch waits for an idle moment."""
-        if not self._active or not self.runtime.ledger.snapshots_wanted_back:
+        if not self.active or not self.runtime.ledger.snapshots_wanted_back:
             self._hold_since = None
             return False
         now = time.monotonic()
@@ -316,9 +324,10 @@ class Scheduler:
         return now - self._hold_since < SNAPSHOT_WAIT_S
 
     async def _admit(self) -> None:
-        """Admit every waiting request a slot is free for, in one call: their prompts
-        are prefilled together (:func:`~meshd.daemon.prefill.start_many`), so requests
-        that arrive together get their first tokens together."""
+        """Admit every waiting request a slot is free for, in one call: their
+        generations are opened and their prompts queued for prefill
+        (:meth:`~meshd.daemon.prefill.Prefills.add`), which the steps run a chunk at a
+        time; requests that arrive together are prefilled together."""
         while self._waiting and self.runtime.idle_slots > 0:
             if self._holding_for_snapshots():
                 return
@@ -335,44 +344,51 @@ class Scheduler:
                 continue
             self._admitting = len(batch)
             try:
-                results = await self.run_sync(_open_and_start, self.runtime,
+                results = await self.run_sync(_open_and_begin, self.runtime, self._prefills,
                                               [h.request for h in batch], self.running())
             except BaseException:
                 self._waiting.extendleft(reversed(batch))  # still owed their last event
                 raise
             finally:
                 self._admitting = 0
-            # No await from here until the generations are owned by ``_active``: a
+            # No await from here until the generations are owned by ``_prefilling``: a
             # cancelled loop closes what it owns (see ``run``).
-            admitted: list[GenerationHandle] = []
             for handle, result in zip(batch, results, strict=True):
                 if isinstance(result, GenerationFailed):
                     self._finish(handle, result)
                     continue
-                gen, handle.proposer, events = result
-                handle.generation = gen
-                self._active.append(handle)
-                self._counters.forwards += 1
+                handle.generation = result
+                handle.proposer = result.proposer_name
+                self._prefilling.append(handle)
                 self._counters.prompt_tokens += len(handle.request.prompt)
-                self._deliver(handle, events)
                 if handle.cancelled:
-                    gen.cancel()
-                admitted.append(handle)
-            for handle in admitted:
-                if await self._maybe_done(handle):
-                    self._active.remove(handle)
+                    result.cancel()
 
     async def _step(self) -> None:
+        """Run engine steps of the decoding requests, each followed by prefill chunks of
+        the prompts admitted (:func:`~.step_runs.run_steps`), until one request ends or its prompt
+        is done, a client of a prompt left, or requests wait for admission."""
+        if any(h.cancelled for h in self._prefilling):
+            await self._drop_cancelled()
         active = list(self._active)
         gens = [h.generation for h in active if h.generation is not None]
         assert len(gens) == len(active)
+        prefilling = list(self._prefilling)
+        owner = {id(h.generation): h for h in prefilling}
+        left = {h for h in prefilling if h.cancelled}  # prefilling for copies still wanted
         post = loop_poster()
 
-        def progress(part: _Ran) -> None:
-            # On the compute thread, between steps: a sign of life for the watchdog,
-            # and the tokens so far, handed to the event loop without waiting for it.
-            self._native_since = time.monotonic()
+        def progress(part: StepRun) -> None:
+            # On the compute thread, between steps: the tokens so far, handed to the
+            # event loop without waiting for it.
             post(self._progress, active, part)
+
+        def beat() -> None:  # on the compute thread: a sign of life for the watchdog
+            self._native_since = time.monotonic()
+
+        def skip(gen: Generation) -> bool:  # a prompt whose client left waits
+            handle = owner.get(id(gen))
+            return handle is None or handle.cancelled
 
         interrupted = False
 
@@ -380,9 +396,12 @@ class Scheduler:
             nonlocal interrupted
             interrupted = True
 
-        ran = await self.run_sync(_run_steps, gens, self.step_budget_s,
-                                  lambda: interrupted or bool(self._waiting), progress,
-                                  interrupt=interrupt)
+        def should_yield() -> bool:
+            return (interrupted or bool(self._waiting)
+                    or any(h.cancelled and h not in left for h in prefilling))
+
+        ran = await self.run_sync(run_steps, gens, self._prefills, skip, self.step_budget_s,
+                                  should_yield, progress, beat, interrupt=interrupt)
         self._count_steps(ran)
         for handle, result in zip(active, ran.outcomes, strict=True):
             if isinstance(result, Exception):
@@ -393,19 +412,49 @@ class Scheduler:
                 self._finish(handle, GenerationFailed("model", str(result), gen.stats))
                 continue
             self._deliver(handle, result)
+        for gen, outcome in ran.started:  # prompts done: the requests decode from now
+            handle = owner[id(gen)]
+            self._prefilling.remove(handle)
+            if isinstance(outcome, Exception):
+                await self.run_sync(self.runtime.finish, gen)
+                self._finish(handle, GenerationFailed("model", str(outcome), gen.stats))
+                continue
+            self._active.append(handle)
+            self._deliver(handle, outcome)
+        for handle in list(self._active):
             if await self._maybe_done(handle):
                 self._active.remove(handle)
+        if any(h.cancelled for h in self._prefilling):
+            await self._drop_cancelled()
 
-    def _count_steps(self, ran: _Ran) -> None:
+    async def _drop_cancelled(self) -> None:
+        """Finish the requests whose clients left while their prompts were being
+        prefilled (``cancelled``), their slots freed: what was prefilled goes to the
+        prefix cache, as a finished request's sequence does."""
+        owner = {id(h.generation): h for h in self._prefilling}
+
+        def cancelled(gen: Generation) -> bool:
+            handle = owner.get(id(gen))
+            return handle is None or handle.cancelled
+
+        dropped = await self.run_sync(_drop_unstarted, self.runtime, self._prefills, cancelled)
+        for gen in dropped:
+            handle = owner.get(id(gen))
+            if handle is None:
+                continue
+            self._prefilling.remove(handle)
+            self._finish(handle, Finished(FinishReason.CANCELLED, gen.stats, None))
+
+    def _count_steps(self, ran: StepRun) -> None:
         self._counters.steps += ran.steps
-        self._counters.forwards += ran.steps
+        self._counters.forwards += ran.steps + ran.prefill_forwards
         for forward in ran.forwards:
             (self._counters.decode_seconds if forward.plain
              else self._counters.verify_seconds).observe(forward.seconds)
         for seconds in ran.host_seconds:
             self._counters.step_host_seconds.observe(seconds)
 
-    def _progress(self, handles: Sequence[GenerationHandle], part: _Ran) -> None:
+    def _progress(self, handles: Sequence[GenerationHandle], part: StepRun) -> None:
         """Steps still running on the compute thread: count them, deliver their tokens."""
         self._count_steps(part)
         for handle, events in zip(handles, part.outcomes, strict=True):
@@ -469,21 +518,18 @@ class Scheduler:
         handle._send.close()
 
 
-Admitted = tuple[Generation, str | None, list[TokenEvent]]
-
-
-def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest],
-                    running: Sequence[Generation] = ()) -> list[Admitted | GenerationFailed]:
-    """Open a generation for each request and start them (their prompts prefilled
-    together, or copied from ``running`` sequences; first tokens): each one's
-    generation, the proposer it was given and its first events, or why it failed. Runs
-    on the compute thread: the runtime may load a draft model, trim or evict cached
-    sessions, and the prefill is a forward.
+def _open_and_begin(runtime: ModelRuntime, prefills: Prefills,
+                    requests: Sequence[GenerationRequest],
+                    running: Sequence[Generation] = ()) -> list[Generation | GenerationFailed]:
+    """Open a generation for each request and queue its prompt in ``prefills`` (a
+    prefix copied from ``running`` sequences where one holds it): each one's
+    generation, or why it failed. Runs on the compute thread: the runtime may load a
+    draft model, trim or evict cached sessions, and copy sequences.
 
     First, the context rebuild the rollback evidence asks for (it happens only while no
     request runs, before anything binds to the context)."""
     runtime.apply_rollback_depth()
-    results: list[Admitted | GenerationFailed] = []
+    results: list[Generation | GenerationFailed] = []
     opened: list[Generation] = []
     try:
         for request in requests:
@@ -498,8 +544,8 @@ def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest]
                 results.append(GenerationFailed("request", str(exc)))
                 continue
             opened.append(gen)
-            results.append((gen, gen.proposer_name, []))
-        started = iter(start_many(opened, running=running))
+            results.append(gen)
+        begun = iter(prefills.add(opened, running=running))
     except BaseException:
         for gen in opened:
             gen.close()
@@ -507,65 +553,22 @@ def _open_and_start(runtime: ModelRuntime, requests: Sequence[GenerationRequest]
     for i, result in enumerate(results):
         if isinstance(result, GenerationFailed):
             continue
-        gen = result[0]
-        outcome = next(started)
-        if isinstance(outcome, NativeError):
-            runtime.finish(gen)
-            results[i] = GenerationFailed("model", str(outcome), gen.stats)
-        elif isinstance(outcome, Exception):  # a bug: every generation is closed
-            for g in opened:
-                g.close()
-            raise outcome
-        else:
-            results[i] = (gen, gen.proposer_name, outcome)
+        failure = next(begun)
+        if failure is not None:
+            runtime.finish(result)
+            results[i] = GenerationFailed("model", str(failure), result.stats)
     return results
 
 
-@attrs.define
-class _Ran:
-    """What :func:`_run_steps` did: each generation's events not yet handed on (or its
-    failure), the number of steps, and the time and shape of each forward."""
-
-    outcomes: list[StepOutcome]
-    steps: int
-    forwards: list[ForwardTiming]
-    #: Each step's wall time outside its forwards.
-    host_seconds: list[float] = attrs.field(factory=list)
-
-
-#: ``progress(part)``: the steps since the last call, their events included, handed on
-#: between steps (called on the compute thread; must not wait for anything).
-Progress = Callable[[_Ran], None]
-
-
-def _run_steps(live: Sequence[Generation], interval_s: float,
-               should_yield: Callable[[], bool], progress: Progress) -> _Ran:
-    """Engine steps back to back until one request ends or fails, or new requests wait
-    for admission (what is left is returned); every ``interval_s`` the steps so far go
-    to ``progress``. Runs on the compute thread."""
-    def fresh() -> _Ran:
-        return _Ran([[] for _ in live], 0, [])
-
-    t_next = time.perf_counter() + interval_s
-    ran = fresh()
-    while True:
-        t_step, forwards_before = time.perf_counter(), len(ran.forwards)
-        results = step_many(live, on_forward=ran.forwards.append)
-        ran.host_seconds.append(time.perf_counter() - t_step
-                                - sum(f.seconds for f in ran.forwards[forwards_before:]))
-        ran.steps += 1
-        failed = False
-        for i, result in enumerate(results):
-            acc = ran.outcomes[i]
-            if isinstance(result, Exception):
-                ran.outcomes[i] = result
-                failed = True
-            elif isinstance(acc, list):
-                acc.extend(result)
-        if failed or any(g.done for g in live) or should_yield():
-            return ran
-        now = time.perf_counter()
-        if now >= t_next:
-            progress(ran)
-            ran = fresh()
-            t_next = now + interval_s
+def _drop_unstarted(runtime: ModelRuntime, prefills: Prefills,
+                    cancelled: Callable[[Generation], bool]) -> list[Generation]:
+    """Take the generations whose clients left out of ``prefills`` and close them;
+    what each session holds goes to the prefix cache (a client that asks again
+    prefills only the rest). Nothing goes to the speculation ledger: they never
+    decoded. Runs on the compute thread."""
+    dropped = prefills.cancel(cancelled)
+    for gen in dropped:
+        ending = gen.close(keep_session=True)
+        if ending is not None:
+            runtime.prefix_cache.store(ending.session, ending.tokens)
+    return dropped

@@ -30,6 +30,7 @@ from .context import TargetContext
 from .errors import CapacityError, RollbackRefused, RuntimeStateError, SessionUnusable
 from .llama import lc
 from .mtp import MtpSession
+from .prefill_chunks import prefill_forward_rows, prefill_merges_chunks
 from .primitives import FloatArray, Row
 
 
@@ -219,13 +220,14 @@ class SequenceSession:
         return fed
 
     def prefill(self, tokens: Sequence[int]) -> FloatArray:
-        """Decode a prompt in ``n_batch`` chunks; returns the last row's logits (a copy)."""
+        """Decode a prompt in forwards of :func:`~.prefill_chunks.prefill_forward_rows`
+        (whole chunks, see :func:`prefill_parts`); returns the last row's logits."""
         self._check()
         if not tokens:
             raise ValueError("prefill needs at least one token")
         self._ensure_room(len(tokens))
         t0 = time.perf_counter()
-        chunk = self.context.config.n_batch
+        chunk = prefill_forward_rows(self.context)
         logits: FloatArray | None = None
         with self.context.lock:
             for start in range(0, len(tokens), chunk):
@@ -499,6 +501,43 @@ def verify_many(items: Sequence[tuple[SequenceSession, Sequence[int]]]) -> list[
             out[i] = logits[start:start + len(tokens)]
             start += len(tokens)
             session.window_done(len(tokens), dt)
+    return out
+
+
+def prefill_parts(items: Sequence[tuple[SequenceSession, Sequence[int], bool]],
+                  ) -> list[FloatArray | None]:
+    """ONE forward over the next prompt tokens of one session or, where chunks merge
+    (:mod:`.prefill_chunks`), several: ``items`` are ``(session, tokens, last)``, ``last``
+    when ``tokens`` end its prompt; returns the logits of the last row of each one with
+    ``last`` (else None). A failed forward makes every session in it unusable."""
+    ctx = items[0][0].context
+    if len({s.seq_id for s, _, _ in items}) != len(items) \
+            or any(s.context is not ctx for s, _, _ in items) \
+            or (len(items) > 1 and not prefill_merges_chunks(ctx)):
+        raise ValueError("prefill_parts: distinct sessions of one context (merging chunks)")
+    rows: list[Row] = []
+    for session, tokens, last in items:
+        session._check()
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        session._ensure_room(len(tokens))
+        rows += session._rows(tokens, [False] * (len(tokens) - 1) + [last])
+    t0 = time.perf_counter()
+    with ctx.lock:
+        try:
+            logits, _ = ctx.forward(rows)
+        except RuntimeStateError as exc:
+            for session, tokens, _ in items:
+                session._fail(str(exc), (session.n_past, session.n_past + len(tokens)))
+            raise
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
+        outputs = iter(logits)  # a row of each item with ``last``, in order
+        out: list[FloatArray | None] = [next(outputs) if last else None for *_, last in items]
+        for session, tokens, _ in items:  # the time shared by each one's rows
+            session._note_forward(len(tokens))
+            session.counters.prefill_forwards += 1
+            session.counters.prefill_tokens += len(tokens)
+            session.counters.prefill_ms += elapsed_ms * len(tokens) / len(rows)
     return out
 
 

@@ -10,6 +10,7 @@ import anyio
 import attrs
 import pytest
 
+from meshd.daemon import prefill
 from meshd.daemon.compute import ComputeThread
 from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
 from meshd.daemon.scheduler import (
@@ -207,22 +208,21 @@ async def test_requests_that_arrive_together_are_prefilled_together(
     runtime: ModelRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Their first tokens come from one shared forward on an attention-only model (a
-    recurrent one prefills each prompt on its own), and each text is still the one it
-    gets alone."""
+    recurrent one prefills each prompt on its own, between the decode steps of those
+    already started), and each text is still the one it gets alone."""
     reqs = [GenerationRequest(p, max_tokens=5, proposer="off") for p in prompts(runtime, 3)]
     sched = Scheduler(runtime)
     async with anyio.create_task_group() as tg:
         await tg.start(sched.run)
         alone = [(await collect(sched.submit(r)))[0] for r in reqs]
-        context_class = type(runtime.context)
-        forwards: list[int] = []
-        real = context_class.forward
+        forwards: list[list[int]] = []  # each prefill forward's rows, by prompt
+        real = prefill.prefill_parts
 
-        def counting(self: Any, rows: Any) -> Any:
-            forwards.append(len(rows))
-            return real(self, rows)
+        def counting(items: Any) -> Any:
+            forwards.append([len(tokens) for _, tokens, _ in items])
+            return real(items)
 
-        monkeypatch.setattr(context_class, "forward", counting)
+        monkeypatch.setattr(prefill, "prefill_parts", counting)
         handles = [sched.submit(r) for r in reqs]  # before the loop looks again
         results = [await collect(h) for h in handles]
         tg.cancel_scope.cancel()
@@ -233,6 +233,6 @@ async def test_requests_that_arrive_together_are_prefilled_together(
         assert isinstance(fin, Finished)
         suffixes.append(len(r.prompt) - fin.stats.reused_prompt_tokens)
     if runtime.context.recurrent:
-        assert forwards[:3] == suffixes
+        assert forwards == [[n] for n in suffixes]
     else:
-        assert forwards[0] == sum(suffixes)
+        assert forwards == [suffixes]

@@ -33,16 +33,12 @@ from meshd.native.prefill_chunks import prefill_chunk_rows, prefill_merges_chunk
 from meshd.native.primitives import FloatArray
 from meshd.native.session import prefill_parts
 
-from .prefix_cache import common_prefix
+from .prefix_cache import MIN_SHARED, common_prefix
 
 if TYPE_CHECKING:
     from .engine import Generation, StepOutcome
 
 __all__ = ["MIN_SHARED", "PREFILL_SLICE_S", "Prefills"]
-
-#: llama.cpp copies a sequence across streams only whole (its whole context's KV), so a
-#: copy pays only for a prompt at least this long.
-MIN_SHARED = 64
 
 #: Beside running requests, the prefill time one step may take before their next decode
 #: step: more chunks run while the last one's time still fits (one always runs).

@@ -7,16 +7,18 @@ least-recently-used when a slot or memory is needed); a new request whose prompt
 prefix with its history takes that session over and prefills only the rest.
 
 What can be reused depends on the state: an attention-only KV is trimmed to the common
-prefix; a recurrent state (and an MTP head's carried hidden row) cannot be cut at an
-arbitrary position, so there only a history that is entirely a prefix of the new prompt is
-reused.
+prefix, or, when a slot is free, copied up to it into a new session so that the entry
+stays whole (chats that open with one system prompt would otherwise take each other's
+histories over, turn after turn, and prefill their own again); a recurrent state (and
+an MTP head's carried hidden row) cannot be cut at an arbitrary position, so there only a
+history that is entirely a prefix of the new prompt is reused.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -26,6 +28,10 @@ from meshd.native.session import SequenceSession
 #: Reusing fewer tokens than this is not worth holding a session for.
 MIN_REUSE = 8
 
+#: llama.cpp copies a sequence across streams only whole (its whole context's KV), so a
+#: copy pays only for a prefix at least this long.
+MIN_SHARED = 64
+
 
 @attrs.define
 class PrefixCacheStats:
@@ -34,6 +40,8 @@ class PrefixCacheStats:
     reused_tokens: int = 0
     stored: int = 0
     evictions: int = 0
+    #: Hits that copied a prefix of an entry into a new session, the entry kept whole.
+    branches: int = 0
 
 
 @attrs.define
@@ -83,6 +91,7 @@ class PrefixCache:
                 self._evict_locked()
 
     def lookup(self, prompt: Sequence[int], *, need_mtp: bool = False,
+               branch: Callable[[], SequenceSession] | None = None,
                ) -> tuple[SequenceSession, int] | None:
         """Take the session sharing the longest usable prefix with ``prompt``.
 
@@ -90,6 +99,9 @@ class PrefixCache:
         prompt tokens it holds (always < len(prompt): the last prompt token is decoded
         again to get the next-token logits). None on a miss. ``need_mtp``: only a
         session that followed the MTP head will do (the head cannot catch up later).
+        ``branch``: opens a new session (on a free slot); where the entry holds more
+        than the prompt shares with it and copying can, the shared prefix is copied into
+        that session and the entry stays cached whole.
         """
         with self._lock:
             best: tuple[int, int] | None = None
@@ -105,8 +117,16 @@ class PrefixCache:
             if best is None:
                 self.stats.misses += 1
                 return None
-            entry = self._entries.pop(best[0])
-        session, reuse = entry.session, best[1]
+            entry = self._entries[best[0]]
+            reuse = best[1]
+            if branch is not None and self._branches(entry, reuse):
+                self._entries.move_to_end(best[0])
+            else:
+                branch = None
+                del self._entries[best[0]]
+        if branch is not None:
+            return self._branch(entry.session, reuse, branch)
+        session = entry.session
         if reuse < session.n_past:
             try:
                 session.trim(reuse)
@@ -115,6 +135,28 @@ class PrefixCache:
                 self.stats.misses += 1
                 return None
         self.stats.hits += 1
+        self.stats.reused_tokens += reuse
+        return session, reuse
+
+    @staticmethod
+    def _branches(entry: _Entry, reuse: int) -> bool:
+        """Whether a hit on ``entry`` copies its first ``reuse`` tokens instead of taking
+        it over: only a part of it is reused, long enough to pay for the copy, and the
+        state is one a prefix can be copied of."""
+        held = entry.session
+        return (MIN_SHARED <= reuse < len(entry.history) and not held.recurrent
+                and held.mtp is None and held.context.holds_from_start(held.seq_id))
+
+    def _branch(self, donor: SequenceSession, reuse: int,
+                branch: Callable[[], SequenceSession]) -> tuple[SequenceSession, int]:
+        session = branch()
+        try:
+            session.share_prefix(donor, reuse)
+        except BaseException:
+            session.close()
+            raise
+        self.stats.hits += 1
+        self.stats.branches += 1
         self.stats.reused_tokens += reuse
         return session, reuse
 

@@ -531,7 +531,10 @@ class ModelRuntime:
         # head up costs an MTP forward after every target forward.
         follow_mtp = head is not None and prop is not None and prop.capabilities.needs_mtp_head
         try:
-            hit = self.prefix_cache.lookup(prompt, need_mtp=follow_mtp)
+            hit = self.prefix_cache.lookup(
+                prompt, need_mtp=follow_mtp,
+                branch=(None if follow_mtp or self.context.free_slots == 0 else
+                        lambda: SequenceSession.open(self.context, reserve=need, mtp=False)))
             if hit is not None:
                 session = hit[0]
             else:

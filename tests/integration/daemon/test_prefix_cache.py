@@ -66,6 +66,38 @@ def test_shared_system_prompt_is_trimmed_and_reused() -> None:
         plain.close()
 
 
+def test_interleaved_chats_each_reuse_their_own_history() -> None:
+    """Two chats that open with one system prompt, their turns interleaved (what a
+    server with two users sees): each later turn reuses its own chat's history, not
+    just the system prompt (the first chat's session is copied up to the system prompt
+    for the second, not taken over), and the text is the text without the cache."""
+    rt, plain = make("llama", True), make("llama", False)
+    try:
+        tok = rt.model.tokenizer
+        system = [testmodels.BOS_ID, *tok.tokenize("a long shared system prompt " * 3,
+                                                   add_special=False)]
+        chats = {name: [*system, *tok.tokenize(f"chat {name} asks", add_special=False)]
+                 for name in "ab"}
+        held = {name: 0 for name in chats}  # what the chat's last turn left in its KV
+        for turn in range(2):
+            for name, prompt in chats.items():
+                before = rt.prefix_cache.stats.reused_tokens
+                out = run(rt, prompt)
+                assert out == run(plain, prompt), (name, turn)
+                reused = rt.prefix_cache.stats.reused_tokens - before
+                if turn == 0:
+                    assert reused >= len(system) if name == "b" else reused == 0
+                else:  # this chat's last prompt and answer (its last token never decoded)
+                    assert reused >= held[name] - 1, (name, reused, held[name])
+                held[name] = len(prompt) + len(out)
+                prompt += [*out, *tok.tokenize(" and then", add_special=False)]
+        assert rt.prefix_cache.stats.branches == 1
+        assert rt.idle_slots == 2
+    finally:
+        rt.close()
+        plain.close()
+
+
 def test_eviction_keeps_slots_available() -> None:
     rt = make("llama", True)
     try:

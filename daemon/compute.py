@@ -13,6 +13,12 @@ has, and retires idle ones after a while, so successive steps of one model land 
 different threads (each a new team). The event loop hands work over through a queue and
 is woken by the loop's own thread-safe callback (``call_soon_threadsafe`` on asyncio,
 ``run_sync_soon`` on trio), so delivering a result never waits for the loop.
+
+Idle work (:meth:`ComputeThread.set_idle_work`): what the model does when nobody asks
+for anything, such as measuring its cost curve, runs here too, in small pieces, only
+once the thread has had no call for :data:`IDLE_AFTER_S`: a call that arrives waits at
+most for the piece running, and the work is told to let go of what it holds (a sequence
+slot) before the call runs.
 """
 
 from __future__ import annotations
@@ -22,16 +28,34 @@ import concurrent.futures
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
-__all__ = ["ComputeThread", "loop_poster"]
+__all__ = ["IDLE_AFTER_S", "ComputeThread", "IdleWork", "loop_poster"]
 
 T = TypeVar("T")
 
 _Job = tuple["concurrent.futures.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+#: How long the thread must have had no call before idle work runs (a run of requests
+#: hands it calls back to back, a few milliseconds apart at most).
+IDLE_AFTER_S = 0.2
+
+_current = threading.local()
+
+
+class IdleWork(Protocol):
+    """Work a compute thread runs in pieces while it has nothing else to do."""
+
+    def step(self) -> float | None:
+        """Run one small piece: the seconds until the next one is wanted (0: as soon
+        as the thread is idle again), None when there is nothing left to do."""
+
+    def pause(self) -> None:
+        """A call is about to run on the thread: let go of what the pieces hold."""
 
 
 class ComputeThread:
@@ -47,6 +71,29 @@ class ComputeThread:
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._idle: IdleWork | None = None
+        #: Not before this (``time.monotonic()``) does the idle work run again.
+        self._idle_at = 0.0
+        #: What the idle work raised, if it did (it is dropped then).
+        self.idle_error: BaseException | None = None
+
+    @staticmethod
+    def current() -> ComputeThread | None:
+        """The compute thread the caller runs on (None: not on one)."""
+        return getattr(_current, "thread", None)
+
+    def set_idle_work(self, work: IdleWork | None) -> None:
+        """Run ``work`` in pieces whenever the thread has been idle for
+        :data:`IDLE_AFTER_S` (None: stop running the current one after its piece)."""
+        with self._lock:
+            self._idle, self._idle_at = work, 0.0
+            running = self._thread is not None
+        if running:
+            self.submit(_nothing)  # wakes a thread waiting for calls with no timeout
+
+    @property
+    def idle_work(self) -> IdleWork | None:
+        return self._idle
 
     @property
     def ident(self) -> int | None:
@@ -103,9 +150,27 @@ class ComputeThread:
         if thread is not threading.current_thread():
             thread.join()
 
-    @staticmethod
-    def _loop(jobs: queue.SimpleQueue[_Job | None]) -> None:
-        while (job := jobs.get()) is not None:
+    def _loop(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
+        _current.thread = self
+        last_call = time.monotonic()
+        holding: IdleWork | None = None  # idle work that ran since the last call
+        while True:
+            work = self._idle
+            if work is None:
+                job = jobs.get()
+            else:
+                wait = max(last_call + IDLE_AFTER_S, self._idle_at) - time.monotonic()
+                try:
+                    job = jobs.get(timeout=wait) if wait > 0 else jobs.get_nowait()
+                except queue.Empty:
+                    holding = work
+                    self._run_idle(work)
+                    continue
+            if job is None:
+                break
+            if holding is not None:
+                self._pause(holding)
+                holding = None
             future, fn, args = job
             if not future.set_running_or_notify_cancel():
                 continue
@@ -115,6 +180,34 @@ class ComputeThread:
                 future.set_exception(exc)
             else:
                 future.set_result(result)
+            finally:
+                last_call = time.monotonic()
+        if holding is not None:
+            self._pause(holding)
+
+    def _run_idle(self, work: IdleWork) -> None:
+        try:
+            delay = work.step()
+        except Exception as exc:  # a bug in the work: it stops, the thread goes on
+            self.idle_error = exc
+            delay = None
+        with self._lock:
+            if self._idle is not work:
+                return
+            if delay is None:
+                self._idle = None
+            else:
+                self._idle_at = time.monotonic() + max(0.0, delay)
+
+    def _pause(self, work: IdleWork) -> None:
+        try:
+            work.pause()
+        except Exception as exc:
+            self.idle_error = exc
+
+
+def _nothing() -> None:
+    pass
 
 
 def loop_poster() -> Callable[..., None]:

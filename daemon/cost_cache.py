@@ -3,31 +3,19 @@
 A verify-cost curve depends on the model file, the context's draft length, the machine
 (its cores), the layer placement, the thread count and how the threads wait (sleeping
 threads make a one-row decode relatively dearer than a wide forward); measuring one
-takes seconds, so it is kept per key and reused by later runs."""
+takes seconds, so it is kept per key and reused by later runs (measured and checked by
+:mod:`.calibration`; only a curve measured on a quiet machine is kept)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
-from meshd.native.calibrate import measure_row_costs, measure_row_costs_timed
-from meshd.native.context import ContextConfig, TargetContext
+from meshd.native.context import ContextConfig
 from meshd.native.cpus import openmp_wait_settings
-from meshd.policy.costs import SPOT_K, is_plausible, spot_agrees, within_rows
-
-#: Interleaved rounds of the start-up check of a cached curve (its first sizes only).
-SPOT_REPS = 3
-#: A one-row forward shorter than this (a tiny model) is timed by the scheduler's noise
-#: more than by its work: its cached curve is kept without the check.
-SPOT_MIN_S = 0.002
-
-
-class _Bar(Protocol):
-    def done(self, result: str = "done") -> None: ...
 
 
 def cost_model_key(model_path: Path, config: ContextConfig,
@@ -80,59 +68,58 @@ def cached_thread_counts(model_key: list[object]) -> list[int | None]:
     return found
 
 
-def load_or_measure_costs(context: TargetContext, path: Path, *, threads: int | None,
-                          placement: Sequence[object], note: Callable[[str, str], None],
-                          step: Callable[[str], _Bar]) -> list[float]:
-    """The calibrated curve of ``context``'s model: cached per model and machine (and
-    measured again where a quick check of its first sizes disagrees:
-    :func:`~meshd.policy.costs.spot_agrees`), measured (and measured again once if
-    implausible) otherwise. A curve still implausible after that (heavy contention) is
-    used capped at each size's rows and never cached; the online cost model corrects it
-    from real forwards."""
-    config = context.config
-    cache = cost_cache_path(path, config, threads, placement)
-    model_key = cost_model_key(path, config, placement)
+def read_cached_costs(cache: Path) -> list[float] | None:
+    """The curve kept at ``cache`` (None: none, or unreadable)."""
     try:
-        cached = [float(c) for c in json.loads(cache.read_text())["costs"]]
+        return [float(c) for c in json.loads(cache.read_text())["costs"]]
     except (OSError, ValueError, KeyError, TypeError):
-        cached = []
-    if is_plausible(cached) and len(cached) == config.draft_max + 1:
-        spot, unit_s = measure_row_costs_timed(context, min(SPOT_K, config.draft_max),
-                                               reps=SPOT_REPS)
-        if unit_s < SPOT_MIN_S or spot_agrees(cached, spot):
-            return cached
-        note("recalibrating", "measuring the verify cost again: the cached curve "
-             f"({_first(cached, len(spot))}) disagrees with what these forwards cost now "
-             f"({_first(spot, len(spot))}); it was probably measured while other work ran")
-    else:
-        others = [t for t in cached_thread_counts(model_key) if t != threads]
-        if others:
-            def name(t: int | None) -> str:
-                return f"--threads {t}" if t else "the default threads"
+        return None
 
-            note("recalibrating", f"measuring the verify cost again for {name(threads)}: "
-                 "the cached measurement is for "
-                 f"{', '.join(sorted({name(t) for t in others}))} "
-                 "(it depends on the thread count)")
-    bar = step("measuring the verify cost (once per model, threads and machine)")
-    costs = measure_row_costs(context, config.draft_max)
-    if not is_plausible(costs):  # measured under contention: try once more
-        costs = measure_row_costs(context, config.draft_max, reps=9)
-    bar.done()
-    if not is_plausible(costs):
-        return within_rows(costs)
+
+def write_cached_costs(cache: Path, costs: Sequence[float], model_key: list[object],
+                       threads: int | None) -> OSError | None:
+    """Keep ``costs`` at ``cache`` (atomically); the error where it cannot be written
+    (serving goes on; the next start measures again)."""
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"costs": costs, "model": model_key, "threads": threads}))
+        tmp.write_text(json.dumps({"costs": list(costs), "model": model_key,
+                                   "threads": threads}))
         tmp.replace(cache)
-    except OSError as exc:  # serving goes on; the next start measures again
-        note("cost_cache_unwritable", f"cannot keep the measured verify cost in "
-             f"{cache.parent}: {exc.strerror or exc}; the next start will measure it again "
-             "(make the directory writable, or set XDG_CACHE_HOME / CACHE_DIRECTORY)")
-    return costs
+    except OSError as exc:
+        return exc
+    return None
 
 
-def _first(costs: Sequence[float], n: int) -> str:
-    """``c(1)=1.39, c(2)=2.03``: a curve's first sizes, for a note."""
-    return ", ".join(f"c({k})={c:.2f}" for k, c in enumerate(costs[:n]) if k)
+def check_writable(cache: Path) -> OSError | None:
+    """Whether a curve can be kept at ``cache`` (checked when a run starts to measure
+    one, so that an unwritable directory is said at once, not after the measurement)."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        probe = cache.with_suffix(".probe")
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        return exc
+    return None
+
+
+def unwritable_note(cache: Path, exc: OSError) -> str:
+    return (f"cannot keep the measured verify cost in {cache.parent}: "
+            f"{exc.strerror or exc}; the next start will measure it again (make the "
+            "directory writable, or set XDG_CACHE_HOME / CACHE_DIRECTORY)")
+
+
+def other_threads_note(model_key: list[object], threads: int | None) -> str | None:
+    """Why a curve is measured where one is cached for other thread counts (None: none
+    is)."""
+    others = [t for t in cached_thread_counts(model_key) if t != threads]
+    if not others:
+        return None
+
+    def name(t: int | None) -> str:
+        return f"--threads {t}" if t else "the default threads"
+
+    return (f"measuring the verify cost again for {name(threads)}: the cached measurement "
+            f"is for {', '.join(sorted({name(t) for t in others}))} "
+            "(it depends on the thread count)")

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from meshd.native.calibrate import MtpCosts, measure_mtp_costs
+from meshd.native.calibrate import MtpCosts
 from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
 from meshd.native.default_model import default_model_path
 from meshd.native.draft import DraftModel
@@ -32,14 +32,15 @@ from meshd.plugins.resources import Need, Resources
 from meshd.policy.costs import CostCurve, CostModel
 from meshd.policy.rollback_depth import RollbackDepth
 
+from .calibration import CostCalibration
 from .chat_template import ChatTemplateError, ModelChat, template_source
 from .constraint import GrammarState, compile_grammar
-from .cost_cache import load_or_measure_costs
 from .engine import Ending, Generation, SpeculationSettings, TokenEvent
 from .prefix_cache import PrefixCache
 from .request_errors import PromptTooLong, RequestError, too_long_message
 from .sampling import GREEDY, SamplingParams
 from .speculation_ledger import HeadPrices, SpeculationLedger
+from .thread_tuning import ThreadTuning
 from .timed_steps import Events, Notes, ProgressFactory, StepProgress, slow_step, timed
 from .window import MtpHead
 
@@ -90,7 +91,10 @@ class ModelRuntime:
     def __init__(self, config: RuntimeConfig = RuntimeConfig(),
                  registry: Registry | None = None, *, notes: Notes | None = None,
                  progress: ProgressFactory | None = None, events: Events | None = None,
+                 calibrate_now: bool = True,
                  ) -> None:
+        """``calibrate_now``: measure (or check) the cost curve before returning; off
+        (``meshd serve``), :meth:`idle_work` measures it in the compute thread's idle moments."""
         self.config = config
         self._notes = notes
         self._progress = progress
@@ -146,18 +150,21 @@ class ModelRuntime:
         #: recurrent model with snapshots, and when configured to).
         self.ledger = SpeculationLedger(
             RollbackDepth(full) if config.adaptive_rollback and full > 0 else None)
+        #: Fewer threads while other processes use the CPUs (None: one thread, or the
+        #: layers run elsewhere); it hears every forward the cost model records.
+        self.threads = ThreadTuning.for_runtime(self, events=events)
+        #: The cost calibration (finished here, or left to :meth:`idle_work`).
+        self.calibration: CostCalibration | None = None
         if config.calibrate and config.draft_max > 0:
             try:
-                self.costs = CostModel(load_or_measure_costs(
-                    self.context, path, threads=config.threads,
-                    placement=[*config.rpc_workers, *config.tensor_split],
-                    note=self._note, step=lambda what: self._step(what, "calibration")))
-                if self.context.mtp is not None:
-                    bar = self._step("measuring the MTP head", "mtp_calibration")
-                    self.mtp_costs = measure_mtp_costs(self.context)
-                    bar.done()
-                else:
-                    self.mtp_costs = measure_mtp_costs(self.context)
+                self.calibration = calibration = CostCalibration(
+                    self, wait_for_quiet=not calibrate_now, note=self._note,
+                    step=lambda what, kind: self._step(what, kind), events=events)
+                if calibrate_now:
+                    calibration.run_to_end()
+                # Until measured in idle moments: the cached curve, or the conservative prior.
+                self.costs = CostModel(calibration.costs_now())
+                self._listen(self.costs)
             except BaseException:
                 self.close()
                 raise
@@ -165,6 +172,19 @@ class ModelRuntime:
             self.ledger.rollback.not_expected()
             self.apply_rollback_depth()
         self.plugins.start()
+
+    def idle_work(self) -> CostCalibration | None:
+        """What the compute thread should run in its idle moments (None: nothing)."""
+        return self.calibration if self.calibrating else None
+
+    @property
+    def calibrating(self) -> bool:
+        """Whether the cost calibration is still to finish (in idle moments)."""
+        return self.calibration is not None and not self.calibration.finished
+
+    def _listen(self, costs: CostModel | None) -> None:
+        if costs is not None and self.threads is not None:
+            costs.listener = self.threads.forward
 
     def _note(self, event: str, message: str) -> None:
         if self._notes is not None:
@@ -292,13 +312,18 @@ class ModelRuntime:
     @curve.setter
     def curve(self, value: CostCurve | None) -> None:
         self.costs = CostModel(value) if value is not None else None
+        self._listen(self.costs)
 
     @property
     def idle_slots(self) -> int:
-        """Slots a new request can get: free ones plus cached sessions (evictable)."""
-        return self.context.free_slots + len(self.prefix_cache)
+        """Slots a new request can get: free ones plus cached sessions (evictable) and
+        the one the calibration holds between its pieces (given back before any call)."""
+        held = int(self.calibration is not None and self.calibration.holds_slot)
+        return self.context.free_slots + len(self.prefix_cache) + held
 
     def close(self) -> None:
+        if self.calibration is not None:
+            self.calibration.close()
         self.plugins.close()
         self.guards.close()
         self.prefix_cache.clear()
@@ -423,6 +448,8 @@ class ModelRuntime:
         return name.partition(":")[0]
 
     def _auto_may_follow_head(self) -> bool:
+        if self.mtp_costs is None and self.calibrating:
+            return False  # not measured yet: following it may cost more than it saves
         return self.model.info.has_mtp and self.mtp_head_pays
 
     def make_proposer(self, name: str | None, options: Mapping[str, object] | None = None,

@@ -2,8 +2,12 @@
 
 Why the order of things: the model loads (seconds) before the socket exists, so a
 client that can connect can also be served; "ready" is logged and systemd told
-``READY=1`` only once the socket listens. Under socket activation the socket is
-systemd's and exists all along; connections wait in its backlog until then. The first
+``READY=1`` only once the socket listens. The cost curve is not waited for: it is
+measured (a cached one checked) in the model's idle moments after that, piece by piece,
+only while the machine is quiet (:mod:`.calibration`); meanwhile speculation prices its
+windows with the cached curve, else a prior under which it never drafts. Under socket
+activation the socket is systemd's and exists all along; connections wait in its
+backlog until then. The first
 SIGINT/SIGTERM shuts down gracefully (running generations get ``--shutdown-grace``
 seconds, then end with ``done`` and ``shutdown``; a socket file meshd created is
 removed); a second one stops at once. SIGHUP is handled in :mod:`.supervise`.
@@ -216,11 +220,16 @@ def run(args: argparse.Namespace) -> int:
         with pinging_while_starting(notifier):
             runtime = compute.call(lambda: ModelRuntime(
                 default.config, notes=_notes(log),
-                progress=notifying_progress(notifier, Progress), events=log.info))
+                progress=notifying_progress(notifier, Progress), events=log.info,
+                calibrate_now=False))
     except (NativeError, RequestError, OSError, ValueError) as exc:
         compute.close()
         log.error("model_load_failed", error=str(exc))
         return 3
+    # The cost curve is measured (or a cached one checked) in the compute thread's idle
+    # moments, after ready: until then speculation prices windows with the cached curve,
+    # else the conservative prior (see meshd.daemon.calibration).
+    compute.set_idle_work(runtime.idle_work())
     models.adopt(models.default, runtime, compute)
     models.describe()  # the others, from their files, for listings before their first load
     try:
@@ -270,11 +279,15 @@ def _notes(log: Any) -> Callable[[str, str], None]:
 def _loader(log: Any) -> Callable[[ModelPlan], ModelRuntime]:
     """How a model other than the first loads, on first use (on its compute thread)."""
     def load(plan: ModelPlan) -> ModelRuntime:
-        runtime = ModelRuntime(plan.config, notes=_notes(log), events=log.info)
+        runtime = ModelRuntime(plan.config, notes=_notes(log), events=log.info,
+                               calibrate_now=False)
         problem = runtime.proposer_problem(plan.config.default_proposer)
         if problem is not None:
             runtime.close()
             raise ValueError(f"proposer: {problem}")
+        compute = ComputeThread.current()
+        if compute is not None:  # calibrated in its idle moments, as the first model
+            compute.set_idle_work(runtime.idle_work())
         return runtime
 
     return load

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from collections.abc import Sequence
 
 import attrs
 
@@ -108,6 +109,22 @@ def measure_mtp_costs(context: TargetContext, *, steps: int = 15, draft_len: int
     a drafted token vs the neighbouring decode), so a step slowed down by other load on
     the machine shifts both sides of its ratio and not the result.
     """
+    samples = mtp_cost_samples(context, steps=steps, draft_len=draft_len,
+                               context_tokens=context_tokens)
+    if samples is None:
+        return None
+    overheads, draft_costs = samples
+    return MtpCosts(overhead=statistics.median(overheads),
+                    draft_cost=statistics.median(draft_costs))
+
+
+def mtp_cost_samples(context: TargetContext, *, steps: int = 15, draft_len: int = 4,
+                     context_tokens: int = CALIBRATION_CONTEXT,
+                     ) -> tuple[list[float], list[float]] | None:
+    """The per-step ratios :func:`measure_mtp_costs` takes the medians of: each step's
+    catch-up overhead and drafted-token cost (None: no head, or nothing measurable).
+    Uses one temporary session slot; a few of these make the daemon's calibration in
+    idle moments (:mod:`meshd.policy.calibration`)."""
     if context.mtp is None:
         return None
     n_vocab = context.n_vocab
@@ -135,5 +152,52 @@ def measure_mtp_costs(context: TargetContext, *, steps: int = 15, draft_len: int
                 draft_costs.append(draft_ms / len(tokens) / body_ms)
     if not overheads or not draft_costs:
         return None
-    return MtpCosts(overhead=statistics.median(overheads),
-                    draft_cost=statistics.median(draft_costs))
+    return overheads, draft_costs
+
+
+class CalibrationBench:
+    """A session kept for timing forwards across the pieces of a calibration run in
+    idle moments (:mod:`meshd.policy.calibration`): prefilled once with filler, each
+    timed forward trimmed off again. Holds one sequence slot until :meth:`close` (the
+    daemon closes it before any other work runs on the model)."""
+
+    def __init__(self, context: TargetContext, *,
+                 context_tokens: int = CALIBRATION_CONTEXT) -> None:
+        self.context = context
+        self._filler = [(7 * i + 3) % context.n_vocab for i in range(context_tokens)]
+        self._session: SequenceSession | None = None
+        self._base = 0
+
+    @property
+    def holds_slot(self) -> bool:
+        return self._session is not None
+
+    def time(self, rows: Sequence[int], *, budget_s: float | None = None,
+             ) -> tuple[list[tuple[int, float]], bool]:
+        """Each forward of ``rows[i]`` rows timed, in order, and whether the run was cut
+        short (the forwards so far took longer than ``budget_s``). Opens and prefills
+        the session first if needed (raises ``CapacityError`` without a free slot)."""
+        if self._session is None:
+            session = SequenceSession.open(self.context)
+            try:
+                session.prefill(self._filler)
+            except BaseException:
+                session.close()
+                raise
+            self._session, self._base = session, session.n_past
+        session = self._session
+        out: list[tuple[int, float]] = []
+        spent = 0.0
+        for n in rows:
+            window = (self._filler * (n // len(self._filler) + 1))[:n]
+            elapsed = _time_window(session, window, self._base)
+            out.append((n, elapsed))
+            spent += elapsed
+            if budget_s is not None and spent > budget_s:
+                return out, True
+        return out, False
+
+    def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -363,6 +363,21 @@ def within_rows(costs: Sequence[float]) -> list[float]:
     return [min(float(c), k + 1.0) for k, c in enumerate(costs)]
 
 
+def conservative_prior(k_max: int) -> list[float]:
+    """The curve used before one is measured: a window of ``k`` drafts costs ``k + 1``
+    decodes, ``c(k) = k + 1``.
+
+    Why this one: it is the only curve that cannot make speculation lose against plain
+    decoding on a model and machine nobody measured. Under it ``E(k) / c(k) <= 1`` for
+    every acceptance (``E(k) <= k + 1``), so no step beats the margin and every request
+    decodes plainly until the calibration, run in idle moments, replaces it; any cheaper
+    guess (machine.md's Q4_1 curve, say) would draft where a dearer model or a loaded
+    machine makes the window cost more than it commits."""
+    if k_max < 0:
+        raise ValueError(f"k_max must be >= 0, got {k_max}")
+    return [float(k + 1) for k in range(k_max + 1)]
+
+
 class CostModel:
     """Relative cost of a forward of k+1 rows vs 1 row, for k = 0..max_k, kept current.
 
@@ -386,10 +401,31 @@ class CostModel:
         self._wide: dict[tuple[int, int], tuple[float, ...]] = {}
         #: What drafting earned in forwards shared by several requests, as measured.
         self.company = CompanyCheck()
+        #: Hears every recorded forward, ``(rows, seconds, sequences)``, on the thread
+        #: that ran it, right after it (the runtime's thread-count adaptation).
+        self.listener: Callable[[int, float, int], None] | None = None
 
     @property
     def max_k(self) -> int:
         return self._prior.max_k
+
+    @property
+    def calibrated(self) -> CostCurve:
+        """The curve the recent forwards' medians are laid over (the calibration, or
+        the prior until one is measured)."""
+        return self._prior
+
+    def recalibrated(self, calibrated: Sequence[float] | CostCurve) -> None:
+        """A calibration finished: its curve replaces the one the model started from
+        (same sizes); the forwards recorded so far stay, and the next read rebuilds."""
+        if isinstance(calibrated, CostCurve):
+            calibrated = calibrated.forward_costs
+        if len(calibrated) != self._prior.max_k + 1:
+            raise ValueError(f"a recalibration needs {self._prior.max_k + 1} sizes, "
+                             f"got {len(calibrated)}")
+        self._prior = CostCurve.sanitized(list(calibrated))
+        self._curve = self._prior
+        self._dirty = REBUILD_EVERY
 
     def record(self, rows: int, seconds: float, *, sequences: int = 1) -> None:
         """One forward of ``rows`` rows of ``sequences`` sequences took ``seconds``.
@@ -399,6 +435,9 @@ class CostModel:
         sequence's of as many rows (llama.cpp's per-sequence work), so they are kept apart and price
         only the forwards they measured (:meth:`row_cost`); counted in the curve, a
         request left alone after concurrent traffic would find its windows too dear."""
+        listener = self.listener
+        if listener is not None:
+            listener(rows, seconds, sequences)
         if rows < 1 or seconds <= 0 or sequences < 1:
             return
         samples = self._samples.get(rows) if sequences == 1 else None

@@ -56,6 +56,11 @@ def test_generate_shows_load_and_calibration_progress_and_notes(tmp_path: Path) 
             "--draft-max", "2"]
     first = meshd(*base, "-t", "1", env=env)
     assert first.returncode == 0, first.stderr
+    if "other processes are using the CPUs" in first.stderr:
+        # Beside busy processes nothing is measured (it would come out wrong) and the run
+        # says so; the rest needs a quiet machine (test_idle_calibration covers the load).
+        assert "decodes without drafts" in first.stderr
+        pytest.skip("other processes keep the machine busy: the calibration waits for quiet")
     assert "meshd: loading " in first.stderr and "100%" in first.stderr
     assert "measuring the verify cost (once per model, threads and machine): done" \
         in first.stderr

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,23 +72,36 @@ def _named(events: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 def test_a_start_logs_each_slow_step_with_its_duration(workdir: str) -> None:
-    """Not a terminal, nothing cached: the model load, the context build and the
-    calibration each log when they start and when they end, with seconds, before
-    ``ready``."""
+    """Not a terminal, nothing cached: the model load and the context build each log
+    when they start and when they end, with seconds, before ``ready``; the calibration
+    comes after ``ready`` (in idle moments), with its duration once done, or a
+    ``calibration_waiting`` while other processes keep the CPUs busy."""
     sock = os.path.join(workdir, "s")
     env = daemon_env(CACHE_DIRECTORY=os.path.join(workdir, "cache"))
     with reaped(start(_args(sock), env)) as proc:
         wait_for_socket(sock, proc)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                e["event"] in ("calibration_done", "calibration_waiting")
+                for e in log_events(proc.stderr())):
+            time.sleep(0.1)
         code, err = stop(proc)
     assert code == 0, err
     events = log_events(err)
     names = [e["event"] for e in events]
-    for kind in ("model_load", "context_build", "calibration"):
+    for kind in ("model_load", "context_build"):
         began, done = f"{kind}_started", f"{kind}_done"
         assert names.index(began) < names.index(done) < names.index("ready"), names
         seconds = _named(events, done)["seconds"]
         assert isinstance(seconds, float | int) and seconds >= 0, seconds
     assert _named(events, "model_load_done")["path"] == _synthetic()
+    calibration = [n for n in names if n.startswith("calibration_")]
+    assert calibration, names
+    assert names.index("ready") < names.index(calibration[0]), names
+    if "calibration_done" in names:
+        assert names.index("calibration_started") < names.index("calibration_done")
+        seconds = _named(events, "calibration_done")["seconds"]
+        assert isinstance(seconds, float | int) and seconds >= 0, seconds
 
 
 def test_an_unwritable_cache_directory_is_logged_and_serving_goes_on(workdir: str) -> None:

@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,9 +69,8 @@ def test_notify_sequence_watchdog_and_cache_directory(workdir: str) -> None:
             before = [fields for _, fields in notify.messages[:-1]]
             statuses = [f["STATUS"] for f in before if "STATUS" in f]
             assert any(s.startswith("loading") for s in statuses), statuses
-            assert any(s.startswith("measuring the verify cost") for s in statuses), statuses
-            # The calibrated curve went to systemd's CacheDirectory=, nowhere else.
-            assert list(Path(cache, "costs").glob("*.json"))
+            # Ready without waiting for the calibration (it runs in idle moments).
+            assert not any(s.startswith("measuring") for s in statuses), statuses
             n_before = len(notify.messages)
             for _ in range(4):
                 notify.until("WATCHDOG", timeout=30, proc=proc)
@@ -79,6 +79,15 @@ def test_notify_sequence_watchdog_and_cache_directory(workdir: str) -> None:
             # Not more often than half the interval asks for (no timing upper bound: the
             # machine may be busy; a missing ping would have failed `until` above).
             assert min(gaps) >= WATCHDOG_USEC / 2e6 * 0.5, gaps
+            # The calibrated curve goes to systemd's CacheDirectory=, nowhere else (once
+            # measured: on a machine kept busy by other processes it waits for quiet).
+            deadline = time.monotonic() + 60
+            while not list(Path(cache, "costs").glob("*.json")) and \
+                    "calibration_waiting" not in proc.stderr() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if "calibration_waiting" not in proc.stderr():
+                assert [p.name for p in Path(cache, "costs").iterdir()
+                        if p.suffix == ".json"], proc.stderr()
             proc.send_signal(signal.SIGTERM)
             stopping = notify.until("STOPPING", timeout=30, proc=None)
             assert "STATUS" in stopping

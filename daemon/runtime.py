@@ -262,19 +262,20 @@ class ModelRuntime:
         """Whether the MTP head can pay at the pooled acceptance (True until measured)."""
         return self.ledger.head_pays(self.head_prices)
 
-    def release(self, ending: Ending | None) -> None:
+    def release(self, ending: Ending | None, *, decoded: bool = True) -> None:
         """An ended generation handed back (:meth:`Generation.close` with
-        ``keep_session``): what it learned goes to the ledger, its session to the prefix
-        cache."""
+        ``keep_session``): what it learned goes to the ledger (where it ``decoded``), its
+        session to the prefix cache."""
         if ending is None:
             return
-        self.ledger.ended(ending.stats, followed_head=ending.followed_head,
-                          prices=self.head_prices)
+        if decoded:
+            self.ledger.ended(ending.stats, followed_head=ending.followed_head,
+                              prices=self.head_prices)
         self.prefix_cache.store(ending.session, ending.tokens)
 
-    def finish(self, gen: Generation) -> None:
+    def finish(self, gen: Generation, *, decoded: bool = True) -> None:
         """Close ``gen`` and release what it leaves (:meth:`release`)."""
-        self.release(gen.close(keep_session=True))
+        self.release(gen.close(keep_session=True), decoded=decoded)
 
     def run(self, gen: Generation) -> Iterator[TokenEvent]:
         """``gen`` to its end, in-process (``meshd generate``, the bench, tests): its
@@ -585,12 +586,10 @@ class ModelRuntime:
                 settings=SpeculationSettings(
                     draft_max=k,
                     adaptive=adaptive and not (prop and prop.capabilities.decides_length),
-                    prior_acceptance=(self.ledger.mtp_acceptance.prior() if follow_mtp
-                                      else None),
+                    prior_acceptance=self.ledger.mtp_acceptance.prior() if follow_mtp else None,
                     forced_prior=self.ledger.forced_acceptance.prior(),
                 ),
-                mtp_head=head,
-                grammar=state, logprobs=logprobs,
+                mtp_head=head, grammar=state, logprobs=logprobs,
             )
             gen.proposer_name = resolved
             return gen

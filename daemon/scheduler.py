@@ -568,7 +568,5 @@ def _drop_unstarted(runtime: ModelRuntime, prefills: Prefills,
     decoded. Runs on the compute thread."""
     dropped = prefills.cancel(cancelled)
     for gen in dropped:
-        ending = gen.close(keep_session=True)
-        if ending is not None:
-            runtime.prefix_cache.store(ending.session, ending.tokens)
+        runtime.finish(gen, decoded=False)
     return dropped

@@ -370,7 +370,7 @@ async def test_long_prompts_admitted_together_take_turns(
     rt = synthetic
     monkeypatch.setattr(prefill, "PREFILL_SLICE_S", 0.0)  # one chunk a step
     rows = prefill_chunk_rows(rt.context)
-    prompts = [_synthetic_prompt(rt, 4 * rows + 9), _synthetic_prompt(rt, 4 * rows + 30)[::-1]]
+    prompts = [_synthetic_prompt(rt, 4 * rows + 9), _synthetic_prompt(rt, 4 * rows + 20)[::-1]]
     requests = [GenerationRequest(p, max_tokens=12, proposer="off") for p in prompts]
     sched = Scheduler(rt, step_budget_s=0.0)
     calls: list[list[tuple[int, int]]] = []  # each prefill forward's (sequence, rows)
@@ -405,5 +405,5 @@ async def test_long_prompts_admitted_together_take_turns(
     first, second = calls[0][0][0], calls[1][0][0]
     assert first != second
     assert calls[:8] == [[(first, rows)], [(second, rows)]] * 4, calls
-    assert sorted(n for call in calls[8:] for _, n in call) == [9, 30]
+    assert sorted(n for call in calls[8:] for _, n in call) == [9, 20]
     assert len(calls) == (9 if prefill_merges_chunks(rt.context) else 10)

@@ -207,7 +207,7 @@ def format_identity(report: Mapping[str, Any]) -> str:
         rate = m["identity_rate"]
         lines.append(f"  {m['name']:<14} identity {m['identical']}/{m['runs']} "
                      f"({rate:.1%})  verify windows {m['verify_windows']}"
-                     f"{'' if m['gated'] else '  (f16 K cache: divergences reported)'}")
+                     f"{'' if m['gated'] else '  (kernel not pinned: divergences reported)'}")
         for case, c in m["cases"].items():
             if c["windows"] == 0:
                 lines.append(f"    note: {case} never speculated on this model")

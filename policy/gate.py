@@ -253,8 +253,8 @@ class StepGate:
         if head.forwards < max(HEAD_CHECK_FORWARDS, self._next_head_check):
             return False
         self._next_head_check = head.forwards + HEAD_CHECK_EVERY  # not on every step
-        if head.forward_ms <= head.head_ms:
-            return False
+        if head.forward_ms <= head.head_ms:  # the head took all the time: it cannot pay
+            return True
         overhead = head.head_ms / (head.forward_ms - head.head_ms)
         measured: list[Sequence[float]] = []
         if head.drafted >= HEAD_CHECK_DRAFTS:

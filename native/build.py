@@ -267,7 +267,10 @@ def patched_sdist(python: str, workdir: Path, log: Callable[[str], None]) -> Pat
     for patch in patches():
         log(f"applying {patch.name}")
         try:
-            subprocess.run(["git", "apply", "-p1", str(patch)], cwd=tree, check=True)
+            # The ceiling keeps git from finding a repository above the tree (a TMPDIR
+            # inside a checkout would have it apply the patch there, relative to its root).
+            subprocess.run(["git", "apply", "-p1", str(patch)], cwd=tree, check=True,
+                           env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)})
         except (OSError, subprocess.CalledProcessError) as exc:
             raise BuildProfileError(f"cannot apply {patch} to {tree.name}: {exc}") from exc
     return tree

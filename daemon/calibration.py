@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from meshd.native.calibrate import CalibrationBench, MtpCosts, mtp_cost_samples
-from meshd.native.context import TargetContext
 from meshd.native.cpus import CpuMeter, CpuReading, threads_spin
-from meshd.native.model import Model
 from meshd.policy.calibration import Calibration, Outcome, Phase, Piece, Timed
 from meshd.policy.costs import CostModel, conservative_prior
 from meshd.policy.load import OTHERS_BUSY, Load, busy
@@ -42,7 +40,7 @@ from .cost_cache import (
     write_cached_costs,
 )
 from .prefix_cache import PrefixCache
-from .thread_tuning import ThreadTuning
+from .thread_tuning import ThreadTuning, TunedModel
 from .timed_steps import Events, StepProgress
 
 __all__ = ["CalibratedModel", "CostCalibration"]
@@ -59,9 +57,10 @@ class _Config(Protocol):
     def tensor_split(self) -> tuple[float, ...]: ...
 
 
-class CalibratedModel(Protocol):
+class CalibratedModel(TunedModel, Protocol):
     """What the calibration reads and sets of a runtime
-    (:class:`~meshd.daemon.runtime.ModelRuntime`)."""
+    (:class:`~meshd.daemon.runtime.ModelRuntime`): what the thread tuning reads, and
+    more."""
 
     path: Path
     costs: CostModel | None
@@ -71,15 +70,6 @@ class CalibratedModel(Protocol):
 
     @property
     def config(self) -> _Config: ...
-
-    @property
-    def context(self) -> TargetContext: ...
-
-    @property
-    def model(self) -> Model: ...
-
-    @property
-    def remote(self) -> object | None: ...
 
 #: An idle spell shorter than this says too little about other processes' CPU use
 #: (the kernel counts in ticks) to skip a piece for it.

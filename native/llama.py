@@ -106,7 +106,8 @@ def float_rows(ptr: Any, n_rows: int, width: int) -> npt.NDArray[np.float32]:
 
 #: ``llama_set_attn_kernel``'s kernels (meshd's runtime patch, native/patches): ggml-cpu's
 #: flash attention chosen by batch width (llama.cpp's own rule), the per-row kernel at
-#: every width, or the tiled kernel at every width (the bench compares them).
+#: every width, or the tiled kernel at every width (meshd pins the last, see
+#: :data:`~.primitives.ATTN_KERNEL`; the others are the patch's, for comparisons).
 ATTN_BY_WIDTH, ATTN_ROW, ATTN_TILED = 0, 1, 2
 
 

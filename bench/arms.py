@@ -30,7 +30,7 @@ import attrs
 import numpy as np
 
 from meshd.clients.terminal import Progress
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.default_model import default_model_path
 from meshd.native.llama import ensure_backend, lc
 from meshd.native.primitives import GGML_TYPES

@@ -1,4 +1,5 @@
-"""``meshd bench``'s options and command (the subparser is made by ``meshd.daemon.cli``)."""
+"""``meshd bench``'s options and command (the subparser is made by
+``meshd.daemon.commands.cli``)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from .workloads import BenchError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``meshd bench`` options (the subparser is created by ``meshd.daemon.cli``, with the
-    shared ``--ctx``, ``--threads`` and ``--draft-max`` of ``meshd.daemon.options``)."""
+    """``meshd bench`` options (the subparser is created by ``meshd.daemon.commands.cli``, with the
+    shared ``--ctx``, ``--threads`` and ``--draft-max`` of ``meshd.daemon.config.options``)."""
     p.add_argument("-m", "--model", action="append", default=[], metavar="NAME",
                    help="smollm2-q4_1, smollm2-q8_0, qwen35-0.74, llama, mimo2-0.9, or a "
                         "GGUF path (repeatable; default: SmolLM2 Q4_1 + Q8_0, qwen35 at "

@@ -27,8 +27,8 @@ from typing import Any
 
 import attrs
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.sampling import GREEDY, SamplingParams
+from meshd.daemon.engine.sampling import GREEDY, SamplingParams
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 
 from .arms import (
     ModelSpec,

@@ -51,7 +51,7 @@ from typing import Any
 
 import attrs
 
-from meshd.daemon.generation_stats import GenerationStats
+from meshd.daemon.engine.generation_stats import GenerationStats
 from meshd.native.calibrate import measure_row_costs
 from meshd.plugins.base import Outcome, ProposalRequest
 from meshd.plugins.match_stats import CLASS_STARTS, SharedMatchStats, length_class
@@ -240,7 +240,7 @@ def replay_model(name: str, *, workloads: Sequence[str] | None, tokens: int, rep
                  log: Any = print) -> dict[str, Any]:
     """Plain decoding's text and the cost curve of every workload on model ``name``,
     then the rules replayed over them (see the module docstring)."""
-    from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+    from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 
     from .arms import default_threads, render_prompt, resolve_model
     from .run import workload_cost_context

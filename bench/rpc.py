@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.primitives import resolve_cache_type_k
 from meshd.native.session import SequenceSession
 from meshd.testing.loopback import LoopbackWorkers

@@ -43,7 +43,7 @@ from typing import Any
 import attrs
 from llguidance import LLTokenizer
 
-from meshd.daemon.constraint import GrammarState
+from meshd.daemon.engine.constraint import GrammarState
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.tokenizer import Tokenizer
 from meshd.plugins.base import Outcome, ProposalRequest
@@ -200,7 +200,7 @@ def replay_schema_model(name: str, *, workloads: Sequence[str] | None, tokens: i
                         log: Any = print) -> dict[str, Any]:
     """Plain constrained decoding's answer and the cost curve of every constrained
     workload on model ``name``, then the rules replayed over them."""
-    from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+    from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 
     from .arms import default_threads, render_prompt, resolve_model
     from .run import workload_cost_context

@@ -41,7 +41,7 @@ from typing import Any
 
 import anyio
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import Client, ConnectionClosed
 
 PROMPTS = (
@@ -63,7 +63,7 @@ def _request(i: int, chat: bool) -> dict[str, Any]:
 
 
 def _start_daemon(args: argparse.Namespace, socket_path: str) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "meshd.daemon.cli", "serve", "--socket", socket_path,
+    command = [sys.executable, "-m", "meshd.daemon.commands.cli", "serve", "--socket", socket_path,
                "--slots", "4", "--ctx", str(args.ctx), "--log-level", "warning"]
     if args.proposer == "off":
         command.append("--fixed-k")  # nothing to calibrate for

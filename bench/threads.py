@@ -53,7 +53,7 @@ ARMS: Final = (
 
 _GENERATE_SCRIPT = (
     "import sys\n"
-    "from meshd.daemon.cli import main\n"
+    "from meshd.daemon.commands.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from meshd.daemon.cli import main
+from meshd.daemon.commands.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

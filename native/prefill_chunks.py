@@ -2,7 +2,7 @@
 does not depend on what runs beside it.
 
 A scheduler prefills a long prompt a chunk at a time between the other requests' decode
-steps (``meshd.daemon.prefill``), and all at once when nothing else runs; either way
+steps (``meshd.daemon.engine.prefill``), and all at once when nothing else runs; either way
 the prompt is decoded in the same chunks, counted from where its prefill began.
 """
 

@@ -4,7 +4,7 @@ Why: a connecting plugin names itself in ``plugin_hello``, and any local process
 can open the daemon's socket can send any name. A table with ``uid``/``gid`` pins the
 plugin to a user and/or group, checked on the connection's ``SO_PEERCRED`` (the kernel's
 record of the connecting process, which the peer cannot forge). The daemon reads the
-credentials (``meshd.daemon.peercred``) and hands them here; this module only decides.
+credentials (``meshd.daemon.system.peercred``) and hands them here; this module only decides.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ __all__ = ["Peer", "pin_mismatch"]
 
 
 class Peer(Protocol):
-    """A connected process's credentials (``meshd.daemon.peercred.PeerCredentials``)."""
+    """A connected process's credentials (``meshd.daemon.system.peercred.PeerCredentials``)."""
 
     @property
     def pid(self) -> int: ...

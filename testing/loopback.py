@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from meshd.daemon.worker import free_port
+from meshd.daemon.commands.worker import free_port
 from meshd.native.errors import WorkerUnreachable
 from meshd.native.rpc import hello, parse_endpoint
 
@@ -44,7 +44,7 @@ class LoopbackWorkers:
     def start(self, address: str) -> None:
         env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "meshd.daemon.cli", "worker", "--listen", address,
+            [sys.executable, "-m", "meshd.daemon.commands.cli", "worker", "--listen", address,
              "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         self.procs[address] = proc
         deadline = time.monotonic() + self.start_timeout

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import anyio
 
 from meshd.clients.argtypes import integer, positive
-from meshd.daemon.options import subparser
+from meshd.daemon.config.options import subparser
 
 from .load import ACTIONS, Soak, SoakConfig
 from .report import SoakReport, sample_process
@@ -61,7 +61,8 @@ def _start_daemon(config: SoakConfig, model: str, drafts: Sequence[str], path: s
                   log: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, OMP_WAIT_POLICY="passive")
     argv = [
-        sys.executable, "-m", "meshd.daemon.cli", "serve", "--socket", path, "--model", model,
+        sys.executable, "-m", "meshd.daemon.commands.cli", "serve", "--socket", path,
+        "--model", model,
         "--slots", str(config.slots), "--threads", str(config.threads),
         "--max-queue", str(config.max_queue), "--draft-max", str(config.draft_max),
         "--fixed-k", "--ctx", "1024",

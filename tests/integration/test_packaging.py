@@ -54,6 +54,8 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
         assert f"meshd/{pkg}/__init__.py" in names
         assert f"meshd/{pkg}/py.typed" in names
     assert "meshd/__main__.py" in names  # python -m meshd
+    for init in sorted((ROOT / "daemon").rglob("__init__.py")):  # every layer's package
+        assert f"meshd/{init.relative_to(ROOT)}" in names
     bare = ("bench/", "daemon/", "protocol/", "testing/")
     assert not any(n.startswith(bare) for n in names), "bare top-level name"
     assert "meshd/protocol/PROTOCOL.md" in names
@@ -66,5 +68,5 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     for name in ("mtp", "ngram", "composite", "draft"):
         assert f"{name} = meshd.plugins." in text
-    assert "meshd = meshd.daemon.cli:main" in text
+    assert "meshd = meshd.daemon.commands.cli:main" in text
     assert "meshctl = meshd.clients.ctl:main" in text

@@ -75,7 +75,7 @@ def test_socket_unit_matches_what_the_daemon_expects() -> None:
 
 
 def test_example_configuration_loads_and_documents_every_key() -> None:
-    from meshd.daemon import config as cfg
+    from meshd.daemon.config import settings as cfg
 
     example = UNITS / "meshd.toml"
     loaded = cfg.load(str(example), environ={})
@@ -91,8 +91,8 @@ def test_example_configuration_is_generated_from_the_key_declarations() -> None:
     """systemd/meshd.toml is ``meshd config example``'s output (regenerate it with
     ``meshd config example > systemd/meshd.toml``), and every value in it is the key's
     default except the service's own settings, which say so."""
-    from meshd.daemon import config as cfg
-    from meshd.daemon.config_text import SERVICE_SETTINGS, toml_value
+    from meshd.daemon.config import settings as cfg
+    from meshd.daemon.config.text import SERVICE_SETTINGS, toml_value
 
     done = subprocess.run([sys.executable, "-m", "meshd", "config", "example"],
                           capture_output=True, text=True, timeout=60)
@@ -142,7 +142,7 @@ def test_llama_cpp_runs_without_writable_executable_memory() -> None:
 def test_http_socket_unit_hands_meshd_a_socket_named_http() -> None:
     """The optional HTTP socket names the service and the descriptor name meshd serves
     HTTP on, and listens on loopback only."""
-    from meshd.daemon.serve import HTTP_FD_NAME
+    from meshd.daemon.commands.serve import HTTP_FD_NAME
 
     unit = (UNITS / "meshd-http.socket").read_text()
     assert f"FileDescriptorName={HTTP_FD_NAME}" in unit
@@ -153,7 +153,7 @@ def test_http_socket_unit_hands_meshd_a_socket_named_http() -> None:
 def test_the_configuration_doc_lists_every_key_as_generated() -> None:
     """docs/configuration.md's key reference is ``meshd config reference``'s output
     (regenerate it by replacing the text between the markers)."""
-    from meshd.daemon.config_text import REFERENCE_BEGIN, REFERENCE_END
+    from meshd.daemon.config.text import REFERENCE_BEGIN, REFERENCE_END
 
     done = subprocess.run([sys.executable, "-m", "meshd", "config", "reference"],
                           capture_output=True, text=True, timeout=60)
@@ -162,7 +162,7 @@ def test_the_configuration_doc_lists_every_key_as_generated() -> None:
     begin, end = doc.index(REFERENCE_BEGIN), doc.index(REFERENCE_END) + len(REFERENCE_END)
     assert doc[begin:end] + "\n" == done.stdout, \
         "docs/configuration.md's key reference is stale: meshd config reference"
-    from meshd.daemon import config as cfg
+    from meshd.daemon.config import settings as cfg
     for section, cls in cfg.SECTIONS.items():
         for name in cfg.attrs.fields_dict(cls):
             assert f"`$MESHD_{section.upper()}_{name.upper()}`" in done.stdout

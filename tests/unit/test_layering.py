@@ -1,8 +1,8 @@
 """The rooms keep their doors: protocol <- plugins <- daemon -> native, policy (pure
 computation) below plugins and daemon (and below protocol, which takes its
 ``FinishReason`` from there), and the clients (protocol <- clients <- daemon) talk to the
-daemon through its socket only."""
-
+daemon through its socket only. Inside ``daemon/``, layers import downward only (see
+:data:`DAEMON_LAYERS`), and the two front ends never import each other."""
 from __future__ import annotations
 
 import ast
@@ -75,8 +75,98 @@ def test_clients_load_without_the_daemon() -> None:
 def test_the_scheduler_never_touches_a_runtime_session() -> None:
     """How a step is taken is the engine's (``step_many``): the scheduler admits, delivers
     and counts. It names no session, and of native it imports only the error types."""
-    path = ROOT / "daemon" / "scheduler.py"
+    path = ROOT / "daemon" / "models" / "scheduler.py"
     tree = ast.parse(path.read_text(), str(path))
     assert "session" not in {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     native = {name for name in imported_modules(path) if name.startswith("meshd.native")}
     assert native <= {"meshd.native.errors"}
+
+
+#: ``daemon/``'s layers, top first: a module imports its own layer or one below it.
+#: ``config`` and ``system`` are leaves any layer may import (config reads system's
+#: peer policy and log levels; system imports no other part of the daemon).
+DAEMON_LAYERS = ("commands", "frontends", "requests", "models", "prompts", "engine")
+DAEMON_LEAVES = {"config": ("config", "system"), "system": ("system",)}
+#: Imports from a front end into the engine or llama.cpp that the one request type and
+#: one event vocabulary (still to come) remove: ``(module, imported)``. The list may only
+#: shrink: an entry that no longer occurs fails the test too.
+FRONTEND_DEBTS = {
+    ("frontends.http.completions", "meshd.daemon.engine.generation"),
+    ("frontends.http.llama.completion", "meshd.daemon.engine.generation"),
+    ("frontends.http.llama.completion", "meshd.daemon.engine.sampling"),
+    ("frontends.http.llama.completion", "meshd.native.tokenizer"),
+    ("frontends.http.llama.completion_format", "meshd.daemon.engine.sampling"),
+    ("frontends.http.llama.extras", "meshd.native.tokenizer"),
+    ("frontends.http.llama.slots", "meshd.daemon.engine.generation"),
+    ("frontends.native.connection", "meshd.daemon.engine.generation"),
+}
+#: Plain records of the engine's that every layer may name (statistics, log
+#: probabilities, the typed request errors).
+ENGINE_RECORDS = ("meshd.daemon.engine.generation_stats", "meshd.daemon.engine.logprobs",
+                  "meshd.daemon.engine.request_errors")
+
+
+def daemon_modules() -> dict[str, set[str]]:
+    """Each module of ``daemon/`` (dotted below ``meshd.daemon``) and what it imports."""
+    folder = ROOT / "daemon"
+    return {".".join(path.relative_to(folder).with_suffix("").parts): imported_modules(path)
+            for path in sorted(folder.rglob("*.py"))}
+
+
+def upward_imports(modules: dict[str, set[str]]) -> list[str]:
+    """The imports of ``modules`` (as :func:`daemon_modules` gives them) against the
+    layers' direction."""
+    bad = []
+    for module, names in modules.items():
+        layer = module.split(".")[0]
+        if layer == "__init__":
+            continue
+        for name in names:
+            if not name.startswith("meshd.daemon."):
+                continue
+            target = name.removeprefix("meshd.daemon.").split(".")[0]
+            if layer in DAEMON_LEAVES:
+                ok = target in DAEMON_LEAVES[layer]
+            else:
+                ok = target in DAEMON_LEAVES or (
+                    DAEMON_LAYERS.index(target) >= DAEMON_LAYERS.index(layer))
+            if not ok:
+                bad.append(f"{module} -> {name}")
+    return bad
+
+
+def test_daemon_layers_import_downward_only() -> None:
+    assert upward_imports(daemon_modules()) == []
+
+
+def test_the_layer_check_sees_upward_and_leaf_imports() -> None:
+    assert upward_imports({
+        "engine.x": {"meshd.daemon.frontends.http.routes", "meshd.daemon.engine.y"},
+        "models.m": {"meshd.daemon.prompts.p", "meshd.daemon.config.settings"},
+        "config.c": {"meshd.daemon.models.runtime", "meshd.daemon.system.logs"},
+        "system.s": {"meshd.daemon.config.options"},
+    }) == ["engine.x -> meshd.daemon.frontends.http.routes",
+           "config.c -> meshd.daemon.models.runtime",
+           "system.s -> meshd.daemon.config.options"]
+
+
+def test_front_ends_import_neither_each_other_nor_the_engine() -> None:
+    """A front end turns bytes into requests and events into bytes: it never imports the
+    other front end, and the engine and llama.cpp only where :data:`FRONTEND_DEBTS`
+    still says so."""
+    crossing, found = [], set()
+    for module, names in daemon_modules().items():
+        if not module.startswith("frontends."):
+            continue
+        side = module.split(".")[1]
+        for name in names:
+            if name.startswith("meshd.daemon.frontends."):
+                other = name.split(".")[3]
+                if other != side and other in ("http", "native"):
+                    crossing.append(f"{module} -> {name}")
+            elif (name.startswith(("meshd.daemon.engine", "meshd.native", "llama_cpp"))
+                  and not name.startswith(ENGINE_RECORDS)):
+                found.add((module, name))
+    assert crossing == []
+    assert found - FRONTEND_DEBTS == set(), "a new front-end import of the engine"
+    assert FRONTEND_DEBTS - found == set(), "a debt paid: take it off the list"

@@ -15,11 +15,11 @@ import anyio
 import anyio.abc
 
 from meshd.clients import ctl
-from meshd.daemon.model_set import ModelSet
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.sampling import GREEDY, SamplingParams
-from meshd.daemon.server import Server, serving
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.commands.server import Server, serving
+from meshd.daemon.engine.sampling import GREEDY, SamplingParams
+from meshd.daemon.models.model_set import ModelSet
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
 from meshd.protocol import (
     PROTOCOL_VERSION,
     Client,

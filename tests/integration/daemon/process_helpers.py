@@ -18,7 +18,7 @@ from typing import Any
 
 from meshd.protocol import PROTOCOL_VERSION
 
-SERVE = [sys.executable, "-m", "meshd.daemon.cli", "serve"]
+SERVE = [sys.executable, "-m", "meshd.daemon.commands.cli", "serve"]
 
 # Sets LISTEN_PID to its own pid, moves the socket to fd 3 and execs meshd (same pid),
 # exactly what systemd does for a socket-activated service.

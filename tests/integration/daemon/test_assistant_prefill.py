@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.chat_template import ChatTemplate, ChatTemplateError, continues_final
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.prompts.chat_template import ChatTemplate, ChatTemplateError, continues_final
 from meshd.protocol import BadRequest, Client
 
 from .test_http import http_daemon

@@ -39,7 +39,7 @@ from meshd.bench.summary import (
 )
 from meshd.bench.targets import evaluate_targets
 from meshd.bench.workloads import load_workloads
-from meshd.daemon.cli import main
+from meshd.daemon.commands.cli import main
 from meshd.native import context as native_context
 from meshd.native.calibrate import measure_row_costs
 from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext

@@ -44,7 +44,7 @@ from meshd.bench.stream_client import (
     parse_sse,
 )
 from meshd.bench.workloads import BenchError, Workload, load_workloads
-from meshd.daemon.cli import main
+from meshd.daemon.commands.cli import main
 
 TOKENS = 8
 SCHEMA_WORKLOADS = ("schema-extract", "schema-classify", "schema-list", "schema-config")

@@ -24,7 +24,7 @@ from meshd.bench.llama_server import LlamaServerRunner, llama_server_arms
 from meshd.bench.run import BenchConfig, run_bench
 from meshd.bench.targets import evaluate_targets
 from meshd.bench.workloads import BenchError
-from meshd.daemon.cli import main
+from meshd.daemon.commands.cli import main
 from meshd.testing import testmodels
 
 

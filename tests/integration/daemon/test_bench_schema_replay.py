@@ -20,7 +20,7 @@ from meshd.bench.schema_replay import (
     replay_forced,
     seer,
 )
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.policy.costs import CostCurve
 
 #: Extra rows cheap (costs in decodes, by rows), as in the prompt-lookup replay's tests.

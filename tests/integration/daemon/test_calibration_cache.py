@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.cost_cache import cost_cache_path, cost_model_key
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.cost_cache import cost_cache_path, cost_model_key
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.context import ContextConfig
 from meshd.native.default_model import default_model_path
 from meshd.policy.costs import is_plausible

@@ -10,8 +10,8 @@ import sys
 import pytest
 from structlog.testing import capture_logs
 
-from meshd.daemon.cli import main
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.commands.cli import main
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 
 from .daemon_helpers import meshctl, running_daemon
 

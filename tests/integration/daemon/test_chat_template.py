@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from meshd.daemon.chat_template import ChatTemplate, ChatTemplateError
+from meshd.daemon.prompts.chat_template import ChatTemplate, ChatTemplateError
 
 DATA = Path(__file__).parent.parent / "data"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.chat_template import ChatTemplate
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.prompts.chat_template import ChatTemplate
 from meshd.native.errors import ModelLoadError
 
 from .test_http import http_daemon, openai_client

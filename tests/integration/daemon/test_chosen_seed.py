@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.sampling import GREEDY, SamplingParams, with_chosen_seed
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.engine.sampling import GREEDY, SamplingParams, with_chosen_seed
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
 from meshd.plugins.config import parse_table
 from meshd.plugins.registry import default_registry
 from meshd.policy.costs import CostCurve

@@ -17,9 +17,9 @@ import anyio
 import numpy as np
 import pytest
 
-from meshd.daemon import prefill
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.scheduler import (
+from meshd.daemon.engine import prefill
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.scheduler import (
     Finished,
     GenerationFailed,
     GenerationHandle,

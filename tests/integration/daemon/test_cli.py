@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.cli import main
+from meshd.daemon.commands.cli import main
 from meshd.native.model import Model
 from meshd.testing import testmodels
 
@@ -84,7 +84,7 @@ def test_generate_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
 def test_make_test_model_writes_a_loadable_model(tmp_path: Path) -> None:
     out = tmp_path / "m.gguf"
     done = subprocess.run(
-        [sys.executable, "-m", "meshd.daemon.cli", "make-test-model", "mimo2", str(out),
+        [sys.executable, "-m", "meshd.daemon.commands.cli", "make-test-model", "mimo2", str(out),
          "--acceptance", "0.5"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     with Model.load(out) as model:

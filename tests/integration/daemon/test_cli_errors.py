@@ -6,8 +6,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from meshd.clients import ctl
-from meshd.daemon.cli import main
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.commands.cli import main
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import BadRequest, Cancel, Client, SamplingParams
 from meshd.testing import testmodels
 

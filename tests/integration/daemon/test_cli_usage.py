@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from meshd.clients import ctl
-from meshd.daemon import cli
+from meshd.daemon.commands import cli
 from meshd.testing import testmodels
 
 from .daemon_helpers import short_tempdir

@@ -12,9 +12,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from meshd.daemon import cli
-from meshd.daemon import config as cfg
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.commands import cli
+from meshd.daemon.config import settings as cfg
+from meshd.daemon.requests.service import ServerConfig
 from meshd.testing import testmodels
 
 
@@ -229,7 +229,7 @@ def test_config_check_fails_where_serve_would(
 
 def test_every_serve_option_is_a_configuration_key() -> None:
     """A serve flag without a key would be settable only on the command line (and not
-    from /etc/meshd/meshd.toml or the environment): declare it in meshd.daemon.config."""
+    from /etc/meshd/meshd.toml or the environment): declare it in meshd.daemon.config.settings."""
     keys = {field.metadata.get("flag") or f"{section}_{field.name}"
             for section, cls in cfg.SECTIONS.items() for field in attrs.fields(cls)}
     options = {a.dest for a in _serve_parser()._actions

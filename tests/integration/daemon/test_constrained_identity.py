@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import jsonschema
 import pytest
 
-from meshd.daemon.constraint import ConstraintError, is_json_document
-from meshd.daemon.runtime import ModelRuntime
-from meshd.daemon.sampling import SamplingParams
+from meshd.daemon.engine.constraint import ConstraintError, is_json_document
+from meshd.daemon.engine.sampling import SamplingParams
+from meshd.daemon.models.runtime import ModelRuntime
 
 from .daemon_helpers import KindRuntimes
 

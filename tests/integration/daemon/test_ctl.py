@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 
 from meshd.clients import ctl
 from meshd.clients.argtypes import duration_seconds
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import Client, FinishReason, Generate, ModelInfo, UnloadReply
 from meshd.testing import testmodels
 
@@ -129,7 +129,7 @@ def test_demo_runs_the_daemon_end_to_end() -> None:
     """``meshd demo``: serve in a child process, one request through the socket, stop."""
     model = str(testmodels.test_model_path("llama"))
     result = subprocess.run(
-        [sys.executable, "-m", "meshd.daemon.cli", "demo", "--model", model, "--raw",
+        [sys.executable, "-m", "meshd.daemon.commands.cli", "demo", "--model", model, "--raw",
          "--prompt", "hello world", "--max-tokens", "16", "--proposer", "ngram",
          "--threads", "1"],
         capture_output=True, text=True, timeout=120,

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshd.bench.workloads import load_workloads
-from meshd.daemon.engine import Generation
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.sampling import SamplingParams
+from meshd.daemon.engine.generation import Generation
+from meshd.daemon.engine.sampling import SamplingParams
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.calibrate import MtpCosts
 from meshd.native.context import DEFAULT_DRAFT_MAX, ROLLBACK_MAX
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv

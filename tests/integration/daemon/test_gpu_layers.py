@@ -8,8 +8,8 @@ import argparse
 import pytest
 
 from meshd.clients.argtypes import gpu_layers
-from meshd.daemon import config as cfg
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.config import settings as cfg
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.rpc import local_gpus
 from meshd.protocol import Client
 from meshd.testing import testmodels

@@ -11,8 +11,8 @@ import anyio
 import anyio.abc
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.server import serving
+from meshd.daemon.commands.server import serving
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import (
     PROTOCOL_VERSION,
     Done,

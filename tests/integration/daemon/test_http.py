@@ -17,11 +17,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshd.daemon.http.config import HttpConfig
-from meshd.daemon.peercred import PeerPolicy
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.server import Server
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.commands.server import Server
+from meshd.daemon.config.http import HttpConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
+from meshd.daemon.system.peercred import PeerPolicy
 from meshd.protocol import Client, StreamReceiver
 
 from .daemon_helpers import assert_no_leaks, assert_serves, running_daemon, wait_idle

@@ -12,12 +12,12 @@ import httpx
 import openai
 import pytest
 
-from meshd.daemon.http.access import authorized, cors_headers
-from meshd.daemon.http.config import HttpConfig
-from meshd.daemon.http.tcp import HttpAddressError, check_http_address
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.server import serving
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.commands.server import serving
+from meshd.daemon.config.http import HttpConfig
+from meshd.daemon.frontends.http.access import authorized, cors_headers
+from meshd.daemon.frontends.http.tcp import HttpAddressError, check_http_address
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
 
 from .daemon_helpers import short_tempdir
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.server import serving
+from meshd.daemon.commands.server import serving
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import BadRequest, Client
 
 from .daemon_helpers import assert_no_leaks, short_tempdir, wait_idle

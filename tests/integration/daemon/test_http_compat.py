@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
 from meshd.protocol import Client
 
 from .daemon_helpers import assert_no_leaks, running_daemon, wait_idle

@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
-from meshd.daemon.http.api_errors import ApiError
-from meshd.daemon.http.config import HttpConfig
-from meshd.daemon.http.openai_api import chunk, parse_request
-from meshd.daemon.http.responses import ResponseEvents
-from meshd.daemon.http.responses_format import parse_responses_request
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.config.http import HttpConfig
+from meshd.daemon.frontends.http.openai.api import chunk, parse_request
+from meshd.daemon.frontends.http.openai.responses import ResponseEvents
+from meshd.daemon.frontends.http.openai.responses_format import parse_responses_request
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.api_errors import ApiError
 
 from .daemon_helpers import assert_no_leaks, wait_idle
 from .test_http import http_daemon, openai_client

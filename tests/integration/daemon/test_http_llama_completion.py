@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from meshd.daemon.http.api_errors import ApiError
-from meshd.daemon.http.llama_completion_format import pick_fields
-from meshd.daemon.http.llama_completion_request import MAX_N_PROBS, parse_llama_request
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.server import Server
+from meshd.daemon.commands.server import Server
+from meshd.daemon.frontends.http.llama.completion_format import pick_fields
+from meshd.daemon.frontends.http.llama.completion_request import MAX_N_PROBS, parse_llama_request
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.api_errors import ApiError
 
 from .daemon_helpers import assert_no_leaks, wait_idle
 from .test_http import http_daemon

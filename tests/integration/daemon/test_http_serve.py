@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from meshd.daemon.http.tcp import HttpAddressError, check_http_address
+from meshd.daemon.frontends.http.tcp import HttpAddressError, check_http_address
 
 from .daemon_helpers import short_tempdir
 
@@ -22,7 +22,8 @@ from .daemon_helpers import short_tempdir
 def _serve(*args: str) -> subprocess.Popen[str]:
     env = dict(os.environ, OMP_WAIT_POLICY="passive")
     return subprocess.Popen(
-        [sys.executable, "-m", "meshd.daemon.cli", "serve", "--threads", "1", "--slots", "1",
+        [sys.executable, "-m", "meshd.daemon.commands.cli", "serve", "--threads", "1",
+         "--slots", "1",
          "--ctx", "512", "--fixed-k", "--log-format", "json", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 

@@ -13,8 +13,8 @@ import anyio
 import httpx
 import pytest
 
-from meshd.daemon.http.config import HttpConfig
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.config.http import HttpConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 
 from .daemon_helpers import assert_no_leaks, wait_idle
 from .test_http import http_daemon

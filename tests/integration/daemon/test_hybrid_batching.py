@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.sampling import GREEDY, SamplingParams
+from meshd.daemon.engine.sampling import GREEDY, SamplingParams
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import Client, Completion
 from meshd.testing import testmodels
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.compute import ComputeThread
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.compute import ComputeThread
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.cpus import CpuMeter, usable_cpus
 from meshd.native.default_model import default_model_path
 from meshd.policy.costs import conservative_prior
@@ -268,7 +268,7 @@ def test_the_adapted_count_reaches_every_context(tmp_path: Path,
 
 
 def test_the_cost_cache_keeps_json(tmp_path: Path) -> None:
-    from meshd.daemon.cost_cache import read_cached_costs, write_cached_costs
+    from meshd.daemon.models.cost_cache import read_cached_costs, write_cached_costs
 
     cache = tmp_path / "c" / "x.json"
     assert write_cached_costs(cache, [1.0, 1.5], ["m"], 2) is None

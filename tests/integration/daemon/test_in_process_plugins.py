@@ -18,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
-from meshd.daemon.metrics import render_metrics
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.frontends.http.metrics import render_metrics
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.plugins.config import parse_table
 from meshd.plugins.registry import Registry
 from meshd.protocol import Client

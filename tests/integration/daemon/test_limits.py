@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from meshd.daemon.cli import build_parser
-from meshd.daemon.listener import open_listener, system_backlog
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.commands.cli import build_parser
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
+from meshd.daemon.system.listener import open_listener, system_backlog
 from meshd.protocol import (
     Client,
     Done,

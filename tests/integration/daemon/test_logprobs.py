@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import Client
 
 from .daemon_helpers import assert_no_leaks, wait_idle

@@ -12,10 +12,10 @@ import attrs
 import pytest
 
 from meshd.clients.argtypes import duration_seconds, size_bytes
-from meshd.daemon import cli
-from meshd.daemon import config as cfg
-from meshd.daemon.config_values import split_model_arg
-from meshd.daemon.model_specs import ModelSpec, model_name_from_path, model_specs
+from meshd.daemon.commands import cli
+from meshd.daemon.config import settings as cfg
+from meshd.daemon.config.model_specs import ModelSpec, model_name_from_path, model_specs
+from meshd.daemon.config.values import split_model_arg
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct.Q4_1"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.plugins.base import Outcome, Proposal, ProposalRequest, Proposer
 from meshd.plugins.registry import default_registry
 from meshd.testing import testmodels

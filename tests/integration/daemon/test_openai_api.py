@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from meshd.daemon.http.api_errors import ApiError
-from meshd.daemon.http.openai_api import parse_request
+from meshd.daemon.frontends.http.openai.api import parse_request
+from meshd.daemon.requests.api_errors import ApiError
 from meshd.protocol import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_STRINGS, BadRequest
 
 

@@ -18,8 +18,8 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from meshd.daemon.cli import main as meshd_main
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.commands.cli import main as meshd_main
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.plugins import sdk
 from meshd.plugins.config import parse_table
 from meshd.plugins.registry import Registry
@@ -134,7 +134,7 @@ def listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     }
     for name, plugin in plugins.items():
         registry.register(name, plugin.factory)
-    monkeypatch.setattr("meshd.daemon.plugins_cmd.default_registry", lambda: registry)
+    monkeypatch.setattr("meshd.daemon.commands.plugins.default_registry", lambda: registry)
     config = tmp_path / "meshd.toml"
     config.write_text("")
     assert meshd_main(["plugins", "list", "-C", str(config), "--json"]) == 0

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from meshd.daemon.cli import main as meshd_main
-from meshd.daemon.config import load as load_config
-from meshd.daemon.request_errors import RequestError
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.commands.cli import main as meshd_main
+from meshd.daemon.config.settings import load as load_config
+from meshd.daemon.engine.request_errors import RequestError
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.default_model import default_model_path
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
 from meshd.plugins.config import PluginConfigError, parse_table

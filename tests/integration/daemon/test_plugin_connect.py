@@ -18,7 +18,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.plugins.config import parse_table
 from meshd.protocol import Client
 

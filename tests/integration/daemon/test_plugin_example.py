@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.plugins.config import parse_table
 from meshd.plugins.registry import default_registry
 from meshd.protocol import Client

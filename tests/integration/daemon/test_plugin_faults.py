@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.plugins.config import parse_table
 from meshd.protocol import Client
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.plugins.base import ProposalRequest
 from meshd.plugins.prediction import PredictionProposer
 

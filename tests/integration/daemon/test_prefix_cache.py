@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.testing import testmodels
 
 

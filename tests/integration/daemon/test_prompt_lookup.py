@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from meshd.daemon.engine import Generation
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.engine.generation import Generation
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.plugins.registry import default_registry
 from meshd.policy.costs import CostCurve, CostModel
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.plugins.config import parse_table
 from meshd.protocol import BadRequest, Client
 

@@ -19,7 +19,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import PROTOCOL_VERSION, Client, decode_response
 
 from .daemon_helpers import assert_no_leaks, running_daemon, wait_idle

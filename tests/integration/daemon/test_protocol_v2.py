@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 
 from .daemon_helpers import assert_no_leaks, running_daemon, wait_idle
 from .test_protocol_v1 import V1_ERROR_CODES, V1_FINISH_REASONS, JsonLines, load_session, replay

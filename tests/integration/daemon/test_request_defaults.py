@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 from meshd.clients import ctl
-from meshd.daemon.cli import main
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.commands.cli import main
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.default_model import default_model_path
 from meshd.protocol import Client, SamplingParams, Stats
 from meshd.testing import testmodels

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
 from meshd.protocol import (
     MAX_MESSAGES,
     MAX_STOP_LENGTH,

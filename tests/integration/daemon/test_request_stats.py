@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from structlog.testing import capture_logs
 
-from meshd.daemon.generation_stats import GenerationStats
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.engine.generation_stats import GenerationStats
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.testing import testmodels
 
 from .daemon_helpers import meshctl, running_daemon

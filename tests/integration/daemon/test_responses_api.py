@@ -16,10 +16,10 @@ import jsonschema
 import openai
 import pytest
 
-from meshd.daemon.http.api_errors import ApiError
-from meshd.daemon.http.responses import ResponseEvents
-from meshd.daemon.http.responses_format import parse_responses_request
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.frontends.http.openai.responses import ResponseEvents
+from meshd.daemon.frontends.http.openai.responses_format import parse_responses_request
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.api_errors import ApiError
 from meshd.protocol import StreamReceiver
 
 from .daemon_helpers import assert_no_leaks, assert_serves, wait_idle

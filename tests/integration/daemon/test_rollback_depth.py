@@ -10,9 +10,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from meshd.daemon.engine import Generation
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.scheduler import Finished, GenerationFailed, GenerationRequest, Scheduler
+from meshd.daemon.engine.generation import Generation
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.scheduler import Finished, GenerationFailed, GenerationRequest, Scheduler
 from meshd.native.context import DEFAULT_CONFIG, ContextConfig, TargetContext
 from meshd.native.errors import CapacityError
 from meshd.native.model import Model

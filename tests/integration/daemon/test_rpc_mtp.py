@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.rpc_workers import RemoteWorkers
 from meshd.native.session import SequenceSession
 from meshd.testing import testmodels
@@ -159,7 +159,7 @@ def test_draft_model_stays_local(workers: LoopbackWorkers) -> None:
 @pytest.mark.slow
 def test_bench_rpc_counts_no_round_trip_per_mtp_draft(
         tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
-    from meshd.daemon.cli import main
+    from meshd.daemon.commands.cli import main
 
     out = f"{tmp_path}/rpc.json"
     assert main(["bench-rpc", "--model", _model(), "--workers", "2",

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.service import ServerConfig
-from meshd.daemon.worker import free_port
+from meshd.daemon.commands.worker import free_port
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
 from meshd.native.errors import WorkerUnreachable
 from meshd.protocol import Client, ModelError
 from meshd.testing.loopback import LoopbackWorkers
@@ -76,7 +76,7 @@ def test_unreachable_worker_at_start_names_the_address() -> None:
 
 def test_generate_command_reports_an_unreachable_worker(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from meshd.daemon.cli import main
+    from meshd.daemon.commands.cli import main
 
     address = f"127.0.0.1:{free_port()}"
     assert main(["generate", "--prompt", "hi", "--rpc", address, "--fixed-k"]) == 3
@@ -127,7 +127,7 @@ async def test_worker_killed_mid_request(workers: LoopbackWorkers) -> None:
 
 
 def test_workers_in_the_configuration(tmp_path: pytest.TempPathFactory) -> None:
-    from meshd.daemon import config as cfg
+    from meshd.daemon.config import settings as cfg
 
     path = f"{tmp_path}/meshd.toml"
     with open(path, "w") as f:
@@ -144,7 +144,7 @@ def test_workers_in_the_configuration(tmp_path: pytest.TempPathFactory) -> None:
 @pytest.mark.slow
 def test_bench_rpc_counts_one_round_trip_per_worker_and_forward(
         tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
-    from meshd.daemon.cli import main
+    from meshd.daemon.commands.cli import main
 
     out = f"{tmp_path}/rpc.json"
     assert main(["bench-rpc", "--workers", "1,2", "--reps", "1", "--tokens", "8",

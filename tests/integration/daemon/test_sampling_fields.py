@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime
-from meshd.daemon.sampling import Sampler, SamplingParams
+from meshd.daemon.engine.sampling import Sampler, SamplingParams
+from meshd.daemon.models.runtime import ModelRuntime
 
 from .daemon_helpers import KindRuntimes, assert_no_leaks, meshctl, wait_idle
 from .test_http import http_daemon

@@ -10,10 +10,10 @@ import anyio
 import attrs
 import pytest
 
-from meshd.daemon import prefill
-from meshd.daemon.compute import ComputeThread
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.scheduler import (
+from meshd.daemon.engine import prefill
+from meshd.daemon.models.compute import ComputeThread
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.scheduler import (
     Busy,
     Finished,
     GenerationFailed,

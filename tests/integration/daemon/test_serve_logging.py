@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import structlog
 
-from meshd.daemon.logs import configure_logging, set_levels
+from meshd.daemon.system.logs import configure_logging, set_levels
 from meshd.native.model import Model
 from meshd.testing import testmodels
 

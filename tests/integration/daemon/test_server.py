@@ -13,9 +13,9 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.sampling import SamplingParams
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.engine.sampling import SamplingParams
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
 from meshd.protocol import (
     Client,
     Done,

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
 from meshd.protocol import (
     Client,
     Done,

@@ -12,15 +12,15 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from meshd.daemon.listener import (
+from meshd.daemon.commands.server import Server
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.system.listener import (
     BindSpec,
     ListenerError,
     default_socket_path,
     open_listener,
     preflight,
 )
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.server import Server
 from meshd.protocol import Client
 from meshd.testing import testmodels
 

@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from meshd.clients import ctl
-from meshd.daemon.model_set import ModelPlan, ModelSet, ModelState
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.service import ServerConfig
+from meshd.daemon.models.model_set import ModelPlan, ModelSet, ModelState
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.requests.service import ServerConfig
 from meshd.native.default_model import default_model_path
 from meshd.protocol import Client, Completion, ServerBusy, UnknownModel
 from meshd.testing import testmodels

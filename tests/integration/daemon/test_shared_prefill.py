@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from meshd.daemon.prefill import MIN_SHARED
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.engine.prefill import MIN_SHARED
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 
 from .daemon_helpers import assert_no_leaks, wait_idle
 from .test_http import http_daemon

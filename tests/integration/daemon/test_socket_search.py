@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 
 from meshd.clients import ctl, socket_path
 from meshd.clients.socket_path import find_socket, socket_candidates
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.server import serving
+from meshd.daemon.commands.server import serving
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.testing import testmodels
 
 from .daemon_helpers import meshctl, short_tempdir

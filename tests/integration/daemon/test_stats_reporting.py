@@ -16,8 +16,8 @@ from structlog.testing import capture_logs
 
 import meshd.protocol
 from meshd.clients.refusals import REFUSAL_REASONS
-from meshd.daemon.metrics import render_metrics
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.frontends.http.metrics import render_metrics
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.policy.gate import Refusal
 from meshd.testing import testmodels
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 
 from .daemon_helpers import assert_no_leaks, wait_idle
 from .test_http import http_daemon

@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import BadRequest, Client, Constraint
 
 from .daemon_helpers import assert_no_leaks, meshctl, wait_idle

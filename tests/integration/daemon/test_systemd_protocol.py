@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from meshd.daemon.activation import ActivationError, listen_fds
-from meshd.daemon.logs import configure_logging, get_logger, under_journald
-from meshd.daemon.notify import Notifier, watchdog_interval
+from meshd.daemon.system.activation import ActivationError, listen_fds
+from meshd.daemon.system.logs import configure_logging, get_logger, under_journald
+from meshd.daemon.system.notify import Notifier, watchdog_interval
 
 from .daemon_helpers import short_tempdir
 

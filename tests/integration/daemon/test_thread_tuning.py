@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from meshd.daemon import thread_tuning
-from meshd.daemon.thread_tuning import GAP_S, ThreadTuning
+from meshd.daemon.models import thread_tuning
+from meshd.daemon.models.thread_tuning import GAP_S, ThreadTuning
 from meshd.native.cpus import CpuReading
 from meshd.policy.threads import WINDOW_S
 

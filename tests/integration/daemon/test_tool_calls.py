@@ -14,9 +14,9 @@ import httpx
 import jsonschema
 import pytest
 
-from meshd.daemon.constraint import GrammarState
-from meshd.daemon.http.template_tools import call_syntax
-from meshd.daemon.http.tool_calls import (
+from meshd.daemon.engine.constraint import GrammarState
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.prompts.tool_calls import (
     FORCED_SYNTAXES,
     ToolSpec,
     answer_calls,
@@ -24,8 +24,8 @@ from meshd.daemon.http.tool_calls import (
     lazy_call_grammar,
     tool_constraint,
 )
-from meshd.daemon.http.tool_syntax import read_calls
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
+from meshd.daemon.prompts.tool_syntax import read_calls
+from meshd.daemon.requests.template_tools import call_syntax
 from meshd.protocol import BadRequest, ChatMessage, Client, Constraint, ToolCall, ToolFunction
 from meshd.testing import testmodels
 

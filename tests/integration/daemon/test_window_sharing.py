@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from meshd.daemon import window_sharing
-from meshd.daemon.engine import Generation, step_many
-from meshd.daemon.forwards import ForwardTiming
-from meshd.daemon.runtime import ModelRuntime, RuntimeConfig
-from meshd.daemon.sampling import GREEDY, SamplingParams
+from meshd.daemon.engine import window_sharing
+from meshd.daemon.engine.forwards import ForwardTiming
+from meshd.daemon.engine.generation import Generation, step_many
+from meshd.daemon.engine.sampling import GREEDY, SamplingParams
+from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.session import SequenceSession
 from meshd.policy.costs import CostCurve
 from meshd.policy.shared_window import Member, SharedPlan

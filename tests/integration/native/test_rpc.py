@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from meshd.daemon.worker import check_listen, free_port
+from meshd.daemon.commands.worker import check_listen, free_port
 from meshd.native.errors import WorkerUnreachable
 from meshd.native.rpc import Endpoint, hello, parse_endpoint, parse_endpoints
 from meshd.native.rpc_relay import WorkerLink

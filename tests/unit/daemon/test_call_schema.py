@@ -8,7 +8,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from meshd.daemon.http.call_schema import closed_objects, hoist_defs
+from meshd.daemon.prompts.call_schema import closed_objects, hoist_defs
 
 SCHEMA = {"$defs": {"Unit": {"enum": ["c", "f"]},
                     "Place": {"type": "object", "required": ["unit"],

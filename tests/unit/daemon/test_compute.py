@@ -8,7 +8,7 @@ import time
 import anyio
 import pytest
 
-from meshd.daemon.compute import ComputeThread
+from meshd.daemon.models.compute import ComputeThread
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from meshd.daemon.compute import IDLE_AFTER_S, ComputeThread
+from meshd.daemon.models.compute import IDLE_AFTER_S, ComputeThread
 
 
 class Pieces:

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.daemon.sampling import Sampler, SamplingParams, candidates
+from meshd.daemon.engine.sampling import Sampler, SamplingParams, candidates
 
 ROW = np.log(np.array([0.40, 0.25, 0.15, 0.10, 0.05, 0.03, 0.02], dtype=np.float32))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from meshd.daemon.speculation_ledger import HeadPrices, SpeculationLedger
+from meshd.daemon.models.speculation_ledger import HeadPrices, SpeculationLedger
 from meshd.policy.costs import CostCurve
 from meshd.policy.gate import Refusal
 from meshd.policy.rollback_depth import RollbackDepth

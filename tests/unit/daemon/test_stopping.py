@@ -1,4 +1,4 @@
-"""Tests for the incremental stop-string matcher (meshd.daemon.stopping)."""
+"""Tests for the incremental stop-string matcher (meshd.daemon.engine.stopping)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.daemon.stopping import StopMatcher, StopResult, cut_at_stop
+from meshd.daemon.engine.stopping import StopMatcher, StopResult, cut_at_stop
 from meshd.policy.decision import FinishReason, RepairCaps, accepted_prefix, settle
 
 

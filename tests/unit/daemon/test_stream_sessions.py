@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshd.daemon.http import stream_sessions as ss
+from meshd.daemon.frontends.http import stream_sessions as ss
 
 
 def test_a_long_stream_keeps_its_last_bytes_and_refuses_older_offsets() -> None:

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from meshd.daemon.http.tool_calls import answer_calls, parse_tools
-from meshd.daemon.http.tool_syntax import read_calls
+from meshd.daemon.prompts.tool_calls import answer_calls, parse_tools
+from meshd.daemon.prompts.tool_syntax import read_calls
 
 NAMES = {"get_weather": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}}}, "add": {"type": "object"}}

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.daemon.stopping import StopResult, cut_at_stop
+from meshd.daemon.engine.stopping import StopResult, cut_at_stop
 from meshd.policy.decision import (
     Decision,
     FinishReason,

@@ -1,0 +1,1 @@
+"""Every setting declared once: the file, environment and flags, model specs."""

@@ -1,0 +1,3 @@
+"""The synchronous verify-commit-repair step: one request's generation, forwards shared by
+requests, windows, prefill, sampling, stopping, constraints.
+"""

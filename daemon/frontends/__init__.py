@@ -1,0 +1,1 @@
+"""Bytes in, requests and events out: the NDJSON connection and HTTP; neither imports the other."""

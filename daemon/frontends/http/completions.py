@@ -1,0 +1,580 @@
+"""Serving one OpenAI completion: the native pipeline, answered in OpenAI's shapes.
+
+Why through ``Service``: the request becomes the same ``generate`` a native client sends
+and runs through the same ``prepare`` (limits, chat template, tokenizer) and scheduler,
+so the HTTP answer holds exactly the tokens the native protocol would give. The
+generation is registered like a native one (shutdown drains it; a disconnect cancels
+it at the next step, and its slot goes back through the scheduler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+import anyio
+import attrs
+
+from meshd.daemon.engine.generation import TokenEvent
+from meshd.daemon.engine.generation_stats import GenerationStats
+from meshd.daemon.engine.logprobs import TokenLogprob
+from meshd.daemon.frontends.http import sse
+from meshd.daemon.frontends.http.identity import system_fingerprint
+from meshd.daemon.frontends.http.llama.timings_format import live_timings, prompt_progress, timings
+from meshd.daemon.frontends.http.logprobs_format import logprobs_block
+from meshd.daemon.frontends.http.openai.api import (
+    CompletionRequest,
+    chunk,
+    completion_response,
+    meshd_block,
+    object_name,
+    tool_answer,
+    usage,
+)
+from meshd.daemon.frontends.http.responder import Responder, RouteContext
+from meshd.daemon.models.model_set import NoSuchModel
+from meshd.daemon.models.runtime import ModelRuntime
+from meshd.daemon.models.scheduler import (
+    Finished,
+    GenerationFailed,
+    GenerationHandle,
+    GenerationRequest,
+)
+from meshd.daemon.requests.api_errors import (
+    JSON,
+    ApiError,
+    context_exceeded,
+    error_body,
+    json_bytes,
+)
+from meshd.daemon.requests.service import InFlightGeneration, Service
+from meshd.daemon.requests.template_tools import with_lazy_calls, with_template_tools
+from meshd.policy.decision import FinishReason
+from meshd.protocol import ModelError, ProtocolError
+
+__all__ = ["Adjust", "Started", "finish_reason_of", "generation_failure", "log_finished",
+           "receive_batch", "serve_completion", "served_name", "started"]
+
+_MAX_EVENTS_PER_WRITE: Final = 256
+_SSE: Final = "text/event-stream"
+
+
+async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Responder) -> None:
+    """Run ``req`` and answer it; raises ApiError while nothing has been sent yet."""
+    async with started(routes, req, out) as run:
+        if run is None:  # the client left before it reached the scheduler
+            return
+        req, gen, handle, entry = run.req, run.gen, run.handle, run.entry
+        if req.n > 1:
+            await _choices(routes, req, gen, handle, out, entry)
+            return
+        prompt_tokens = len(gen.prompt)
+        seed = None if gen.sampling.greedy else gen.sampling.seed
+        if req.stream:
+            await _stream(routes, req, handle, out, prompt_tokens, seed, entry)
+        else:
+            await _collect(routes, req, handle, out, prompt_tokens, seed, entry)
+
+
+async def receive_batch(handle: GenerationHandle) -> list[Any]:
+    """The next events of a stream: at least one, and whatever else is already there (up
+    to a bound), so one write carries them; a stream that ends without its result gives
+    a failure."""
+    try:
+        batch: list[Any] = [await handle.events.receive()]
+    except anyio.EndOfStream:
+        return [GenerationFailed("model", "the generation ended without a result")]
+    while not isinstance(batch[-1], Finished | GenerationFailed) \
+            and len(batch) < _MAX_EVENTS_PER_WRITE:
+        try:
+            batch.append(handle.events.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            break
+    return batch
+
+
+Adjust = Callable[[ModelRuntime, GenerationRequest], GenerationRequest]
+"""A change to the engine request once ``prepare`` has checked it (and the model is held)."""
+
+
+@attrs.frozen
+class Started:
+    """A generation admitted to the scheduler: its request (naming the model that serves
+    it), the engine request, its event stream and its registration."""
+
+    req: CompletionRequest
+    gen: GenerationRequest
+    handle: GenerationHandle
+    entry: InFlightGeneration
+
+
+@contextlib.asynccontextmanager
+async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
+                  adjust: Adjust | None = None) -> AsyncIterator[Started | None]:
+    """The request lifecycle every generating endpoint shares: register ``req`` (a
+    disconnect cancels it), prepare and submit it (its token-id prompt, then ``adjust``,
+    applied to the engine request), and unregister it when the block ends. Yields None
+    when the client left before it reached the scheduler; raises ApiError when it is
+    refused."""
+    service = routes.service
+    entry = InFlightGeneration(req.generate.id)
+    service.register(entry)
+    out.on_gone(entry.cancel)
+    try:
+        ids = req.prompt_ids
+
+        def adjusted(gen: GenerationRequest) -> GenerationRequest:
+            assert entry.model is not None and entry.model.runtime is not None
+            rt = entry.model.runtime
+            if ids:
+                gen = _with_prompt_ids(rt, gen, ids)
+            if req.template_messages is not None and req.tools is not None:
+                gen = with_template_tools(rt, gen, req.template_messages, req.tools)
+                gen = with_lazy_calls(rt, gen, req.tools)
+            return gen if adjust is None else adjust(rt, gen)
+
+        try:
+            asked = attrs.evolve(req.generate, model=served_name(service, req.model))
+            changes = ids or adjust is not None or req.template_messages is not None
+            gen = await service.start(asked, entry, adjust=adjusted if changes else None)
+        except ModelError as exc:  # (prepare raises it for a prompt over the context only)
+            raise context_exceeded(exc, "messages" if req.chat else "prompt") from None
+        except ProtocolError as exc:
+            raise ApiError.from_protocol(exc, max_tokens_param=req.max_tokens_param,
+                                         constraint_param=req.constraint_param) from None
+        handle = entry.handle
+        if handle is None:
+            yield None
+            return
+        assert entry.model is not None
+        req = attrs.evolve(req, model=entry.model.name)  # the answers name it
+        predicted = (gen.proposer_options or {}).get("tokens")
+        if gen.proposer == "prediction" and isinstance(predicted, list):
+            req = attrs.evolve(req, predicted=len(predicted))
+        yield Started(req, gen, handle, entry)
+    finally:
+        service.unregister(entry)
+
+
+def served_name(service: Service, asked: str | None) -> str | None:
+    """The model an OpenAI request names (None: the default). A daemon serving one model
+    answers any name with it, as llama-server does, so clients that send a fixed name
+    keep working; with several, an unknown name is OpenAI's 404."""
+    models = service.models.models
+    if asked is None or len(models) == 1:
+        return None
+    try:
+        return service.models.get(asked).name
+    except NoSuchModel:
+        pass
+    raise ApiError(404, f"The model {asked!r} does not exist; this daemon serves "
+                        f"{', '.join(models)}", param="model", code="model_not_found")
+
+
+def _with_prompt_ids(rt: ModelRuntime, gen: GenerationRequest, ids: tuple[int, ...]
+                     ) -> GenerationRequest:
+    """``gen`` (checked by ``prepare`` on a placeholder prompt) with the request's token
+    ids as its prompt, once they are known to be in the vocabulary and fit the context."""
+    n_vocab = rt.model.info.n_vocab
+    for i, token in enumerate(ids):
+        if token >= n_vocab:
+            raise ApiError(400, f"prompt[{i}]: must be a token id below the vocabulary "
+                                f"size {n_vocab} (got {token})", param="prompt")
+    if len(ids) + 1 > rt.context.config.n_ctx_seq:
+        too_long = rt.prompt_too_long(len(ids))
+        raise ModelError(str(too_long)) from too_long
+    return attrs.evolve(gen, prompt=ids)
+
+
+def _failure(final: GenerationFailed) -> ApiError:
+    """A generation that failed: the request's fault (400) or the model's (500)."""
+    if final.kind == "request":
+        return ApiError(400, final.message)
+    return ApiError(500, final.message or "generation failed", code="model_error",
+                    kind="server_error")
+
+
+async def _collect(routes: RouteContext, req: CompletionRequest, handle: GenerationHandle,
+                   out: Responder, prompt_tokens: int, seed: int | None,
+                   entry: InFlightGeneration) -> None:
+    parts: list[str] = []
+    lps: list[TokenLogprob] = []
+    async with handle.events:
+        async for event in handle.events:
+            if isinstance(event, TokenEvent):
+                parts.append(event.text)
+                lps.extend(event.logprobs)
+            elif isinstance(event, GenerationFailed):
+                raise _failure(event)
+            else:
+                finish = _finish_reason(event, entry)
+                _log_finished(routes, req, event, finish, prompt_tokens)
+                body = completion_response(
+                    req, _name(req), system_fingerprint(routes.service, req.model),
+                    "".join(parts), finish, event.stats, event.proposer, prompt_tokens, seed,
+                    _logprobs(routes, req, lps))
+                if _verbose(routes, req):
+                    body["__verbose"] = await _verbose_block(entry, handle, "".join(parts))
+                await out.send(200, json_bytes(body), JSON)
+                return
+    raise ApiError(500, "the generation ended without a result", code="internal",
+                   kind="server_error")
+
+
+def _verbose(routes: RouteContext, req: CompletionRequest) -> bool:
+    asked = req.llama.verbose
+    return routes.service.config.http.verbose_responses if asked is None else asked
+
+
+async def _verbose_block(entry: InFlightGeneration, handle: GenerationHandle, text: str
+                         ) -> dict[str, Any]:
+    """llama-server's ``__verbose``: the prompt as the model read it (the chat template's
+    output, special tokens written out) and the text, for debugging templates."""
+    assert entry.model is not None and entry.model.runtime is not None
+    tokenizer = entry.model.runtime.model.tokenizer
+    prompt = list(handle.request.prompt)
+    shown = await anyio.to_thread.run_sync(
+        functools.partial(tokenizer.detokenize, prompt, special=True))
+    return {"prompt": shown, "content": text, "tokens_evaluated": len(prompt)}
+
+
+async def _stream(routes: RouteContext, req: CompletionRequest, handle: GenerationHandle,
+                  out: Responder, prompt_tokens: int, seed: int | None,
+                  entry: InFlightGeneration) -> None:
+    """SSE: a chunk per batch of committed text, the finish chunk (with ``timings`` and
+    ``meshd``), the usage chunk if asked (with ``timings`` too), then ``data: [DONE]``.
+    A chat stream opens with the role chunk (``content`` null). llama-server's extras:
+    with ``return_progress`` the first chunks carry ``prompt_progress``, with
+    ``timings_per_token`` every later chunk with text or calls carries ``timings``."""
+    model = _name(req)
+    fp = system_fingerprint(routes.service, req.model)
+    clock = _StreamClock(handle, prompt_tokens)
+    started = False
+    live = True  # the client still reads
+    offset = 0  # characters streamed so far (completions' logprobs.text_offset)
+    held: list[str] = []  # the text of a request that offered tools
+    async with handle.events:
+        while True:
+            batch = await receive_batch(handle)
+            final = batch[-1] if isinstance(batch[-1], Finished | GenerationFailed) else None
+            if isinstance(final, GenerationFailed) and not started:
+                raise _failure(final)
+            text = "".join(e.text for e in batch if isinstance(e, TokenEvent))
+            clock.received(sum(len(e.tokens) for e in batch if isinstance(e, TokenEvent)))
+            if req.tools is not None:  # calls are known at the end: hold the text till then
+                held.append(text)
+                text = "" if final is None else _release_held(req, held, final)
+            data = b""
+            if not started:
+                started = True
+                live = await out.start(200, _SSE, [("Cache-Control", "no-cache")])
+                data += _opening(req, model, fp, clock)
+            lps = [lp for e in batch if isinstance(e, TokenEvent) for lp in e.logprobs]
+            if text or lps:
+                data += sse.event(clock.timed(req, chunk(
+                    req, model, fp, text=text, logprobs=_logprobs(routes, req, lps, offset))))
+                offset += len(text)
+            if isinstance(final, Finished):
+                finish = _finish_reason(final, entry)
+                _log_finished(routes, req, final, finish, prompt_tokens)
+                calls = tool_answer(req, "".join(held), finish)[1] if held else []
+                if calls:
+                    finish = "tool_calls"
+                    data += sse.event(clock.timed(req, chunk(req, model, fp,
+                                                             tool_calls=calls)))
+                data += _closing(req, model, fp, finish, final.stats, final.proposer,
+                                 prompt_tokens, seed)
+            elif isinstance(final, GenerationFailed):
+                data += sse.event(error_body(_failure(final)))
+                data += sse.DONE
+            if live and data:
+                live = await out.write(data)
+            if final is not None:
+                if live:
+                    await out.end()
+                return
+
+
+class _StreamClock:
+    """What a stream knows of its request's progress, for llama-server's
+    ``timings_per_token`` and ``return_progress``: the prompt, the part of it the prefix
+    cache served, when the first tokens arrived and how many have arrived since."""
+
+    def __init__(self, handle: GenerationHandle, prompt_tokens: int) -> None:
+        self._handle = handle
+        self.prompt_tokens = prompt_tokens
+        self._first_at: float | None = None
+        self._emitted = 0
+
+    def received(self, tokens: int) -> None:
+        if tokens and self._first_at is None:
+            self._first_at = time.monotonic()
+        self._emitted += tokens
+
+    @property
+    def cached(self) -> int | None:
+        """The prompt tokens the prefix cache served (None before admission). The engine
+        writes them once, at admission, before it delivers the first tokens."""
+        gen = self._handle.generation
+        return None if gen is None else gen.stats.reused_prompt_tokens
+
+    def prompt_ms(self) -> float:
+        """From the request's submission to its first tokens (queue wait included)."""
+        first = self._first_at if self._first_at is not None else time.monotonic()
+        return (first - self._handle.submitted) * 1e3
+
+    def timed(self, req: CompletionRequest, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` (a chunk after the first) with the ``timings`` so far, if asked."""
+        cached = self.cached
+        if req.llama.timings_per_token and cached is not None and self._first_at is not None:
+            body["timings"] = live_timings(
+                prompt_n=self.prompt_tokens - cached, cache_n=cached,
+                prompt_ms=self.prompt_ms(), predicted_n=self._emitted,
+                predicted_ms=(time.monotonic() - self._first_at) * 1e3)
+        return body
+
+    def progress(self) -> list[dict[str, float | int]]:
+        """The prompt's progress: before its prefill (the cached tokens only) and after
+        it. meshd's prefill is one engine call that ends with the first token, so both
+        are known, and sent, together."""
+        cached = self.cached
+        if cached is None:
+            return []
+        total = self.prompt_tokens
+        return [prompt_progress(total=total, cache=cached, processed=cached, time_ms=0.0),
+                prompt_progress(total=total, cache=cached, processed=total,
+                                time_ms=self.prompt_ms())]
+
+
+def _opening(req: CompletionRequest, model: str, fp: str, clock: _StreamClock) -> bytes:
+    """The stream's first chunks: chat's role chunk (``content`` null, no ``timings``),
+    and with ``return_progress`` the prompt's progress (on the role chunk, then on a
+    chunk of its own; a completion's on empty-text chunks)."""
+    reports: list[dict[str, Any] | None] = list(clock.progress()) if req.llama.return_progress \
+        else []
+    if req.chat and not reports:
+        reports = [None]
+    data = b""
+    for i, report in enumerate(reports):
+        body = chunk(req, model, fp, role=req.chat and i == 0)
+        if report is not None:
+            body["prompt_progress"] = report
+        data += sse.event(body)
+    return data
+
+
+def _release_held(req: CompletionRequest, held: list[str], final: Finished | GenerationFailed
+                  ) -> str:
+    """At the end of a tools request: the content to stream (the text less whole calls)."""
+    text = "".join(held)
+    if not isinstance(final, Finished):
+        return text
+    content, _calls = tool_answer(req, text, final.finish.value)
+    return content or ""
+
+
+def _logprobs(routes: RouteContext, req: CompletionRequest, lps: list[TokenLogprob],
+              offset: int = 0) -> dict[str, Any] | None:
+    """The choice's ``logprobs`` for these tokens (None when the request did not ask);
+    an end-of-generation token, whose text the answer does not show, is left out too."""
+    if req.logprobs is None:
+        return None
+    runtime = routes.service.models.get(req.model).runtime
+    assert runtime is not None  # (held by the request)
+    model = runtime.model
+    eog = model.info.eog_tokens
+    return logprobs_block([lp for lp in lps if lp.token not in eog],
+                          lambda t: model.tokenizer.piece(t, special=True), chat=req.chat,
+                          offset=offset)
+
+
+def _closing(req: CompletionRequest, model: str, fp: str, finish: str,
+             stats: GenerationStats, proposer: str | None, prompt_tokens: int,
+             seed: int | None) -> bytes:
+    last = chunk(req, model, fp, finish=finish)
+    last["timings"] = timings(stats)
+    last["meshd"] = meshd_block(stats, proposer, seed)
+    return sse.event(last) + _usage_chunk(req, model, fp, usage(prompt_tokens, stats,
+                                                                 req.predicted),
+                                          last["timings"]) + sse.DONE
+
+
+def _usage_chunk(req: CompletionRequest, model: str, fp: str, counts: dict[str, Any],
+                 final_timings: dict[str, Any] | None = None) -> bytes:
+    """The stream's usage chunk (no choices), when the request asked for it; the last
+    chunk, it carries the ``timings`` too (as llama-server's last chunk does)."""
+    if not req.include_usage:
+        return b""
+    body = {"id": req.generate.id, "object": object_name(req, stream=True),
+            "created": req.created, "model": model, "system_fingerprint": fp,
+            "choices": [], "usage": counts}
+    if final_timings is not None:
+        body["timings"] = final_timings
+    return sse.event(body)
+
+
+def _finish_reason(final: Finished, entry: InFlightGeneration) -> str:
+    """As the native ``done`` says it: a cancellation by the daemon's shutdown is
+    ``shutdown``."""
+    if final.finish is FinishReason.CANCELLED and entry.shutdown:
+        return "shutdown"
+    return final.finish.value
+
+
+def _log_finished(routes: RouteContext, req: CompletionRequest, final: Finished, finish: str,
+                  prompt_tokens: int) -> None:
+    st = final.stats
+    routes.log.info(
+        "request_finished", id=req.generate.id, finish_reason=finish,
+        prompt_tokens=prompt_tokens, completion_tokens=st.emitted,
+        proposer=final.proposer or "off", drafted=st.drafted, accepted=st.accepted,
+        target_forwards=st.decode_forwards,
+        prefill_forwards=st.session.prefill_forwards, wall_ms=round(st.wall_ms, 2),
+    )
+
+
+# --------------------------------------------------------------------- n > 1 choices
+
+
+@attrs.define
+class _Choice:
+    """One choice's generation while it runs, and what it came to."""
+
+    index: int
+    seed: int | None
+    handle: GenerationHandle
+    parts: list[str] = attrs.field(factory=list)
+    logprobs: list[TokenLogprob] = attrs.field(factory=list)
+    final: Finished | None = None
+
+
+async def _choices(routes: RouteContext, req: CompletionRequest, gen: GenerationRequest,
+                   first: GenerationHandle, out: Responder, entry: InFlightGeneration) -> None:
+    """``n`` > 1: the same request ``n`` times, decoded together (the scheduler batches
+    them; a prompt already prefilled comes from the prefix cache), choice ``i`` sampled
+    with the request's seed plus ``i`` (greedy choices are equal)."""
+    service = routes.service
+    seed = None if gen.sampling.greedy else gen.sampling.seed
+    choices = [_Choice(0, seed, first)]
+    extras: list[InFlightGeneration] = []
+    try:
+        await _run_choices(routes, req, gen, choices, extras, out, entry)
+    finally:
+        for extra in extras:
+            service.unregister(extra)
+
+
+async def _run_choices(routes: RouteContext, req: CompletionRequest, gen: GenerationRequest,
+                       choices: list[_Choice], extras: list[InFlightGeneration],
+                       out: Responder, entry: InFlightGeneration) -> None:
+    """Submit choices 1..n-1 (each tracked in ``extras``) and answer all of them."""
+    service = routes.service
+    seed = choices[0].seed
+    for i in range(1, req.n):
+        sampling = gen.sampling if seed is None else attrs.evolve(
+            gen.sampling, seed=(seed + i) % (1 << 64))
+        try:
+            handle = service.submit(attrs.evolve(gen, sampling=sampling), entry,
+                                    req.generate.id)
+        except ProtocolError as exc:  # (the queue is full): none of the choices runs
+            for running in (entry, *extras):
+                running.cancel()
+            raise ApiError.from_protocol(exc) from None
+        extra = InFlightGeneration(req.generate.id)
+        service.register(extra)
+        extras.append(extra)
+        extra.attach(handle)
+        out.on_gone(extra.cancel)
+        choices.append(_Choice(i, sampling.seed if seed is not None else None, handle))
+    send, receive = anyio.create_memory_object_stream[tuple[_Choice, object]](1024)
+
+    async def pump(choice: _Choice, sender: Any) -> None:
+        async with sender, choice.handle.events:
+            async for event in choice.handle.events:
+                await sender.send((choice, event))
+
+    async with anyio.create_task_group() as tg:
+        with send:
+            for choice in choices:
+                tg.start_soon(pump, choice, send.clone())
+        async with receive:
+            await _answer_choices(routes, req, choices, receive, out, len(gen.prompt))
+
+
+async def _answer_choices(routes: RouteContext, req: CompletionRequest,
+                          choices: list[_Choice], receive: Any, out: Responder,
+                          prompt_tokens: int) -> None:
+    """Collect (or stream, chunk by chunk with each choice's ``index``) the choices."""
+    model, fp = _name(req), system_fingerprint(routes.service, req.model)
+    live = await out.start(200, _SSE, [("Cache-Control", "no-cache")]) if req.stream else True
+    async for choice, event in receive:
+        data = b""
+        if isinstance(event, TokenEvent):
+            choice.parts.append(event.text)
+            choice.logprobs.extend(event.logprobs)
+            if req.stream and (event.text or event.logprobs):
+                data = sse.event(_indexed(chunk(req, model, fp, text=event.text, logprobs=(
+                    _logprobs(routes, req, list(event.logprobs)))), choice.index))
+        elif isinstance(event, GenerationFailed):
+            if not req.stream:
+                for other in choices:
+                    other.handle.cancel()
+                raise _failure(event)
+            data = sse.event(error_body(_failure(event)))
+        elif isinstance(event, Finished):
+            choice.final = event
+            _log_finished(routes, req, event, event.finish.value, prompt_tokens)
+            if req.stream:
+                last = _indexed(chunk(req, model, fp, finish=event.finish.value), choice.index)
+                last["meshd"] = meshd_block(event.stats, event.proposer, choice.seed)
+                data = sse.event(last)
+        if data and live:
+            live = await out.write(data)
+    done = [c for c in choices if c.final is not None]
+    total = _usage_of(prompt_tokens, done)
+    if req.stream:
+        if live and await out.write(_usage_chunk(req, model, fp, total) + sse.DONE):
+            await out.end()
+        return
+    if not done:  # every choice ended without a result (the client left): nothing to send
+        return
+    first = done[0]
+    assert first.final is not None
+    body = completion_response(req, model, fp, "".join(first.parts), first.final.finish.value,
+                               first.final.stats, first.final.proposer, prompt_tokens,
+                               first.seed)
+    body["choices"] = [_indexed(completion_response(
+        req, model, fp, "".join(c.parts), c.final.finish.value, c.final.stats,
+        c.final.proposer, prompt_tokens, c.seed, _logprobs(routes, req, c.logprobs),
+    ), c.index)["choices"][0] for c in done if c.final is not None]
+    body["usage"] = total
+    body["meshd"]["seeds"] = [c.seed for c in done]
+    await out.send(200, json_bytes(body), JSON)
+
+
+def _name(req: CompletionRequest) -> str:
+    """The name of the model serving ``req`` (set once ``prepare`` chose it)."""
+    assert req.model is not None
+    return req.model
+
+
+def _indexed(body: dict[str, Any], index: int) -> dict[str, Any]:
+    """``body`` (an answer or chunk of one choice) as choice ``index``'s."""
+    body["choices"][0]["index"] = index
+    return body
+
+
+def _usage_of(prompt_tokens: int, done: list[_Choice]) -> dict[str, Any]:
+    """The prompt once, every choice's completion tokens (as OpenAI counts ``n``)."""
+    emitted = sum(c.final.stats.emitted for c in done if c.final is not None)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": emitted,
+            "total_tokens": prompt_tokens + emitted}
+
+
+# What llama-server's native endpoint (:mod:`.llama_completion`) shares with these answers.
+generation_failure = _failure
+finish_reason_of = _finish_reason
+log_finished = _log_finished

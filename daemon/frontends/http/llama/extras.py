@@ -1,0 +1,163 @@
+"""llama-server's extra endpoints: ``/tokenize``, ``/detokenize``, ``/apply-template``
+and ``GET /props``, in its shapes.
+
+Why: tools written for llama-server (token counters, prompt builders, web UIs) call
+these beside the OpenAI API. Tokenizing and rendering run on a worker thread, as the
+native ``tokenize`` op does (the vocabulary is read-only and needs no context lock; a
+multi-megabyte text must not stall the event loop), and every reply is bounded by the
+same limit as the native reply: no more token ids than a frame could carry, no text
+larger than a frame.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import anyio.to_thread
+
+from meshd.daemon.engine.request_errors import RequestError
+from meshd.daemon.frontends.http.identity import build_info
+from meshd.daemon.frontends.http.openai.api import json_object, parse_messages
+from meshd.daemon.frontends.http.responder import Responder
+from meshd.daemon.models.runtime import ModelRuntime
+from meshd.daemon.prompts.tool_calls import ToolError, offer_tools, parse_tools, template_messages
+from meshd.daemon.requests.api_errors import JSON, ApiError, json_bytes
+from meshd.daemon.requests.service import Service
+from meshd.daemon.requests.template_tools import offers_itself, template_tools
+from meshd.native.tokenizer import TooManyTokens
+
+__all__ = ["apply_template", "detokenize", "props", "tokenize"]
+
+
+def _flag(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key}: must be true or false", param=key)
+    return value
+
+
+def _piece(data: bytes) -> str | list[int]:
+    """A token's text, or its bytes when they are not whole UTF-8 (as llama-server)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+async def tokenize(service: Service, raw: bytes, out: Responder) -> None:
+    """``{"content", "add_special"?, "parse_special"?, "with_pieces"?}`` -> ``{"tokens"}``
+    (llama-server's defaults: no BOS, special tokens parsed)."""
+    body = json_object(raw)
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise ApiError(400, "content: must be a string", param="content")
+    add_special = _flag(body, "add_special", False)
+    parse_special = _flag(body, "parse_special", True)
+    with_pieces = _flag(body, "with_pieces", False)
+    most = service.config.max_frame_size // 2
+
+    def run() -> list[Any]:
+        ids = tok.tokenize(content, add_special=add_special, parse_special=parse_special,
+                           max_tokens=most)
+        if not with_pieces:
+            return list(ids)
+        return [{"id": t, "piece": _piece(tok.piece(t, special=True))} for t in ids]
+
+    try:
+        async with service.holding(None, None) as rt:
+            tok = rt.model.tokenizer
+            tokens = await anyio.to_thread.run_sync(run)
+    except TooManyTokens as exc:
+        raise ApiError(413, f"content: the text is {exc.n_tokens} tokens; at most {most} "
+                            "are answered", param="content", code="too_large") from None
+    await out.send(200, json_bytes({"tokens": tokens}), JSON)
+
+
+async def detokenize(service: Service, raw: bytes, out: Responder) -> None:
+    """``{"tokens": [...]}`` -> ``{"content"}``, special tokens written out (as
+    llama-server does)."""
+    tokens = json_object(raw).get("tokens")
+    if not isinstance(tokens, list):
+        raise ApiError(400, "tokens: must be an array of token ids", param="tokens")
+    async with service.holding(None, None) as rt:
+        await _detokenize(rt, service.config.max_frame_size, tokens, out)
+
+
+async def _detokenize(rt: ModelRuntime, limit: int, tokens: list[Any], out: Responder
+                      ) -> None:
+    n_vocab = rt.model.info.n_vocab
+    for i, t in enumerate(tokens):
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < n_vocab:
+            raise ApiError(400, f"tokens[{i}]: must be a token id from 0 to {n_vocab - 1} "
+                                f"(got {t!r})", param=f"tokens[{i}]")
+    tok = rt.model.tokenizer
+
+    def run() -> str:
+        # The pieces' sizes first: a reply larger than a frame is never built.
+        size = sum(len(tok.piece(t, special=True)) for t in tokens)
+        if size > limit:
+            raise ApiError(413, f"tokens: the text is {size} bytes, above the limit of "
+                                f"{limit}", param="tokens", code="too_large")
+        return tok.detokenize(tokens, special=True)
+
+    text = await anyio.to_thread.run_sync(run)
+    await out.send(200, json_bytes({"content": text}), JSON)
+
+
+async def apply_template(service: Service, raw: bytes, out: Responder) -> None:
+    """``{"messages": [...], "tools": [...]}`` -> ``{"prompt"}``: the text
+    ``/v1/chat/completions`` would generate from, rendered by the model's chat template
+    (with the tools offered as a chat request offers them)."""
+    body = json_object(raw)
+    messages = [{"role": m.role, "content": m.content}
+                for m in parse_messages(body.get("messages"))]
+    try:
+        tools = parse_tools(body)
+    except ToolError as exc:
+        raise ApiError(400, exc.message, param=exc.param) from None
+    generation_prompt = _flag(body, "add_generation_prompt", True)
+    try:
+        async with service.holding(None, None) as rt:
+            if rt.model.chat_template is None:
+                raise ApiError(400, "this model has no chat template", param="messages")
+            offered: dict[str, Any] = {}
+            if tools is not None and offers_itself(rt, tools):  # as a chat request does
+                messages = template_messages(body["messages"])
+                offered["tools"] = template_tools(tools)
+            elif tools is not None:
+                messages = offer_tools(messages, tools)
+            prompt = await anyio.to_thread.run_sync(functools.partial(
+                rt.render_chat, messages, add_generation_prompt=generation_prompt,
+                **offered))
+    except RequestError as exc:
+        raise ApiError(400, f"messages: {exc}", param="messages") from None
+    await out.send(200, json_bytes({"prompt": prompt}), JSON)
+
+
+async def props(service: Service, _raw: bytes, out: Responder) -> None:
+    """The part of llama-server's ``GET /props`` that holds for meshd: the context per
+    slot, the default ``max_tokens`` and seed, the slots, the model file and its
+    template."""
+    async with service.holding(None, None) as rt:
+        await _props(service, rt, out)
+
+
+async def _props(service: Service, rt: ModelRuntime, out: Responder) -> None:
+    config = rt.context.config
+    await out.send(200, json_bytes({
+        "default_generation_settings": {
+            "n_ctx": config.n_ctx_seq,
+            "params": {"n_predict": service.config.max_tokens_default,
+                       "max_tokens": service.config.max_tokens_default,
+                       # --seed, else -1 (llama-server's: a random seed per request)
+                       "seed": -1 if service.config.seed is None else service.config.seed},
+        },
+        "total_slots": config.n_seq_max,
+        "model_path": rt.model.info.path,
+        "chat_template": rt.model.chat_template or "",
+        "modalities": {"vision": False, "audio": False},
+        "build_info": build_info(),
+        "is_sleeping": False,
+    }), JSON)

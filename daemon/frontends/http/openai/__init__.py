@@ -1,0 +1,1 @@
+"""OpenAI's API: chat, completions' wire shapes and the Responses API."""

@@ -1,0 +1,1 @@
+"""meshd's own NDJSON protocol over the socket."""

@@ -1,0 +1,3 @@
+"""Messages, tools and constraints into text the model reads: chat templates and the tool-call
+syntaxes.
+"""

@@ -1,0 +1,3 @@
+"""The request lifecycle both front ends call: prepare (every check once), submit, the replies
+that are not generations.
+"""

@@ -1,0 +1,3 @@
+"""The operating system and systemd: listeners, socket activation, notify, peer credentials,
+hang-ups, logs.
+"""

@@ -138,15 +138,24 @@ def document_text(n_tokens: int, count: Callable[[str], int]) -> tuple[str, int]
     while total < n_tokens:
         corpus = f"{corpus}\n\n{base}"
         total = count(corpus)
-    chars = max(1, len(corpus) * n_tokens // total)
+    # Interpolation within a bracket that only narrows: the tokens per character vary
+    # (a table of figures tokenizes far denser than prose), so a step from the origin
+    # can swing between two sides of the goal.
+    lo, lo_got, hi, hi_got = 0, 0, len(corpus), total
     text, got = corpus, total
-    for _ in range(8):
-        cut = corpus.rfind(" ", 0, chars + 1)
-        text = corpus[:cut if cut > 0 else chars].rstrip()
+    for _ in range(24):
+        chars = lo + max(1, (hi - lo) * (n_tokens - lo_got) // max(hi_got - lo_got, 1))
+        cut = corpus.rfind(" ", 0, min(chars, hi - 1) + 1)
+        text = corpus[:cut if cut > lo else chars].rstrip()
         got = count(text)
         if abs(got - n_tokens) <= max(4, n_tokens // 100):
             break
-        chars = max(1, chars * n_tokens // max(got, 1))
+        if got < n_tokens:
+            lo, lo_got = max(lo + 1, len(text)), got
+        else:
+            hi, hi_got = min(hi - 1, len(text)), got
+        if hi <= lo:
+            break
     return text, got
 
 

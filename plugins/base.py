@@ -31,6 +31,10 @@ class Capabilities:
     #: The proposer chooses its own draft length from the cost curve (e.g. composite):
     #: the engine then asks for up to ``draft_max`` and does not gate it a second time.
     decides_length: bool = False
+    #: The proposer's drafts carry their own per-position acceptance estimates
+    #: (``Proposal.acceptances``) and asking costs no model work: a composite asks it
+    #: every step and prices its draft by them rather than by a flat tracker.
+    estimates: bool = False
 
 
 @attrs.frozen
@@ -57,6 +61,12 @@ class Proposal:
     """
 
     tokens: tuple[int, ...]
+    #: Which source drafted them, for the per-source counts (None: the proposer itself;
+    #: a composite names the child it chose).
+    source: str | None = attrs.field(default=None, eq=False)
+    #: Estimated conditional acceptance of each position (empty: none given); like the
+    #: source, not part of what makes two proposals equal (the same draft).
+    acceptances: tuple[float, ...] = attrs.field(default=(), eq=False)
 
 
 @attrs.frozen

@@ -6,7 +6,10 @@ worth less than a short good one, or than none. Each step, for every child's dra
 every prefix length ``k``, this computes the expected speedup ``r(child, k)`` of
 :mod:`meshd.policy.costs` from that child's own acceptance tracker, drafting cost and the
 machine's cost curve, and proposes the best ``(child, k)``, or nothing when no ``r``
-beats ``margin``. So it is also the adaptive draft-length policy. A child that cannot
+beats ``margin``. So it is also the adaptive draft-length policy. A child whose drafts
+carry their own per-position estimates (``Capabilities.estimates``: prompt lookup and
+history lookup, by match length) is asked every step and priced by them instead of its
+tracker: a flat rate cannot tell a 3-token match from a copied paragraph. A child that cannot
 beat the current best even at its longest draft is not asked (saving e.g. an MTP head
 forward); after ``probe_every`` idle steps one child is probed
 (:class:`meshd.policy.acceptance.Explorer`). ``observe`` feeds the used child's tracker,
@@ -34,7 +37,7 @@ from .base import (
 from .registry import default_registry, float_option, int_option
 from .resources import Need, requires
 
-DEFAULT_CHILDREN = ("mtp", "ngram")
+DEFAULT_CHILDREN = ("mtp", "ngram", "history")
 
 
 @attrs.frozen
@@ -103,6 +106,9 @@ class CompositeProposer:
             return None
         curves = [self._ratios(i, limits[i]) for i in range(len(self.children))]
         bounds = [max(rs[1:], default=0.0) for rs in curves]
+        for i, child in enumerate(self.children):
+            if child.capabilities.estimates and limits[i] > 0:
+                bounds[i] = float("inf")  # priced by its own estimates once asked
         asked: dict[int, Proposal | None] = {}
 
         def ask(i: int) -> Proposal | None:
@@ -120,6 +126,9 @@ class CompositeProposer:
             if prop is None:
                 continue
             rs = curves[i]
+            if prop.acceptances:
+                rs = ratios(self.curve, prop.acceptances, limits[i],
+                            draft_cost=self.draft_costs[i])
             top = min(len(prop.tokens), limits[i])
             k = max(range(1, top + 1), key=lambda k: (rs[k], -k))
             if rs[k] > self.margin and (best is None or rs[k] > best[0]):
@@ -147,7 +156,7 @@ class CompositeProposer:
         child = self.children[i]
         self.last_choice = Choice(i, child.name, k, ratio, probe)
         self.used[child.name] += 1
-        return Proposal(prop.tokens[:k])
+        return Proposal(prop.tokens[:k], source=child.name)
 
     def observe(self, outcome: Outcome) -> None:
         choice = self.last_choice
@@ -196,17 +205,19 @@ def _per_child(options: Mapping[str, object], key: str) -> Mapping[str, object]:
     return value
 
 
-@requires(Need.COST_CURVE, Need.REGISTRY, Need.MATCH_STATS)
+@requires(Need.COST_CURVE, Need.REGISTRY, Need.MATCH_STATS, Need.HISTORY)
 def composite_factory(env: ProposerEnv) -> CompositeProposer:
     """Entry point ``composite``.
 
-    Options: ``proposers`` (child names, default ``["mtp", "ngram"]``; children that
-    are unavailable for this request, e.g. ``mtp`` without a head, are skipped), one
+    Options: ``proposers`` (child names, default ``["mtp", "ngram", "history"]``;
+    children that are unavailable for this request, e.g. ``mtp`` without a head or
+    ``history`` for a request whose owner is unknown, are skipped), one
     mapping per child name with that child's own options, ``priors`` / ``draft_costs``
     (mappings child name -> number), ``prior_weight``, ``decay``, ``margin``,
     ``probe_every``, ``probe_max_every``, ``cost_curve``. Declared resources: the cost
     curve (preferred over the option), the registry (default: the entry-point one) and
-    the pooled match statistics, which its children share; children get no live curve
+    the pooled match statistics and the owner's history, which its children share;
+    children get no live curve
     (the composite chooses the lengths). Without a curve (``--fixed-k``: no calibration)
     it drafts by :func:`fixed_k_curve`, as every proposer does there.
     """
@@ -228,11 +239,20 @@ def composite_factory(env: ProposerEnv) -> CompositeProposer:
     draft_costs: list[float] = []
     skipped: list[str] = []
     for name in names:
+        if "proposers" not in opts and name not in registry.names():
+            skipped.append(f"{name}: not installed")  # a default child: go on without it
+            continue
         child_opts = opts.get(name, {})
         if not isinstance(child_opts, Mapping):
             raise ValueError(f"option {name!r} must be a mapping of that proposer's options")
+        child_env = attrs.evolve(env, options=child_opts)
+        built_in = getattr(registry, "built_in", None)
+        if env.resources.history is not None and not (callable(built_in) and built_in(name)):
+            # The history holds every owner's answers: meshd's own proposers only.
+            child_env = attrs.evolve(child_env, resources=attrs.evolve(env.resources,
+                                                                       history=None))
         try:
-            children.append(registry.create(name, attrs.evolve(env, options=child_opts)))
+            children.append(registry.create(name, child_env))
         except ProposerUnavailable as exc:
             skipped.append(f"{name}: {exc}")
             continue

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import attrs
+
 from meshd.policy.acceptance import Explorer, probe_interval_floor
 from meshd.policy.costs import DEFAULT_MARGIN, CostCurve, expected_committed, ratios
 
@@ -85,7 +87,10 @@ class NgramProposer:
         self.eog_tokens = eog_tokens
         self.curve = curve
         self.margin = margin
-        self.capabilities = Capabilities(max_len=max_len, decides_length=curve is not None)
+        # Without a live curve (a composite's child) its drafts carry the acceptance
+        # estimated at their match length, which the composite prices them by.
+        self.capabilities = Capabilities(max_len=max_len, decides_length=curve is not None,
+                                         estimates=curve is None)
         self.index = SuffixIndex()
         self.stats = MatchStats(shared)
         #: How far this request's drafts lived up to the estimates (see Calibration).
@@ -162,7 +167,13 @@ class NgramProposer:
             n, e = candidates[0]
             if self.per_match:
                 limit = min(limit, self.per_match * n)
-            return self._proposal(n, self._draft(e, limit))
+            draft = self._draft(e, limit)
+            proposal = self._proposal(n, draft)
+            if proposal is None:
+                return None
+            raw = self.stats.acceptances(n, len(draft))
+            acc = (raw[0] * self.calibration.factor(n), *raw[1:])
+            return attrs.evolve(proposal, acceptances=acc)
         proposal = self._costed(curve, candidates[:CANDIDATES], limit)
         if proposal is not None:
             self._shadow = None  # the real draft's outcome is measured instead
@@ -285,7 +296,8 @@ def ngram_factory(env: ProposerEnv) -> NgramProposer:
     ``shadow`` (default true: steps that draft nothing score their shadow draft),
     ``adaptive`` (default true: choose the draft length from the cost curve when the
     daemon hands one over). Declared resources: the live cost curve (without it, e.g.
-    inside a composite that chooses lengths itself, drafts follow the fixed rule) and
+    inside a composite that chooses lengths itself, drafts follow the fixed rule and
+    carry the acceptance estimated at their match length, which the composite prices) and
     the match statistics pooled across requests."""
     opts = env.options
     curve: CurveSource | None = None

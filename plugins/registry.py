@@ -132,6 +132,13 @@ class Registry:
             ))
         return out
 
+    def built_in(self, name: str) -> bool:
+        """Whether ``name`` is one of meshd's own proposers (an entry point of this
+        distribution, or registered without ``third_party``): only those are handed the
+        model's history (:class:`~meshd.plugins.resources.Need` ``HISTORY``), which holds
+        every owner's answers."""
+        return name in self._factories and name not in self._third_party
+
     def isolatable(self, name: str) -> bool:
         """Whether ``name`` is a third-party proposer that touches no llama.cpp object
         (declares neither a draft model nor the registry), so its calls may run off the

@@ -47,6 +47,9 @@ class Need(enum.Enum):
     LIVE_COST_CURVE = "cost_curve_now"
     #: Acceptance by match length pooled across requests (:class:`SharedMatchStats`).
     MATCH_STATS = "match_stats"
+    #: The model's earlier answers as the request's owner may see them
+    #: (:class:`~meshd.plugins.history.HistoryView`; None: history off, owner unknown).
+    HISTORY = "history"
 
 
 class DraftSequenceLike(Protocol):
@@ -95,6 +98,9 @@ class Resources:
     registry: ProposerSource | None = None
     cost_curve_now: Callable[[], CostCurve | None] | None = None
     match_stats: SharedMatchStats | None = None
+    #: A :class:`~meshd.plugins.history.HistoryView` (typed loosely: that module
+    #: builds on this one).
+    history: object | None = None
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -321,8 +321,11 @@ class MeshdRunner:
 
     def run(self, prompt: Sequence[int], max_tokens: int) -> RunResult:
         t0 = time.perf_counter()
+        # No owner: the arms repeat one prompt, and drafting one arm's answer from
+        # another's (history lookup) would measure the repetition, not the arm.
         gen = self.rt.generation(prompt, max_tokens=max_tokens, proposer=self.proposer,
-                                 adaptive=self.adaptive, proposer_options=self.options)
+                                 adaptive=self.adaptive, proposer_options=self.options,
+                                 owner=None)
         first: float | None = None
         for ev in self.rt.run(gen):
             if first is None and ev.tokens:

@@ -164,6 +164,14 @@ def _warm_up(server: ServerProcess, mut: ModelUnderTest, workload: Workload,
            f"{server.log_tail()}"
 
 
+def _warm_family(server: ServerProcess, mut: ModelUnderTest, workload: Workload,
+                 cfg: E2eConfig) -> None:
+    """A family's warm-up requests, one at a time (not measured)."""
+    for tag in workload.warm_up_tags():
+        run_clients(server.port, mut.path, [request_body(mut, workload, tag, cfg.tokens)],
+                    tags=[tag], timeout=cfg.timeout_s)
+
+
 # --------------------------------------------------------------------------- runs
 
 
@@ -280,8 +288,10 @@ def _not_applicable(arm: E2eArm, mut: ModelUnderTest, workload: Workload, client
         return "one request in-process: 1 client only"
     if arm.kind == "generate" and (workload.constrained or workload.prediction is not None):
         return "meshd generate takes no response_format or prediction"
-    if arm.copies_only and not (workload.copies or workload.constrained):
+    if arm.copies_only and not (workload.copies or workload.constrained or workload.variants):
         return "runs only on workloads that copy their prompt or constrain the answer"
+    if arm.families_only and not workload.variants:
+        return "runs only on families of requests (workloads with variants)"
     if arm.kind == "generate" and generate_prompt(mut, workload, "") is None:
         return "meshd generate sends one user turn; this workload has " \
                f"{len(workload.messages)} messages"
@@ -303,6 +313,10 @@ def _run_workload(workload: Workload, arms: Sequence[E2eArm],
         else:
             not_run[arm.name] = why
     runs: dict[str, list[Run]] = {a.name: [] for a in active}
+    for arm in active:  # a family's warm-up: what the servers may learn from
+        if arm.kind != "generate" and workload.warm_up and arm.name not in unavailable:
+            _warm_family(servers[arm.name], mut, workload, cfg)
+            check_alive(arm.name, servers, unavailable)
     for rep in range(cfg.reps):
         for arm in active:
             if arm.name in unavailable:
@@ -407,8 +421,11 @@ def _start_servers(stack: contextlib.ExitStack, arms: Sequence[E2eArm],
     for arm in arms:
         if arm.kind == "generate" or arm.name in unavailable:
             continue
-        if arm.copies_only and not any(w.copies or w.constrained for w in workloads):
+        if arm.copies_only and not any(w.copies or w.constrained or w.variants
+                                       for w in workloads):
             continue  # each workload's table says why it did not run
+        if arm.families_only and not any(w.variants for w in workloads):
+            continue
         if arm.kind == "llama-server" and binary is None:
             unavailable[arm.name] = binary_why or "no llama-server binary"
             continue

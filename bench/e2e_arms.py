@@ -38,22 +38,35 @@ class E2eArm:
     #: ``meshd`` (meshd serve), ``llama-server``, or ``generate`` (meshd generate).
     kind: str
     flags: tuple[str, ...] = ()
-    #: Runs only on workloads whose answer copies the prompt (``"copies": true``).
+    #: Runs only on workloads whose answer copies the prompt (``"copies": true``), or
+    #: repeats earlier answers (a family: ``"variants"``).
     copies_only: bool = False
+    #: Runs only on families of requests (``"variants"``): the history arms and the
+    #: peer's modes whose tables outlive a request.
+    families_only: bool = False
 
 
 MESHD_ARMS: Final = (
     E2eArm(MAIN_ARM, "meshd"),
     E2eArm("meshd-off", "meshd", ("--proposer", "off")),
     E2eArm(GENERATE_ARM, "generate"),
+    # History lookup (a composite's third source) and the same composite without it:
+    # the control says whether keeping answers ever costs.
+    E2eArm("meshd-history", "meshd", ("--proposer", "composite"), families_only=True),
+    E2eArm("meshd-history-off", "meshd", ("--proposer", "composite",
+                                          "--speculation-history-tokens", "0"),
+           families_only=True),
 )
 
 
 def llama_server_arms(has_mtp: bool) -> list[E2eArm]:
-    """Plain, ngram-simple (copying workloads) and, on an MTP model, draft-mtp-1..4."""
+    """Plain, ngram-simple (copying workloads and families), ngram-mod and ngram-map-k
+    (families: their tables outlive a request) and, on an MTP model, draft-mtp-1..4."""
     arms = [E2eArm(ARM_PREFIX, "llama-server"),
             E2eArm(f"{ARM_PREFIX}-ngram-simple", "llama-server",
                    tuple(spec_flags("ngram-simple")), copies_only=True)]
+    arms += [E2eArm(f"{ARM_PREFIX}-{m}", "llama-server", tuple(spec_flags(m)),
+                    families_only=True) for m in ("ngram-mod", "ngram-map-k")]
     if has_mtp:
         arms += [E2eArm(f"{ARM_PREFIX}-{m}", "llama-server", tuple(spec_flags(m)))
                  for m in DRAFT_MTP_MODES]
@@ -136,6 +149,7 @@ def request_body(mut: ModelUnderTest, workload: Workload, tag: str, tokens: int,
                  ) -> dict[str, Any]:
     """The streamed, greedy OpenAI request a client sends (chat or plain completion),
     with the workload's output constraint, the same for every server."""
+    workload = workload.for_tag(tag)
     body: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True},
                             "temperature": 0, "max_tokens": tokens}
     if mut.chat:
@@ -166,6 +180,7 @@ def constraint_fields(mut: ModelUnderTest, workload: Workload) -> dict[str, Any]
 def generate_prompt(mut: ModelUnderTest, workload: Workload, tag: str) -> str | None:
     """The ``meshd generate --prompt`` text for the same request (``None``: a chat
     workload that is not one user turn, which ``generate`` cannot send)."""
+    workload = workload.for_tag(tag)
     if not mut.chat:
         return f"{tag} {workload.plain_text}"
     if len(workload.messages) != 1 or workload.messages[0][0] != "user":

@@ -9,6 +9,13 @@ good answer copies the prompt), so users can benchmark their own prompts with
      "response_format": {"type": "json_schema", "json_schema": {"name": "...",
                                                                 "schema": {...}}}}
 
+A *family* of requests (``meshd bench-e2e`` only) adds ``"variants": ["...", ...]``:
+each request puts one of them where a message says ``{variant}`` (chosen by its tag, so
+every arm of a repetition gets the same one), and ``"warm_up": N`` requests of other
+variants go to every server first: agent loops, SQL over one schema, one edit over many
+files, where answers repeat one another more than their prompts (meshd's history lookup,
+llama-server's ``ngram-mod``), and a varied control (``story-control``) where they do not.
+
 ``response_format`` is optional and goes into the OpenAI requests of ``meshd bench-e2e``
 as OpenAI defines it (``text``, ``json_object`` or ``json_schema``), so every server is
 held to the same constraint. The in-process benchmarks (``meshd bench``, the replay)
@@ -19,6 +26,7 @@ their default set; named, they run their prompt unconstrained.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -52,6 +60,30 @@ class Workload:
     response_format: Mapping[str, Any] | None = attrs.field(default=None, hash=False)
     #: OpenAI's predicted output (``prediction.content``): the text the client expects.
     prediction: str | None = None
+    #: A family's texts for ``{variant}`` (empty: one request shape, sent as it is).
+    variants: tuple[str, ...] = ()
+    #: Requests of the family each server gets before the measured ones.
+    warm_up: int = 0
+
+    def for_tag(self, tag: str) -> Workload:
+        """This workload as the request tagged ``tag`` sends it: a family's variant put
+        in place of ``{variant}`` (the same for every arm, another for another tag)."""
+        if not self.variants:
+            return self
+        # The warm-up takes the first variants, in order; measured requests the others
+        # (so none repeats a warm-up question word for word), by a hash of the tag.
+        warm = self.warm_up_tags()
+        if tag in warm:
+            variant = self.variants[warm.index(tag) % len(self.variants)]
+        else:
+            rest = self.variants[self.warm_up:] or self.variants
+            variant = rest[zlib.crc32(tag.encode()) % len(rest)]
+        return attrs.evolve(self, messages=tuple(
+            (role, content.replace("{variant}", variant)) for role, content in self.messages))
+
+    def warm_up_tags(self) -> list[str]:
+        """The tags of the family's warm-up requests (each its own variant)."""
+        return [f"[warm-up.{i + 1}]" for i in range(self.warm_up)]
 
     @property
     def plain_text(self) -> str:
@@ -89,6 +121,14 @@ def _read_workload(path: Path) -> Workload:
         prediction = raw.get("prediction")
         if prediction is not None and not isinstance(prediction, str):
             raise TypeError("'prediction' must be the expected text (a string)")
+        variants = tuple(raw.get("variants", ()))
+        if not all(isinstance(v, str) for v in variants):
+            raise TypeError("'variants' must be a list of strings")
+        if variants and not any("{variant}" in m[1] for m in messages):
+            raise ValueError("'variants' given, but no message says {variant}")
+        warm_up = raw.get("warm_up", 0)
+        if not isinstance(warm_up, int) or isinstance(warm_up, bool) or not 0 <= warm_up <= 64:
+            raise TypeError("'warm_up' must be a number of requests, 0 to 64")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BenchError(f"workload file {path}: {exc!r}; expected a JSON object with "
                          "'messages': [{'role': ..., 'content': ...}, ...]") from exc
@@ -98,7 +138,8 @@ def _read_workload(path: Path) -> Workload:
         why = _bad_response_format(response_format)
         if why is not None:
             raise BenchError(f"workload file {path}: 'response_format' {why}")
-    return Workload(name, description, messages, copies, response_format, prediction)
+    return Workload(name, description, messages, copies, response_format, prediction,
+                    variants, warm_up)
 
 
 def _bad_response_format(value: object) -> str | None:
@@ -129,8 +170,9 @@ def load_workloads(names: Sequence[str] | None = None) -> list[Workload]:
 
     A name ending in ``.json`` (or containing ``/``) is read as a workload file in the
     shipped format, so users can benchmark their own prompts. With no names, the
-    constrained and predicted ones are left out: the in-process benchmarks that run the
-    default set apply neither a ``response_format`` nor a ``prediction``.
+    constrained, predicted and family ones are left out: the in-process benchmarks that
+    run the default set apply neither a ``response_format`` nor a ``prediction``, and
+    send no family's warm-up.
     """
     found: dict[str, Workload] = {}
     for path in sorted(WORKLOAD_DIR.glob("*.json")):
@@ -139,7 +181,8 @@ def load_workloads(names: Sequence[str] | None = None) -> list[Workload]:
     if not found:
         raise BenchError(f"no workloads found in {WORKLOAD_DIR}")
     if not names:
-        return [w for w in found.values() if not w.constrained and w.prediction is None]
+        return [w for w in found.values()
+                if not w.constrained and w.prediction is None and not w.variants]
     missing = [n for n in names if n not in found and not is_workload_file(n)]
     if missing:
         raise BenchError(f"unknown workload(s) {', '.join(missing)}; available: "

@@ -8,6 +8,7 @@
     meshctl tokenize "some text" [--no-special]    meshctl detokenize 1 2 3
     meshctl load qwen2.5:1b --keep-alive 10m       meshctl unload qwen2.5:1b
     meshctl generate "Once upon a time" --model qwen2.5:1b --keep-alive -1
+    curl --unix-socket "$(meshctl socket)" http://localhost/health
 
 ``generate``/``chat`` stream text to stdout and a stats line to stderr (``--json``: one
 object instead), greedy by default like ``meshd generate``. The socket is found by
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -333,7 +335,8 @@ def _read_prompt(text: str) -> str:
 
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=positive, default=None, metavar="N",
-                   help="most tokens to generate (default: the daemon's --max-tokens)")
+                   help="most tokens to generate (default: until the model stops or the "
+                        "context ends, or the daemon's --max-tokens)")
     p.add_argument("--stop", action="append", default=[], metavar="S",
                    help="stop string (repeatable); not included in the output")
     p.add_argument("--proposer", default=None, metavar="NAME",
@@ -446,6 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("unload", "unload a model (once its running requests end)")
     p.add_argument("name", help="the model's name, as `meshctl models` lists it")
     p.add_argument("--json", action="store_true", help="print the reply as JSON")
+    command("socket", "print the socket path meshctl talks to (for curl --unix-socket "
+                      "and other HTTP clients; exit 5 when no daemon listens there)")
     p = command("cancel", "cancel a running generate by its request id")
     p.add_argument("request_id", help="the id shown by generate/chat (id=...) or given "
                                       "with --id")
@@ -473,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, a usage error: argparse has printed it
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     path = find_socket(args.socket)
+    if args.command == "socket":
+        return _cmd_socket(path, args.timeout)
     try:
         # Read before connecting: a bad option is refused before anything is sent.
         args.constraint = _constraint(args) if hasattr(args, "json_schema") else None
@@ -501,6 +508,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except BrokenPipeError:  # stdout closed (``meshctl generate ... | head``)
         return EXIT_OK
+
+
+def _cmd_socket(path: str, timeout: float) -> int:
+    """Print the path, whether or not a daemon listens there (``$(meshctl socket)``
+    always names the place), and say on stderr when none does."""
+    print(path)
+    if not _listening(path, timeout):
+        return _unavailable(path, "nothing listens on it")
+    return EXIT_OK
+
+
+def _listening(path: str, timeout: float) -> bool:
+    """Whether a server accepts connections on the Unix socket ``path`` (no handshake:
+    the HTTP clients this path is printed for speak none)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(timeout)
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _unavailable(path: str, detail: str) -> int:

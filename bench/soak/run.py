@@ -14,8 +14,9 @@ reference, and at the end nothing may still be held. See :mod:`.report`.
 
 The default model is the synthetic hybrid qwen35 with an MTP head (attention + recurrent
 layers: long drafts checkpoint and restore its state; clear logit margins, so outputs
-must be identical under any batching). It has no chat template, so its chat requests
-must be refused with ``bad_request``; ``--model`` runs on another model.
+must be identical under any batching). Its file has no chat template, so its chat
+requests are rendered with the chatml fallback (a model whose chats are refused with
+``bad_request`` is accepted too); ``--model`` runs on another model.
 """
 
 from __future__ import annotations

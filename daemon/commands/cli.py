@@ -40,8 +40,9 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="prompt text ('-' reads it from stdin)")
     form = p.add_mutually_exclusive_group()
     form.add_argument("--chat", action="store_true",
-                      help="render the prompt with the model's chat template (an error if "
-                           "it has none; default: when it has one)")
+                      help="render the prompt with the model's chat template (one without "
+                           "gets the one llama-server falls back to, chatml for most; default: "
+                           "when its file has one)")
     form.add_argument("--raw", action="store_true",
                       help="send the prompt as raw text, without the chat template")
     p.add_argument("--json", action="store_true",
@@ -197,7 +198,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         check_model_args(args.model, args.proposer)
         with ModelRuntime(config, notes=_note, progress=Progress) as rt:
-            chat = args.chat or (not args.raw and rt.model.chat_template is not None)
+            chat = args.chat or (not args.raw and rt.chat_template_fallback is None)
             text = rt.render_chat([{"role": "user", "content": prompt_text}]) if chat \
                 else prompt_text
             prompt = rt.tokenize_prompt(text, chat=chat)

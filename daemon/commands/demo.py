@@ -16,7 +16,8 @@ import sys
 import tempfile
 from typing import Final
 
-from meshd.clients.demo import run_demo
+from meshd.clients.argtypes import positive_seconds
+from meshd.clients.demo import START_TIMEOUT_S, run_demo
 from meshd.daemon.commands.checks import check_model_args
 from meshd.daemon.config import options as opt
 from meshd.daemon.engine.sampling import SamplingParams
@@ -41,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="the user message ('-' reads it from stdin)")
     p.add_argument("--raw", action="store_true",
                    help="send the prompt as raw text instead of a chat message")
+    p.add_argument("--start-timeout", type=positive_seconds, default=START_TIMEOUT_S,
+                   metavar="S", help="seconds to wait for the daemon to listen; meanwhile "
+                                     f"its progress is shown (default: {START_TIMEOUT_S:g})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,6 +93,6 @@ def run(args: argparse.Namespace) -> int:
         request += ["--stop", stop]
     request += ["--", prompt]  # a prompt may start with '-'
     try:
-        return run_demo(command, socket_path, request)
+        return run_demo(command, socket_path, request, start_timeout=args.start_timeout)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

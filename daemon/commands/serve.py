@@ -37,6 +37,7 @@ from meshd.daemon.commands.server import Server
 from meshd.daemon.commands.supervise import (
     Reload,
     Supervisor,
+    notifying_events,
     notifying_progress,
     pinging_while_starting,
 )
@@ -125,8 +126,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--draft-model", action="append", default=[], metavar="PATH",
                    help="a GGUF that requests may name as 'draft:PATH' (repeatable; "
                         "without it the draft proposer is refused)")
-    p.add_argument("--max-tokens", metavar="N", type=positive, default=opt.DEFAULT_MAX_TOKENS,
-                   help="max_tokens of a request that does not say")
+    p.add_argument("--max-tokens", metavar="N", type=positive, default=None,
+                   help="max_tokens of a request that does not say (default: until the "
+                        "model stops or the context ends, as llama-server; set, it caps "
+                        "such requests)")
     p.add_argument("--seed", metavar="N", type=non_negative, default=None,
                    help="the seed of sampled requests that send none, so equal requests "
                         "give equal answers (default: a random one per request)")
@@ -230,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
         with pinging_while_starting(notifier):
             runtime = compute.call(lambda: ModelRuntime(
                 default.config, notes=_notes(log),
-                progress=notifying_progress(notifier, Progress), events=log.info,
+                progress=notifying_progress(notifier, Progress),
+                events=notifying_events(notifier, log.info),
                 calibrate_now=False))
     except (NativeError, RequestError, OSError, ValueError) as exc:
         compute.close()

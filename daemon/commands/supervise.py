@@ -31,7 +31,7 @@ import anyio.abc
 
 from meshd.daemon.commands.server import Server
 from meshd.daemon.config.server import ServerConfig
-from meshd.daemon.models.timed_steps import ProgressFactory, StepProgress
+from meshd.daemon.models.timed_steps import Events, ProgressFactory, StepProgress
 from meshd.daemon.system.logs import get_logger
 from meshd.daemon.system.notify import Notifier, watchdog_interval
 
@@ -39,6 +39,7 @@ __all__ = [
     "STATUS_INTERVAL_S",
     "Reload",
     "Supervisor",
+    "notifying_events",
     "notifying_progress",
     "pinging_while_starting",
 ]
@@ -82,6 +83,25 @@ def notifying_progress(notifier: Notifier, inner: ProgressFactory) -> ProgressFa
         return _NotifyingStep(what, notifier, inner(what))
 
     return factory
+
+
+STEP_STATUS: Final = {"context_build": "building the context"}
+"""Start-up steps that draw no progress of their own, by their events' kind
+(``<kind>_started``), and the ``STATUS=`` each is shown as."""
+
+
+def notifying_events(notifier: Notifier, inner: Events) -> Events:
+    """An events hook for ``ModelRuntime`` that also tells systemd (and ``meshd demo``,
+    which reads the same lines) about the start-up steps that have no progress display,
+    so a status never names a step that has ended."""
+    def events(event: str, **fields: Any) -> None:
+        inner(event, **fields)
+        status = STEP_STATUS.get(event.removesuffix("_started")) \
+            if event.endswith("_started") else None
+        if status is not None:
+            notifier.status(status)
+
+    return events
 
 
 @contextmanager

@@ -72,7 +72,8 @@ __all__ = [
 DEFAULT_CTX: Final = 4096
 """Context length per session (capped at the model's training context)."""
 DEFAULT_MAX_TOKENS: Final = 256
-"""Tokens generated when a request does not say: ``serve``, ``generate`` and ``demo``."""
+"""Tokens ``generate`` and ``demo`` generate when not told (``serve``'s requests that
+set none go on until the model stops or the context ends, unless ``--max-tokens``)."""
 DEFAULT_PROPOSER: Final = "auto"
 DEFAULT_SLOTS: Final = 4
 """Generations ``serve`` decodes together (sessions in the shared context)."""

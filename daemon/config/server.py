@@ -8,11 +8,7 @@ from typing import Final
 import attrs
 
 from meshd.daemon.config.http import HttpConfig
-from meshd.daemon.config.options import (
-    DEFAULT_MAX_QUEUE,
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_STREAM_INTERVAL_MS,
-)
+from meshd.daemon.config.options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
 from meshd.daemon.system.peercred import PeerPolicy
 from meshd.protocol import DEFAULT_MAX_FRAME_SIZE
 
@@ -26,7 +22,9 @@ DEFAULT_SHUTDOWN_GRACE_S: Final = 30.0
 class ServerConfig:
     """Per-daemon limits and timeouts (the model side is ``RuntimeConfig``)."""
 
-    max_tokens_default: int = DEFAULT_MAX_TOKENS
+    max_tokens_default: int | None = None
+    """``max_tokens`` of a request that sets none (the operator's cap on open-ended
+    requests); ``None``: until the model stops or the context ends, as llama-server."""
     max_tokens_limit: int | None = None
     """Largest ``max_tokens`` accepted; ``None`` means the per-session context length."""
     seed: int | None = None

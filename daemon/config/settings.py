@@ -46,6 +46,7 @@ from meshd.native.context import CACHE_TYPES_K, DEFAULT_DRAFT_MAX
 from meshd.native.cpus import DEFAULT_THREAD_WAIT, THREAD_WAITS
 from meshd.native.rpc import parse_endpoints
 from meshd.plugins.config import PluginConfig, PluginConfigError, parse_plugin_tables
+from meshd.plugins.history import BYTES_PER_TOKEN, DEFAULT_HISTORY_TOKENS
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -161,6 +162,16 @@ class SpeculationSection:
                                   "(they slow every forward): auto (kept while requests "
                                   "speculate) | always | never",
                                   live=True, validator=v.in_(("auto", "always", "never")))
+    history_tokens: int = key(DEFAULT_HISTORY_TOKENS, "tokens of earlier answers kept per "
+                              "model for history lookup to draft from (memory only, about "
+                              f"{BYTES_PER_TOKEN} bytes a token at most, the oldest "
+                              "evicted, never written to disk); 0 keeps none",
+                              validator=_non_negative)
+    history_shared: bool = key(False, "history lookup drafts from every peer's answers (by "
+                               "default only from the same peer's: its uid on the Unix "
+                               "socket, its API key over TCP)")
+    history_prompts: bool = key(False, "history keeps each request's prompt with its answer "
+                                "(by default the answer only)")
 
 
 @attrs.frozen
@@ -184,8 +195,11 @@ class ServeSection:
     stream_interval_ms: int = key(opt.DEFAULT_STREAM_INTERVAL_MS, "stream tokens in batches "
                                   "at most this far apart", flag="stream_interval_ms",
                                   live=True, validator=_positive)
-    max_tokens: int = key(opt.DEFAULT_MAX_TOKENS, "max_tokens of a request that does not say",
-                          flag="max_tokens", live=True, validator=_positive)
+    max_tokens: int | None = key(None, "max_tokens of a request that does not say (default: "
+                                 "until the model stops or the context ends, as "
+                                 "llama-server; set, it caps such requests)",
+                                 flag="max_tokens", live=True, validator=_positive,
+                                 example=1024)
     seed: int | None = key(None, "the seed of sampled requests that send none, so equal "
                            "requests give equal answers (default: a random one per "
                            "request, reported in its answer)", flag="seed", live=True,

@@ -7,7 +7,8 @@ any proposer's tokens) and a rollback of consumed tokens.
 
 :func:`compile_grammar` turns a request's constraint into llguidance's grammar text and
 checks it against the model's vocabulary, raising :class:`ConstraintError` with
-llguidance's own message; :class:`GrammarState` is one request's matcher. Between steps it
+llguidance's own message, or :mod:`.schema_checks`' where the language is empty or the
+input nests too deep; :class:`GrammarState` is one request's matcher. Between steps it
 holds exactly the committed tokens; the sampler's walk over a verify window advances it
 row by row (``Sampler.match_rows``) and the engine brings it back to the committed tokens
 afterwards, so a trim, an in-place rollback and a checkpoint restore all find it where
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # a TypedDict of the stubs only
     from llguidance._lib import JsonCompileOptions
 
 from meshd.daemon.engine.sampling import FloatArray, Sampler
+from meshd.daemon.engine.schema_checks import bounded_numbers, gbnf_problem, schema_problem
 
 __all__ = [
     "CONSTRAINT_KINDS",
@@ -59,9 +61,12 @@ def _grammar_text(kind: str, value: object) -> str:
     if kind == "json_schema":
         if not isinstance(value, Mapping):
             raise ConstraintError("a JSON schema must be an object")
+        problem = schema_problem(value)
+        if problem is not None:
+            raise ConstraintError(problem)
         try:
-            return str(LLMatcher.grammar_from_json_schema(json.dumps(value),
-                                                          defaults=JSON_DEFAULTS))
+            return str(LLMatcher.grammar_from_json_schema(
+                json.dumps(bounded_numbers(dict(value))), defaults=JSON_DEFAULTS))
         except ValueError as exc:
             raise ConstraintError(str(exc)) from None
     if not isinstance(value, str):
@@ -71,6 +76,9 @@ def _grammar_text(kind: str, value: object) -> str:
     if kind == "regex":
         return str(LLMatcher.grammar_from_regex(value))
     if kind == "gbnf":
+        problem = gbnf_problem(value)
+        if problem is not None:
+            raise ConstraintError(f"GBNF: {problem}")
         try:
             return str(LLMatcher.grammar_from_lark(gbnf_to_lark(value)))
         except Exception as exc:  # the converter raises plain exceptions on bad GBNF
@@ -96,9 +104,21 @@ def compile_grammar(kind: str, value: object, tokenizer: LLTokenizer) -> str:
 
     Blocking (a large schema takes up to a second); never call it on the event loop."""
     grammar = _grammar_text(kind, value)
-    error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-    if error:
-        raise ConstraintError(messages[0] if messages else "invalid grammar")
+    if kind in ("json_object", "json_schema"):  # (llguidance finds what has no value)
+        error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        if error:
+            raise ConstraintError(messages[0] if messages else "invalid grammar")
+        return grammar
+    # A grammar whose language is empty compiles; its first mask then allows nothing,
+    # and the answer would be an empty ``stop``. (A matcher reports what validation
+    # would, at about twice its cost.)
+    matcher = LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise ConstraintError(matcher.get_error() or "invalid grammar")
+    matcher.compute_bitmask()
+    if matcher.is_error():
+        raise ConstraintError("it allows no answer: no token can begin one (a rule that "
+                              "only refers to itself?)")
     return grammar
 
 

@@ -129,12 +129,14 @@ class Generation:
         self.prompt = list(prompt)
         self.tokens: list[int] = list(prompt)  # prompt + committed (read-only for proposers)
         self.max_tokens = max_tokens
-        self.sampler = Sampler(sampling)
+        self.sampler = Sampler(sampling, n_prompt=len(self.prompt), eog=info.eog_tokens)
         self.stopper = StopMatcher(stop)
         self.assembler = Utf8Assembler()
         self.proposer = proposer
         #: The proposer's registry name (what ``auto`` resolved to), where the owner set it.
         self.proposer_name: str | None = None
+        #: The source of the last draft proposed (a composite's child, else the proposer).
+        self._draft_source = ""
         self.settings = settings
         self.mtp_head = mtp_head
         self._followed_head = mtp_head is not None
@@ -437,6 +439,8 @@ class Generation:
             self.stats.refuse(Refusal.PROPOSER_EMPTY)
             return ()
         tokens = proposal.tokens
+        source = getattr(proposal, "source", None)  # (a plugin's Proposal may be older)
+        self._draft_source = source if isinstance(source, str) and source else proposer.name
         n_vocab = self.info.n_vocab
         if any(not isinstance(t, int) or not 0 <= t < n_vocab for t in tokens):
             self.stats.fault("invalid_token")
@@ -518,6 +522,7 @@ class Generation:
             else:
                 self.gate.verified(k, matched)
                 self.acceptance.observe(k, matched)
+                self.stats.record_source(self._draft_source, k, accepted)
         if self.proposer is not None and k > 0 and not (window.forced or window.copied):
             try:
                 self.proposer.observe(Outcome(k, accepted, decision.committed))

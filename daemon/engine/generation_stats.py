@@ -58,6 +58,13 @@ class GenerationStats:
     """Time choosing tokens under the constraint (masks included)."""
     grammar_masks: int = 0
     """Rows that needed the full vocabulary mask (the others took the allowed argmax)."""
+    source_drafted: dict[str, int] = attrs.field(factory=dict)
+    """The proposer's drafted tokens by source (a composite's children: ``mtp``,
+    ``ngram``, ``history``...; else the proposer's own name); forced and copied drafts
+    are not in it."""
+    source_accepted: dict[str, int] = attrs.field(factory=dict)
+    source_windows: dict[str, int] = attrs.field(factory=dict)
+    """Verify windows that carried a draft of each source."""
 
     @property
     def decode_forwards(self) -> int:
@@ -85,6 +92,12 @@ class GenerationStats:
             self.drafted_per_position[i] += 1
         for i in range(accepted):
             self.accepted_per_position[i] += 1
+
+    def record_source(self, source: str, drafted: int, accepted: int) -> None:
+        """``drafted`` tokens of ``source`` verified, ``accepted`` of them taken."""
+        self.source_drafted[source] = self.source_drafted.get(source, 0) + drafted
+        self.source_accepted[source] = self.source_accepted.get(source, 0) + accepted
+        self.source_windows[source] = self.source_windows.get(source, 0) + 1
 
     def refuse(self, reason: Refusal) -> None:
         """One step decoded plainly for ``reason`` (a member, so every reason counted is
@@ -128,6 +141,8 @@ class GenerationStats:
             "grammar_cut": self.grammar_cut,
             "grammar_ms": self.grammar_ms,
             "grammar_masks": self.grammar_masks,
+            "source_drafted": dict(self.source_drafted),
+            "source_accepted": dict(self.source_accepted),
         }
 
     def proposer_that_ran(self, proposer: str | None) -> str | None:

@@ -10,14 +10,16 @@ are sampled lazily, in order, and sampling stops at the first mismatch.
 What adjusts the logits first (``logit_bias``, and the penalties on tokens already in the
 text, as llama.cpp applies them) depends on the tokens before a row; a verify row's are
 the committed ones and the drafts before it, so a row is judged exactly as plain
-decoding would judge that position if the drafts before it are accepted.
+decoding would judge that position if the drafts before it are accepted. The same holds
+for ``min_tokens``: whether a row may end the text depends only on its position in the
+output, which a verify row knows as plain decoding does.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Iterable, Sequence
+from typing import Final, Protocol
 
 import attrs
 import numpy as np
@@ -48,6 +50,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     #: Added to the logit of each token id before anything else.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    #: vLLM's ``min_tokens``: the end-of-generation tokens are held back until this many
+    #: tokens are out (a constraint that allows nothing else still ends the answer).
+    min_tokens: int = 0
 
     def __attrs_post_init__(self) -> None:
         if self.temperature < 0:
@@ -62,6 +67,8 @@ class SamplingParams:
             raise ValueError("typical_p must be in (0, 1]")
         if self.repeat_penalty <= 0 or self.repeat_last_n < 0:
             raise ValueError("repeat_penalty must be > 0 and repeat_last_n >= 0")
+        if self.min_tokens < 0:
+            raise ValueError("min_tokens must be >= 0")
 
     @property
     def adjusts(self) -> bool:
@@ -113,14 +120,39 @@ def with_chosen_seed(params: SamplingParams, default: int | None = None) -> Samp
                         if default is None else default)
 
 
-class Sampler:
-    """Chooses tokens from logits rows; owns the request's RNG."""
+#: The logit of a token held back (``min_tokens``): below any real logit, yet finite, so
+#: a row whose constraint allows only that token (a finished JSON document) still
+#: chooses it rather than nothing.
+_HELD_BACK: Final = np.float32(np.finfo(np.float32).min)
 
-    def __init__(self, params: SamplingParams) -> None:
+
+class Sampler:
+    """Chooses tokens from logits rows; owns the request's RNG.
+
+    ``n_prompt`` and ``eog`` (the prompt's length, the end-of-generation tokens) place
+    each row in the output, for ``min_tokens``: a row of history ``h`` is output token
+    ``len(h) - n_prompt``."""
+
+    def __init__(self, params: SamplingParams, *, n_prompt: int = 0,
+                 eog: Iterable[int] = ()) -> None:
         self.params = params
         seed = params.seed if params.seed is not None else np.random.SeedSequence().entropy
         self._rng = np.random.Generator(np.random.PCG64(seed))
         self.draws = 0
+        self._n_prompt = n_prompt
+        self._eog = np.fromiter(sorted(eog), dtype=np.int64)
+
+    def _holds_end(self, history: Sequence[int], i: int) -> bool:
+        """Whether verify row ``i`` after ``history`` comes before ``min_tokens``."""
+        return (len(history) - self._n_prompt + i < self.params.min_tokens
+                and self._eog.shape[0] > 0)
+
+    def _held_back(self, row: FloatArray) -> FloatArray:
+        """``row`` with the end-of-generation tokens as unlikely as a logit can be."""
+        x = np.array(row, dtype=np.float32)
+        eog = self._eog[self._eog < x.shape[0]]
+        x[eog] = _HELD_BACK
+        return x
 
     def adjusted(self, logits: FloatArray, history: Sequence[int]) -> FloatArray:
         """``logits`` with the bias and the penalties for a row after ``history``."""
@@ -172,13 +204,16 @@ class Sampler:
         each matched draft; the engine then settles it on the commits), and ``masks``
         (for log-probabilities) gets each row's mask.
         """
-        if self.params.greedy and not self.params.adjusts and constraint is None:
+        if (self.params.greedy and not self.params.adjusts and constraint is None
+                and not self._holds_end(history, 0)):
             return [int(t) for t in np.asarray(rows).argmax(axis=1)]
         out: list[int] = []
         for i in range(rows.shape[0]):
             row = rows[i]
             if self.params.adjusts:
                 row = self.adjusted(row, self.row_history(history, draft, i))
+            if self._holds_end(history, i):
+                row = self._held_back(row)
             if constraint is None:
                 tok = self.sample(row)
             else:

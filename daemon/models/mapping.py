@@ -82,6 +82,9 @@ def speculation_stats(stats: GenerationStats, proposer: str | None) -> wire.Spec
     }
     for kind, count in stats.proposer_faults.items():
         extra[f"proposer_fault_{kind}"] = count
+    for source, count in stats.source_drafted.items():  # which source drafted what
+        extra[f"drafted_by_{source}"] = count
+        extra[f"accepted_by_{source}"] = stats.source_accepted.get(source, 0)
     if stats.grammar_ms > 0.0:  # the request had an output constraint
         extra.update(forced_drafted=stats.forced_drafted,
                      forced_accepted=stats.forced_accepted,

@@ -56,6 +56,9 @@ def _plan(spec: ModelSpec, c: Config, loaded: Loaded, default_proposer: str) -> 
         prefix_cache_tokens=c.serve.prefix_cache_tokens, cache_type_k=m.cache_type_k,
         chat_template_file=m.chat_template_file, chat_template=m.chat_template,
         reasoning=m.reasoning,
+        history_tokens=c.speculation.history_tokens,
+        history_shared=c.speculation.history_shared,
+        history_prompts=c.speculation.history_prompts,
         plugins=loaded.plugins,
     )
     path = m.path or str(default_model_path())

@@ -222,7 +222,10 @@ class ModelSet:
                     info, _template = describe_model(path)
                 except (NativeError, OSError):
                     continue
-                served.info = file_info(info, name=served.name,
+                # (a file without a chat template is served with one all the same:
+                # ``chat_template.fallback_template``)
+                served.info = file_info(attrs.evolve(info, has_chat_template=True),
+                                        name=served.name,
                                         n_ctx=served.plan.config.n_ctx_seq)
 
     def __iter__(self) -> Iterator[ServedModel]:

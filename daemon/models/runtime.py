@@ -7,6 +7,7 @@ their generations here and nowhere else.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from meshd.daemon.engine.generation import Ending, Generation, SpeculationSettin
 from meshd.daemon.engine.prefix_cache import PrefixCache
 from meshd.daemon.engine.request_errors import PromptTooLong, RequestError, too_long_message
 from meshd.daemon.engine.sampling import GREEDY, SamplingParams
+from meshd.daemon.engine.schema_checks import nesting_problem
 from meshd.daemon.engine.window import MtpHead
 from meshd.daemon.models.calibration import CostCalibration
 from meshd.daemon.models.speculation_ledger import HeadPrices, SpeculationLedger
@@ -30,7 +32,13 @@ from meshd.daemon.models.timed_steps import (
     slow_step,
     timed,
 )
-from meshd.daemon.prompts.chat_template import ChatTemplateError, ModelChat, template_source
+from meshd.daemon.prompts.call_schema import closed_objects
+from meshd.daemon.prompts.chat_template import (
+    ChatTemplateError,
+    ModelChat,
+    fallback_template,
+    template_source,
+)
 from meshd.native.calibrate import MtpCosts
 from meshd.native.context import DEFAULT_DRAFT_MAX, ContextConfig, TargetContext
 from meshd.native.default_model import default_model_path
@@ -44,11 +52,16 @@ from meshd.native.session import SequenceSession
 from meshd.plugins.base import ModelDescription, Proposer, ProposerEnv
 from meshd.plugins.config import PluginConfig
 from meshd.plugins.guard import PluginGuards
+from meshd.plugins.history import DEFAULT_HISTORY_TOKENS, HistoryStore, HistoryView
 from meshd.plugins.registry import Registry, default_registry
 from meshd.plugins.remote_plugin_set import PluginHosts
 from meshd.plugins.resources import Need, Resources
 from meshd.policy.costs import CostCurve, CostModel
 from meshd.policy.rollback_depth import RollbackDepth
+
+#: The owner of in-process generations (``meshd generate``, the bench): the process's
+#: own user; the daemon passes each request's peer instead.
+LOCAL_OWNER = "local"
 
 
 @attrs.frozen
@@ -89,6 +102,13 @@ class RuntimeConfig:
     chat_template: str | None = None
     #: Whether reasoning models think: auto | on | off (``--reasoning``).
     reasoning: str = "auto"
+    #: Tokens of earlier answers history lookup keeps (0: none; ``[speculation]
+    #: history_tokens``), in memory only, the oldest evicted.
+    history_tokens: int = DEFAULT_HISTORY_TOKENS
+    #: Every owner's requests draft from every owner's answers (default: own only).
+    history_shared: bool = False
+    #: Keep the prompt with each answer (default: the committed output only).
+    history_prompts: bool = False
 
 
 class ModelRuntime:
@@ -155,7 +175,12 @@ class ModelRuntime:
         #: What speculation learns across requests (the rollback depth adapts only on a
         #: recurrent model with snapshots, and when configured to).
         self.ledger = SpeculationLedger(
-            RollbackDepth(full) if config.adaptive_rollback and full > 0 else None)
+            RollbackDepth(full) if config.adaptive_rollback and full > 0 else None,
+            history=HistoryStore(config.history_tokens, shared=config.history_shared))
+        #: The owner of each running generation whose answer history keeps (history:
+        #: :meth:`finish` adds its output to :attr:`SpeculationLedger.history`).
+        self._history_owners: weakref.WeakKeyDictionary[Generation, str] = (
+            weakref.WeakKeyDictionary())
         #: Fewer threads while other processes use the CPUs (None: one thread, or the
         #: layers run elsewhere); it hears every forward the cost model records.
         self.threads = ThreadTuning.for_runtime(self, events=events)
@@ -212,6 +237,18 @@ class ModelRuntime:
                            chat_template=template_source(config.chat_template,
                                                          config.chat_template_file))
         bar.done()
+        #: Which template a model whose file has none is served with (``tool_use``, a
+        #: built-in format's name, ``chatml``: ``chat_template.fallback_template``);
+        #: None for the file's own or a configured one. Plain prompts stay raw then.
+        self.chat_template_fallback: str | None = None
+        if model.chat_template is None:  # (none in the file, none given): llama-server's
+            source, which = fallback_template(model)
+            self.chat_template_fallback = which
+            model.chat_template = source
+            model.info = attrs.evolve(model.info, has_chat_template=True)
+            if announce and self._events is not None:
+                self._events("chat_template_fallback", template=which,
+                             architecture=model.info.architecture, path=str(self.path))
         try:
             n_ctx_train = model.info.n_ctx_train
             if announce and n_ctx_train and config.n_ctx_seq > n_ctx_train:
@@ -280,8 +317,17 @@ class ModelRuntime:
         self.prefix_cache.store(ending.session, ending.tokens)
 
     def finish(self, gen: Generation, *, decoded: bool = True) -> None:
-        """Close ``gen`` and release what it leaves (:meth:`release`)."""
+        """Close ``gen`` and release what it leaves (:meth:`release`); what it decoded
+        joins its owner's history."""
+        owner = self._history_owners.pop(gen, None)
+        if decoded and owner is not None and gen.committed:
+            self.history_view(owner).remember(gen.prompt, gen.committed)
         self.release(gen.close(keep_session=True), decoded=decoded)
+
+    def history_view(self, owner: str) -> HistoryView:
+        """The model's history as ``owner`` may see it."""
+        return HistoryView(self.ledger.history, owner, prompts=self.config.history_prompts,
+                           stats=self.ledger.history_stats)
 
     def run(self, gen: Generation) -> Iterator[TokenEvent]:
         """``gen`` to its end, in-process (``meshd generate``, the bench, tests): its
@@ -372,7 +418,13 @@ class ModelRuntime:
 
     def compile_constraint(self, kind: str, value: object) -> str:
         """A request's constraint as llguidance's grammar, checked against this model's
-        vocabulary (ConstraintError quotes llguidance). Blocking; not on the event loop."""
+        vocabulary (ConstraintError quotes llguidance). A JSON schema's objects that
+        list their properties and say nothing of others take those only, as llama-server
+        reads them and as a call's arguments are held (:func:`closed_objects`). Blocking;
+        not on the event loop."""
+        if kind == "json_schema" and isinstance(value, Mapping) \
+                and nesting_problem(value) is None:  # (else compile_grammar says so)
+            value = closed_objects(value)
         return compile_grammar(kind, value, self.grammar_vocab.tokenizer())
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> str:
@@ -402,6 +454,8 @@ class ModelRuntime:
             out["mtp"] = "the model has no MTP head"
         if "draft" in self.registry and self.config.allowed_drafts == ():
             out["draft"] = "no draft model (start meshd serve with --draft-model PATH)"
+        if "history" in self.registry and not self.ledger.history.enabled:
+            out["history"] = "no history is kept ([speculation] history_tokens = 0)"
         for name, why in self.registry.errors.items():
             out[name] = f"the plugin failed to load: {why}"
         for name, host in self.plugins.hosts.items():
@@ -461,12 +515,14 @@ class ModelRuntime:
 
     def make_proposer(self, name: str | None, options: Mapping[str, object] | None = None,
                       prompt: Sequence[int] = (), *, adaptive: bool = True,
+                      owner: str | None = None,
                       ) -> tuple[Proposer | None, MtpHead | None]:
         """The request's proposer and, on a model with an MTP head, the (unbound) head
         it was given; the caller binds the head to the session if the proposer needs it.
         The factory gets its config table's options overlaid with the request's, and the
         resources it declared (``NAME:ARG``: ARG is the draft model's path); with
-        ``adaptive`` off, proposers that choose their own length get no live cost curve."""
+        ``adaptive`` off, proposers that choose their own length get no live cost curve.
+        ``owner`` (None: unknown) is whose earlier answers history lookup may draft from."""
         resolved = self.resolve_proposer(name)
         if resolved is None:
             return None, None
@@ -483,7 +539,7 @@ class ModelRuntime:
             vocab_size=self.model.info.n_vocab, eog_tokens=self.model.info.eog_tokens,
             mtp=head, options=opts, model=self.description,
             resources=self._resources(resolved, (name or "").partition(":")[2], opts,
-                                      prompt, config, adaptive=adaptive),
+                                      prompt, config, adaptive=adaptive, owner=owner),
         )
         try:
             return self.registry.create(resolved, env), head
@@ -492,7 +548,7 @@ class ModelRuntime:
 
     def _resources(self, name: str, arg: str, options: Mapping[str, object],
                    prompt: Sequence[int], config: PluginConfig | None, *,
-                   adaptive: bool = True) -> Resources:
+                   adaptive: bool = True, owner: str | None = None) -> Resources:
         """Exactly the resources the factory declared (prompt text only if allowed)."""
         needs = self.registry.needs(name)
         draft = None
@@ -513,6 +569,9 @@ class ModelRuntime:
             cost_curve_now=(lambda: self.curve) if (
                 Need.LIVE_COST_CURVE in needs and adaptive and self.curve is not None) else None,
             match_stats=self.ledger.ngram_stats if Need.MATCH_STATS in needs else None,
+            history=(self.history_view(owner) if Need.HISTORY in needs and owner is not None
+                     and self.ledger.history.enabled and self.registry.built_in(name)
+                     else None),
         )
 
     @property
@@ -537,9 +596,13 @@ class ModelRuntime:
         proposer_options: Mapping[str, object] | None = None,
         grammar: str | None = None,
         logprobs: int | None = None,
+        owner: str | None = LOCAL_OWNER,
     ) -> Generation:
         """A ready-to-start generation on a fresh session (closed when it finishes).
-        ``grammar``: llguidance's grammar text from :meth:`compile_constraint`."""
+        ``grammar``: llguidance's grammar text from :meth:`compile_constraint`.
+        ``owner``: who asked (``uid:N``, ``key:HASH``...): history lookup drafts from
+        that owner's earlier answers and keeps this one's (None: neither; in-process
+        callers, ``meshd generate`` and the bench, are this process's own user)."""
         if not prompt:
             raise RequestError("the prompt is empty")
         need = len(prompt) + 1
@@ -552,7 +615,7 @@ class ModelRuntime:
             self.grammar_vocab.tokenizer(), grammar, n_vocab=self.model.info.n_vocab,
             eog=self.model.info.eog_tokens)
         prop, head = self.make_proposer(proposer, proposer_options, prompt,
-                                        adaptive=adaptive)
+                                        adaptive=adaptive, owner=owner)
         if (proposer or self.config.default_proposer) == "auto" and self._auto_may_follow_head():
             if self.ledger.head_choice.due:
                 self.ledger.head_choice.following()
@@ -598,6 +661,8 @@ class ModelRuntime:
                 mtp_head=head, grammar=state, logprobs=logprobs,
             )
             gen.proposer_name = resolved
+            if owner is not None and self.ledger.history.enabled:
+                self._history_owners[gen] = owner
             return gen
         except Exception:
             if prop is not None:

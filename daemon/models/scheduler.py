@@ -85,6 +85,9 @@ class GenerationRequest:
     """The output constraint, compiled (llguidance's grammar text)."""
     logprobs: int | None = None
     """Report each token's log-probability with this many alternatives (None: not)."""
+    owner: str | None = None
+    """Who asked (``uid:N`` on the Unix socket, ``key:HASH`` or ``tcp`` over TCP): whose
+    earlier answers history lookup may draft from and keeps this one as (None: none)."""
 
 
 @attrs.frozen
@@ -500,6 +503,10 @@ class Scheduler:
             return
         totals = self._counters.proposers
         totals[proposer] = totals.get(proposer, ProposerStatistics()).plus(st)
+        for source in st.source_drafted:  # a composite's children, each on its own
+            if source != proposer:
+                key = f"{proposer}/{source}"
+                totals[key] = totals.get(key, ProposerStatistics()).plus_source(st, source)
 
     def _finish(self, handle: GenerationHandle, event: Finished | GenerationFailed) -> None:
         self._counters.request_seconds.observe(time.monotonic() - handle.submitted)
@@ -538,6 +545,7 @@ def _open_and_begin(runtime: ModelRuntime, prefills: Prefills,
                     stop=request.stop, proposer=request.proposer,
                     draft_max=request.draft_max, proposer_options=request.proposer_options,
                     grammar=request.grammar, logprobs=request.logprobs,
+                    owner=request.owner,
                 )
             except (RequestError, CapacityError, ValueError) as exc:
                 results.append(GenerationFailed("request", str(exc)))

@@ -3,9 +3,11 @@
 Why: a request ends with facts that later requests decide from: the MTP head's
 acceptance (pooled, what ``auto`` judges the head by), how the requests that followed
 the head ended (:class:`~meshd.policy.head_choice.HeadChoice`), the rollback snapshots'
-evidence (:class:`~meshd.policy.rollback_depth.RollbackDepth`) and prompt lookup's
-acceptance by match length. The runtime hands every ended generation here
-(``ModelRuntime.release``) and reads the ledger when it plans the next one.
+evidence (:class:`~meshd.policy.rollback_depth.RollbackDepth`), prompt lookup's
+acceptance by match length, and the earlier answers history lookup drafts from
+(:class:`~meshd.plugins.history.HistoryStore`, in memory only, bounded, by owner).
+The runtime hands every ended generation here (``ModelRuntime.release``) and reads
+the ledger when it plans the next one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from meshd.plugins.history import HistoryStore
 from meshd.plugins.match_stats import SharedMatchStats
 from meshd.policy.acceptance import PooledAcceptance
 from meshd.policy.costs import CostCurve, RepairCost
@@ -46,7 +49,8 @@ class HeadPrices:
 class SpeculationLedger:
     """One model's speculation evidence across requests."""
 
-    def __init__(self, rollback: RollbackDepth | None) -> None:
+    def __init__(self, rollback: RollbackDepth | None, *,
+                 history: HistoryStore | None = None) -> None:
         #: The head's acceptance over the requests that drafted with it (``auto``).
         self.mtp_acceptance = PooledAcceptance()
         #: How the requests that followed the head ended (``auto`` skips a dropped head).
@@ -60,6 +64,10 @@ class SpeculationLedger:
         #: The acceptance of the tokens a constraint forces, drafted (the tokenizer may
         #: prefer another split), over the constrained requests that drafted them.
         self.forced_acceptance = PooledAcceptance()
+        #: Earlier answers, by owner, that history lookup drafts from (capacity 0: off).
+        self.history = history if history is not None else HistoryStore(0)
+        #: History drafts' acceptance by match length (lengths only, as ``ngram_stats``).
+        self.history_stats = SharedMatchStats()
 
     def head_pays(self, prices: HeadPrices | None,
                   acceptances: Sequence[Sequence[float]] | None = None) -> bool:

@@ -50,6 +50,17 @@ class ProposerStatistics:
             drafted=self.drafted + other.drafted, accepted=self.accepted + other.accepted,
             accepted_per_position=tuple(x + y for x, y in zip(a, b, strict=True)))
 
+    def plus_source(self, st: GenerationStats, source: str) -> ProposerStatistics:
+        """These totals with one finished request's drafts of ``source`` added (a
+        composite's child: ``stats`` and ``/metrics`` list it as ``PROPOSER/SOURCE``)."""
+        return ProposerStatistics(
+            requests=self.requests + 1,
+            drafts=self.drafts + st.source_windows.get(source, 0),
+            drafted=self.drafted + st.source_drafted.get(source, 0),
+            accepted=self.accepted + st.source_accepted.get(source, 0),
+            accepted_per_position=self.accepted_per_position,
+        )
+
     def plus(self, st: GenerationStats) -> ProposerStatistics:
         """These totals with one more finished request's figures added."""
         per_position = list(self.accepted_per_position)

@@ -72,11 +72,11 @@ def _mentions(value: Any, keys: tuple[str, ...]) -> bool:
 
 
 def closed_objects(schema: Any) -> Any:
-    """``schema`` with every object that lists ``properties`` and leaves
-    ``additionalProperties`` (and ``patternProperties``, ``unevaluatedProperties``,
-    ``allOf``) unsaid taking only those properties. Its ``$defs`` are closed too unless
-    the schema says ``not``, ``if`` or ``oneOf`` anywhere (a ``$ref`` from there would
-    reach a closed definition)."""
+    """``schema`` with every object that lists ``properties`` (every required key among
+    them) and leaves ``additionalProperties`` (and ``patternProperties``,
+    ``unevaluatedProperties``, ``allOf``) unsaid taking only those properties. Its
+    ``$defs`` are closed too unless the schema says ``not``, ``if`` or ``oneOf`` anywhere
+    (a ``$ref`` from there would reach a closed definition)."""
     return _closed(schema, defs=not _mentions(schema, _UNSOUND))
 
 
@@ -95,7 +95,10 @@ def _closed(schema: Any, *, defs: bool) -> Any:
             out[key] = {name: _closed(sub, defs=defs) for name, sub in out[key].items()}
     if isinstance(out.get("additionalProperties"), dict):
         out["additionalProperties"] = _closed(out["additionalProperties"], defs=defs)
-    if isinstance(out.get("properties"), dict) and not any(k in out for k in (
-            "additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")):
+    listed = out.get("properties")
+    required = out.get("required")
+    if isinstance(listed, dict) and not any(k in out for k in (
+            "additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")) \
+            and all(key in listed for key in (required if isinstance(required, list) else ())):
         out["additionalProperties"] = False
     return out

@@ -29,8 +29,9 @@ from meshd.native.chat_builtin import apply_builtin, builtin_names
 from meshd.native.errors import ModelLoadError
 from meshd.native.model import Model
 
-__all__ = ["BuiltinTemplate", "ChatTemplate", "ChatTemplateError", "ModelChat", "close_thinking",
-           "continues_final", "model_template", "template_source", "thinking_of"]
+__all__ = ["CHATML_SOURCE", "BuiltinTemplate", "ChatTemplate", "ChatTemplateError",
+           "ModelChat", "close_thinking", "continues_final", "fallback_template",
+           "model_template", "template_source", "thinking_of"]
 
 #: The markers reasoning models open and close their thinking with.
 _THINKING_TAGS: Final = (("<think>", "</think>"), ("<|START_THINKING|>", "<|END_THINKING|>"))
@@ -230,6 +231,51 @@ class BuiltinTemplate(ChatTemplate):
         except ValueError as exc:
             raise ChatTemplateError(str(exc)) from None
         return text.replace(nonce, _CONTINUE_MARK)
+
+
+#: llama-server's template for a model without one (``CHATML_TEMPLATE_SRC`` of llama.cpp's
+#: ``common/chat.cpp``), as its Jinja source, so a request's tools are offered as with
+#: any Jinja template.
+CHATML_SOURCE: Final = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
+    "{%- endif -%}")
+
+#: Architectures (``general.architecture``) whose every chat model speaks one of
+#: llama.cpp's built-in formats. Only unambiguous ones: an architecture shared by
+#: families of different formats (``llama``, ``phi3``, ``deepseek2``, ``chatglm``) is
+#: left to chatml, as llama-server leaves every architecture.
+_ARCHITECTURE_FORMATS: Final = {
+    "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma",
+    "orion": "orion", "command-r": "command-r", "llama4": "llama4", "gpt-oss": "gpt-oss",
+    "exaone": "exaone3", "exaone4": "exaone4", "exaone-moe": "exaone-moe",
+    "granite": "granite", "granitemoe": "granite", "granitehybrid": "granite-4.0",
+    "hunyuan-moe": "hunyuan-moe", "hunyuan-dense": "hunyuan-dense", "seed_oss": "seed_oss",
+    "bailingmoe": "bailing", "bailingmoe2": "bailing2", "rwkv6": "rwkv-world",
+    "rwkv7": "rwkv-world", "pangu-embedded": "pangu-embedded",
+}
+
+
+def fallback_template(model: Model) -> tuple[str, str]:
+    """The chat template a model whose file has none is served with, and which one it
+    is (for the log), as llama-server chooses (``common_chat_templates_init``): the
+    file's ``tool_use`` template if it has that one; else llama.cpp's built-in format
+    of the model's architecture, where every model of it speaks one; else chatml.
+
+    Why not refuse chat: users bring GGUFs converted without their template (a Gemma 3
+    file, a fine-tune) and their clients only speak chat; llama-server answers them.
+    (llama.cpp itself already names ``mistral-v7-tekken`` for Mistral Small 2503 files,
+    which reaches meshd as the model's template.)"""
+    tool_use = model.meta("tokenizer.chat_template.tool_use")
+    if tool_use:
+        return tool_use, "tool_use"
+    name = _ARCHITECTURE_FORMATS.get(model.info.architecture)
+    if name is not None and name in builtin_names():
+        return name, name
+    return CHATML_SOURCE, "chatml"
 
 
 def model_template(model: Model, source: str | None = None) -> ChatTemplate:

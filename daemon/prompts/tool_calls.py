@@ -9,9 +9,10 @@ generic handler does the same with its own format). With ``tool_choice`` ``requi
 a named function the whole answer is constrained to such calls, each ``arguments``
 object to its function's JSON schema, so the call parses and validates; with ``auto``
 the model chooses and the answer is read in whichever family's syntax it wrote
-(:mod:`.tool_syntax`: a Llama, Mistral or Qwen 3.5 model may answer in its own). A call
-cut short (``max_tokens``) stays in the content: ``tool_calls`` only ever holds whole,
-valid calls.
+(:mod:`.tool_syntax`: a Llama, Mistral or Qwen 3.5 model may answer in its own). An
+answer cut short (``max_tokens``) keeps the whole calls before the cut and drops the
+call it broke: ``tool_calls`` only ever holds whole, valid calls, and a call's text is
+never content.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from typing import Any, Final
 import attrs
 
 from meshd.daemon.engine.constraint import JSON_DEFAULTS
+from meshd.daemon.engine.schema_checks import bounded_numbers, schema_problem
 from meshd.daemon.prompts.call_schema import closed_objects, hoist_defs
 from meshd.daemon.prompts.tagged_calls import TAGGED_SYNTAXES, tagged_call_rules
-from meshd.daemon.prompts.tool_syntax import read_calls
+from meshd.daemon.prompts.tool_syntax import Call, read_calls
 from meshd.protocol import messages as wire
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "lazy_call_grammar",
     "offer_tools",
     "opener_of",
+    "parameters_problem",
     "parse_tools",
     "past_calls",
     "template_messages",
@@ -102,6 +105,9 @@ def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
         schema = fn.get("parameters", {"type": "object"})
         if not isinstance(schema, dict):
             raise ToolError(f"tools[{i}].function.parameters", "must be a JSON schema object")
+        problem = parameters_problem(schema)
+        if problem is not None:
+            raise ToolError(f"tools[{i}].function.parameters", problem)
         description = fn.get("description", "")
         functions.append((name, description if isinstance(description, str) else "", schema))
     parallel = body.get("parallel_tool_calls", True)
@@ -120,6 +126,12 @@ def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
     if named not in {f[0] for f in functions}:
         raise ToolError("tool_choice", f"names {named[:64]!r}, which is not in tools")
     return ToolSpec(tuple(functions), "named", named, parallel)
+
+
+def parameters_problem(schema: object) -> str | None:
+    """Why a function's ``parameters`` cannot hold a call (nested too deep, or no finite
+    value: a cyclic ``$ref``), or None; a call's grammar would otherwise never close."""
+    return schema_problem(schema)
 
 
 def past_calls(calls: object, param: str) -> str:
@@ -230,31 +242,71 @@ def forced_call_grammar(spec: ToolSpec, syntax: str, *, opener: str | None = Non
     ``[TOOL_CALLS][{"name", "arguments"}, ...]``, or a tagged syntax
     (:mod:`.tagged_calls`: Qwen 3.5's XML, GLM's). ``opener``: how the grammar writes
     the syntax's :func:`opener_of` (default: the literal; or the vocabulary's special
-    token ``<[ID]>``). Parallel calls: at most one per function (a small model would
-    repeat a call until ``max_tokens`` otherwise)."""
+    token ``<[ID]>``). Parallel calls: at most one per function (:func:`_distinct`; a
+    small model would repeat a call until ``max_tokens`` otherwise)."""
     opener = opener or json.dumps(opener_of(syntax))
     wanted = [f for f in _held(spec.functions)
               if spec.choice == "required" or f[0] == spec.named]
-    more = (len(wanted) if spec.parallel and spec.choice == "required" else 1) - 1
+    several = spec.parallel and spec.choice == "required"
+    names = [f"call{i}" for i in range(len(wanted))]
     if syntax in TAGGED_SYNTAXES:
-        further = _up_to(more, "\n", "call")
-        return "\n".join(["%llguidance {}", f"start: call{further}",
-                          f"call: {opener} tagged",
+        return "\n".join(["%llguidance {}", "start: calls",
+                          *_distinct(names, '"\\n"', several=several),
+                          *(f"call{i}: {opener} tagged_{i}" for i in range(len(wanted))),
                           *tagged_call_rules(wanted, syntax, "tagged")]) + "\n"
     if syntax == "hermes":
-        return (f'start: call{{1,{more + 1}}}\n'
-                'call: "<tool_call>\\n" body "\\n</tool_call>" "\\n"?\n'
-                f"body: %json {json.dumps(_call_schema(wanted))}\n")
+        return "\n".join(["start: calls", *_distinct(names, None, several=several), *(
+            f'call{i}: "<tool_call>\\n" body{i} "\\n</tool_call>" "\\n"?\n'
+            f"body{i}: %json {json.dumps(_call_schema([f]))}"
+            for i, f in enumerate(wanted))]) + "\n"
     if syntax == "llama":
-        return (f'start: body{_up_to(more, "; ")}\n'
-                f'body: %json {json.dumps(_call_schema(wanted, "parameters"))}\n')
+        return "\n".join(["start: calls", *_distinct(names, '"; "', several=several), *(
+            f'call{i}: %json {json.dumps(_call_schema([f], "parameters"))}'
+            for i, f in enumerate(wanted))]) + "\n"
     if syntax == "mistral_list":
-        return (f'start: {opener} "[" body{_up_to(more, ", ")} "]"\n'
-                f"body: %json {json.dumps(_call_schema(wanted))}\n")
+        return "\n".join([f'start: {opener} "[" calls "]"',
+                          *_distinct(names, '", "', several=several), *(
+            f"call{i}: %json {json.dumps(_call_schema([f]))}"
+            for i, f in enumerate(wanted))]) + "\n"
     if syntax != "mistral_args":
         raise ValueError(f"no forced grammar for the {syntax!r} syntax")
-    further = f" ({opener} call){{0,{more}}}" if more else ""
-    return "\n".join([f"start: {opener} call{further}", *_mistral_calls(wanted)]) + "\n"
+    return "\n".join(["start: calls", *_distinct(
+        [f"{opener} {name}" for name in names], None, several=several),
+        *_mistral_calls(wanted)]) + "\n"
+
+
+#: Up to this many functions, parallel calls may come in any order; beyond it (a rule
+#: per subset of the functions would be too many), in the order the request lists them.
+_ANY_ORDER: Final = 6
+
+
+def _distinct(calls: Sequence[str], separator: str | None, *, several: bool) -> list[str]:
+    """Lark rules defining ``calls``: one of ``calls`` (Lark items), or with ``several``
+    one to all of them, each at most once, joined by ``separator`` (a Lark literal). A
+    rule per subset of the calls still open (any order) for at most :data:`_ANY_ORDER`
+    of them, else the calls in the order given."""
+    if not several or len(calls) == 1:
+        return [f"calls: {' | '.join(calls)}"]
+    then = f"{separator} " if separator else ""
+    every = (1 << len(calls)) - 1
+    if len(calls) > _ANY_ORDER:  # calls_i: a non-empty run of calls[i:], in order
+        last = len(calls) - 1
+        return ["calls: calls_0", *(
+            f"calls_{i}: {call} ({then}calls_{i + 1})? | calls_{i + 1}" if i < last
+            else f"calls_{i}: {call}" for i, call in enumerate(calls))]
+
+    def rule(left: int) -> str:
+        return "calls" if left == every else f"calls_{left:x}"
+
+    lines = []
+    for left in range(1, every + 1):
+        options = []
+        for i, call in enumerate(calls):
+            if left & (1 << i):
+                rest = left & ~(1 << i)
+                options.append(f"{call} ({then}{rule(rest)})?" if rest else call)
+        lines.append(f"{rule(left)}: {' | '.join(options)}")
+    return lines
 
 
 def _mistral_calls(functions: Sequence[tuple[str, str, dict[str, Any]]]) -> list[str]:
@@ -314,14 +366,10 @@ def lazy_call_grammar(spec: ToolSpec, *, special_open: str | None,
 def _held(functions: Sequence[tuple[str, str, dict[str, Any]]]
           ) -> list[tuple[str, str, dict[str, Any]]]:
     """The functions with their schemas as a call's grammar holds them (objects closed:
-    :func:`~.call_schema.closed_objects`)."""
-    return [(name, description, closed_objects(schema))
+    :func:`~.call_schema.closed_objects`; numbers bounded:
+    :func:`~meshd.daemon.engine.schema_checks.bounded_numbers`)."""
+    return [(name, description, bounded_numbers(closed_objects(schema)))
             for name, description, schema in functions]
-
-
-def _up_to(more: int, separator: str, rule: str = "body") -> str:
-    """Lark for at most ``more`` further ``rule``s, each after ``separator``."""
-    return f" ({json.dumps(separator)} {rule}){{0,{more}}}" if more else ""
 
 
 def _call_schema(functions: Sequence[tuple[str, str, dict[str, Any]]],
@@ -344,13 +392,49 @@ def answer_calls(text: str, spec: ToolSpec, *, finished: bool
                  ) -> tuple[str | None, list[dict[str, Any]]]:
     """The answer's content and ``tool_calls``: whole calls to offered functions, in the
     syntax offered or the one the model's family writes (:mod:`.tool_syntax`), at most
-    one unless parallel calls are allowed; anything else, and everything in an answer
-    that did not finish on its own, stays content."""
-    read = read_calls(text, spec.schemas) if finished else None
-    if read is None or (len(read[1]) > 1 and not spec.parallel):
-        return text, []
-    content, calls = read
+    one unless parallel calls are allowed; anything else stays content. An answer that
+    did not finish on its own (``max_tokens``) keeps the whole calls before the one the
+    cut broke, and the broken call's text is dropped, never content
+    (:func:`_whole_calls`)."""
+    if finished:
+        read = read_calls(text, spec.schemas)
+        if read is None or (len(read[1]) > 1 and not spec.parallel):
+            return text, []
+        content, calls = read
+    else:
+        content, calls = _whole_calls(text, spec)
     return (content or None), [
         {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
          "function": {"name": name, "arguments": json.dumps(arguments)}}
         for name, arguments in calls]
+
+
+#: Where a call may begin in an answer: an opener in any family's syntax, or Llama 3.x's
+#: bare ``{"name": "`` (at the start or after ``;``), its name perhaps cut short.
+_CALL_START: Final = re.compile(
+    r'<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>|(?:^|;)\s*\{"name": "([A-Za-z0-9_.:-]*)')
+#: Between two calls of Mistral v3's list, ``[TOOL_CALLS][{...}, {...}]``.
+_LIST_ITEM: Final = re.compile(r"\}\s*,\s*\{")
+
+
+def _whole_calls(text: str, spec: ToolSpec) -> tuple[str, list[Call]]:
+    """A cut answer's whole calls and the text around them: the longest part of the
+    answer before a call began (or Mistral's list closed after a whole item) that reads
+    as calls with no call begun in its rest; else no calls, and the text before the
+    first call began."""
+    starts = [m.start() for m in _CALL_START.finditer(text)
+              if m.group(1) is None or any(n.startswith(m.group(1)) for n in spec.names)]
+    if not starts:
+        return text, []
+    heads = [text]
+    if "[TOOL_CALLS][" in text:
+        heads += [text[:m.start() + 1] + "]" for m in reversed(list(_LIST_ITEM.finditer(text)))]
+    heads += [text[:start] for start in reversed(starts)]
+    for head in heads:
+        read = read_calls(head, spec.schemas)
+        if read is None or (len(read[1]) > 1 and not spec.parallel):
+            continue
+        rest, calls = read
+        if calls and not any(m.group(1) is None for m in _CALL_START.finditer(rest)):
+            return rest, calls
+    return text[:starts[0]].strip(), []

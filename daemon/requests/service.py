@@ -16,7 +16,8 @@ import functools
 import importlib.metadata
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -27,7 +28,7 @@ from meshd.daemon.config.options import DEFAULT_MAX_TOKENS
 from meshd.daemon.config.server import DEFAULT_SHUTDOWN_GRACE_S, ServerConfig
 from meshd.daemon.engine.constraint import ConstraintError
 from meshd.daemon.engine.request_errors import RequestError
-from meshd.daemon.engine.sampling import with_chosen_seed
+from meshd.daemon.engine.sampling import SamplingParams, with_chosen_seed
 from meshd.daemon.models.mapping import sampling_params
 from meshd.daemon.models.model_set import (
     LoadFailed,
@@ -40,14 +41,15 @@ from meshd.daemon.models.model_set import (
 from meshd.daemon.models.runtime import ModelRuntime
 from meshd.daemon.models.scheduler import Busy, GenerationHandle, GenerationRequest, Scheduler
 from meshd.daemon.models.statistics import SchedulerStatistics
-from meshd.daemon.requests.prompt_fit import PromptTooLong, prompt_tokens
+from meshd.daemon.requests.prompt_fit import PromptTooLong
+from meshd.daemon.requests.prompting import spec_grammar, spec_prompt
+from meshd.daemon.requests.spec import RequestSpec
 from meshd.daemon.system.peercred import peer_credentials
 from meshd.native.tokenizer import TooManyTokens
 from meshd.plugins.remote_plugin import PluginRefused
 from meshd.plugins.remote_plugin_set import is_plugin_hello
 from meshd.protocol import (
     PROPOSER_OFF,
-    PROTOCOL_VERSION,
     BadRequest,
     Detokenize,
     DetokenizeReply,
@@ -75,6 +77,7 @@ from meshd.protocol import (
     UnsupportedVersion,
     Welcome,
 )
+from meshd.protocol.versions import speaks, unsupported_message
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SHUTDOWN_GRACE_S", "InFlightGeneration", "ServerConfig",
            "Service", "server_version"]
@@ -89,6 +92,14 @@ def server_version() -> str:
         return "0+unknown"
 
 
+def peer_owner(sock: socket.socket | None) -> str | None:
+    """Who a Unix-socket peer is, as history lookup keeps answers
+    apart (``uid:N``, as the HTTP front end's ``stream_owner`` says it); None when the
+    kernel gives no credentials (no history then)."""
+    peer = peer_credentials(sock) if sock is not None else None
+    return None if peer is None else f"uid:{peer.uid}"
+
+
 class InFlightGeneration:
     """One generation a connection is serving: its id and (once admitted) its handle.
 
@@ -96,8 +107,10 @@ class InFlightGeneration:
     is being tokenized), so cancellation is remembered and applied on :meth:`attach`.
     """
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, owner: str | None = None) -> None:
         self.id = request_id
+        # Who asked (``peer_owner``; None: unknown, no history).
+        self.owner = owner
         self.handle: GenerationHandle | None = None
         #: The model serving it (set by ``Service.prepare``).
         self.model: ServedModel | None = None
@@ -165,19 +178,20 @@ class Service:
     # ------------------------------------------------------------------ simple replies
 
     def welcome(self, hello: Hello) -> Welcome:
-        """The handshake answer; raises UnsupportedVersion for another protocol version."""
-        if hello.protocol_version != PROTOCOL_VERSION:
-            raise UnsupportedVersion(
-                f"server speaks protocol {PROTOCOL_VERSION}, not {hello.protocol_version}",
-                request_id=hello.id,
-            )
+        """The handshake answer, in the hello's protocol version when the server speaks it
+        (every version from the first to the current: an older client is answered as its
+        version defines, which the protocol connection sees to from then on); raises
+        UnsupportedVersion for any other."""
+        if not speaks(hello.protocol_version):
+            raise UnsupportedVersion(unsupported_message(hello.protocol_version),
+                                     request_id=hello.id)
         capabilities = ["speculation", "tokenize", "models"]
         info = self.model
         if info.has_chat_template:
             capabilities.insert(0, "chat")
         return Welcome(
             id=hello.id,
-            protocol_version=PROTOCOL_VERSION,
+            protocol_version=hello.protocol_version,
             server_version=server_version(),
             model=info,
             capabilities=tuple(capabilities),
@@ -410,26 +424,38 @@ class Service:
 
     # ------------------------------------------------------------------ generate
 
-    async def prepare(self, request: Generate, entry: InFlightGeneration) -> GenerationRequest:
-        """Check a ``generate`` and turn it into an engine request for its model, which
-        ``entry`` then holds until :meth:`unregister`.
+    async def prepare(self, spec: RequestSpec | Generate, entry: InFlightGeneration
+                      ) -> GenerationRequest:
+        """Check a request and turn it into an engine request for its model, which
+        ``entry`` then holds until :meth:`unregister`: every check made once, the prompt
+        rendered and tokenized once, the constraint compiled once (:mod:`.prompting`).
 
         Raises BadRequest (limits, unknown proposer, no chat template), UnknownModel,
-        ServerBusy (no room for the model), or ModelError (the prompt does not fit the
-        context, the model did not load), attributed to the request's id.
+        ServerBusy (no room for the model), ModelError (the prompt does not fit the
+        context, the model did not load), attributed to the request's id; ApiError for
+        what only HTTP can ask (token-id prompts, template variables, tools the
+        template offers).
         """
+        if isinstance(spec, Generate):
+            spec = RequestSpec(spec)
+        request = spec.generate
         rid = request.id
         served = await self.hold(request.model, rid)
         entry.model, entry.holds, entry.keep_alive = served, True, request.keep_alive
         rt, scheduler = served.runtime, served.scheduler
         assert rt is not None and scheduler is not None
-        max_tokens = request.max_tokens or self.config.max_tokens_default
         limit = self.max_tokens_limit(rt)
-        if request.max_tokens is not None and request.max_tokens > limit:
-            raise BadRequest.invalid_field(
-                "generate.max_tokens", f"must be at most {limit} (got {request.max_tokens})"
-            ).with_request_id(rid)
-        max_tokens = min(max_tokens, limit)
+        if spec.n_predict is not None:  # (llama-server's: -1 the context, clamped)
+            max_tokens = limit if spec.n_predict == -1 else max(1, min(spec.n_predict, limit))
+        else:
+            # A request that sets no limit goes on until the model stops or the context
+            # ends (the engine stops there), as llama-server's; the operator may cap it.
+            max_tokens = request.max_tokens or self.config.max_tokens_default or limit
+            if request.max_tokens is not None and request.max_tokens > limit:
+                raise BadRequest.invalid_field(
+                    "generate.max_tokens", f"must be at most {limit} (got {request.max_tokens})"
+                ).with_request_id(rid)
+            max_tokens = min(max_tokens, limit)
         proposer = request.speculative.proposer
         if proposer is not None and proposer != PROPOSER_OFF:
             problem = rt.proposer_problem(proposer)
@@ -449,34 +475,32 @@ class Service:
             sampling = with_chosen_seed(sampling_params(request.sampling), self.config.seed)
         except ValueError as exc:
             raise BadRequest(f"generate.sampling: {exc}", request_id=rid) from exc
+        sampling = _with_spec_sampling(sampling, spec)
         try:
             with scheduler.preparing():  # admissions wait a moment for it
-                prompt = await anyio.to_thread.run_sync(_prompt_tokens, rt, request)
+                prompt = await anyio.to_thread.run_sync(spec_prompt, rt, spec)
         except PromptTooLong as exc:
             raise ModelError(str(exc), request_id=rid) from exc
         except (RequestError, ValueError) as exc:
             field = "generate.messages" if request.messages is not None else "generate.prompt"
             raise BadRequest(f"{field}: {exc}", request_id=rid) from exc
-        grammar = None
-        if request.constraint is not None:
-            constraint = request.constraint
-            try:
-                grammar = await anyio.to_thread.run_sync(
-                    rt.compile_constraint, constraint.kind, constraint.value)
-            except ConstraintError as exc:
-                raise BadRequest.invalid_field(
-                    "generate.constraint", f"the {constraint.kind} does not compile: {exc}"
-                ).with_request_id(rid) from exc
+        try:
+            grammar = await anyio.to_thread.run_sync(spec_grammar, rt, spec, prompt)
+        except ConstraintError as exc:
+            kind = request.constraint.kind if request.constraint is not None else "grammar"
+            raise BadRequest.invalid_field(
+                "generate.constraint", f"the {kind} does not compile: {exc}"
+            ).with_request_id(rid) from exc
         n_ctx = rt.context.config.n_ctx_seq
-        if not prompt:
+        if not prompt.tokens:
             raise BadRequest("generate.prompt: tokenizes to no tokens", request_id=rid)
-        if len(prompt) + 1 > n_ctx:
-            too_long = rt.prompt_too_long(len(prompt))
+        if len(prompt.tokens) + 1 > n_ctx:
+            too_long = rt.prompt_too_long(len(prompt.tokens))
             raise ModelError(str(too_long), request_id=rid) from too_long
         options = request.speculative.options
-        if request.prediction and proposer in (None, "auto"):
+        if request.prediction and proposer in (None, "auto", "prediction"):
             # Predicted Outputs: drafted from by the prediction proposer (a request
-            # that names its proposer keeps it).
+            # that names another proposer keeps it).
             try:
                 predicted = await anyio.to_thread.run_sync(functools.partial(
                     rt.model.tokenizer.tokenize, request.prediction,
@@ -486,24 +510,22 @@ class Service:
                                                ).with_request_id(rid) from exc
             proposer, options = "prediction", {**(options or {}), "tokens": predicted}
         return GenerationRequest(
-            prompt=tuple(prompt), max_tokens=max_tokens, sampling=sampling,
+            prompt=prompt.tokens, max_tokens=max_tokens, sampling=sampling,
             stop=tuple(request.stop), proposer=proposer,
             draft_max=request.speculative.draft_max,
-            proposer_options=options, grammar=grammar, logprobs=request.logprobs,
+            proposer_options=options, grammar=grammar,
+            logprobs=spec.logprobs if spec.logprobs is not None else request.logprobs,
+            owner=entry.owner,  # (whose earlier answers history lookup may draft from)
         )
 
-    async def start(self, request: Generate, entry: InFlightGeneration, *,
-                    adjust: Callable[[GenerationRequest], GenerationRequest] | None = None
+    async def start(self, spec: RequestSpec | Generate, entry: InFlightGeneration
                     ) -> GenerationRequest:
         """The one request lifecycle of both front ends, between :meth:`register` and
-        :meth:`unregister`: prepare (``entry`` then holds the model), ``adjust`` the
-        engine request (HTTP's token-id prompts), then, unless the request was cancelled
-        meanwhile, submit it and attach its handle to ``entry`` (``entry.handle`` stays
-        None for a request cancelled before it reached the scheduler). Raises what
-        :meth:`prepare` and :meth:`submit` raise."""
-        gen = await self.prepare(request, entry)
-        if adjust is not None:  # (it may render and tokenize: blocking)
-            gen = await anyio.to_thread.run_sync(adjust, gen)
+        :meth:`unregister`: prepare (``entry`` then holds the model), then, unless the
+        request was cancelled meanwhile, submit it and attach its handle to ``entry``
+        (``entry.handle`` stays None for a request cancelled before it reached the
+        scheduler). Raises what :meth:`prepare` and :meth:`submit` raise."""
+        gen = await self.prepare(spec, entry)
         if not entry.cancelled:
             entry.attach(self.submit(gen, entry))
         return gen
@@ -580,12 +602,15 @@ class Service:
         return self._n_inflight == 0
 
 
-def _prompt_tokens(rt: ModelRuntime, request: Generate) -> list[int]:
-    """Render (chat) and tokenize, exactly as ``meshd generate`` does; blocking.
-    Raises PromptTooLong before tokenizing more than the context holds."""
-    if request.messages is not None:
-        text = rt.render_chat([{"role": m.role, "content": m.content}
-                               for m in request.messages])
-        return prompt_tokens(rt, text, chat=True)
-    assert request.prompt is not None
-    return prompt_tokens(rt, request.prompt, chat=False)
+def _with_spec_sampling(sampling: SamplingParams, spec: RequestSpec) -> SamplingParams:
+    """``sampling`` with what a front end adds beyond ``generate``'s: biases by token id,
+    a seed offset (``n_cmpl`` copies), ``min_tokens``."""
+    changes: dict[str, Any] = {}
+    if spec.logit_bias_ids is not None:
+        changes["logit_bias"] = spec.logit_bias_ids
+    if spec.seed_offset and spec.generate.sampling.seed is not None \
+            and sampling.seed is not None:
+        changes["seed"] = (sampling.seed + spec.seed_offset) % (1 << 64)
+    if spec.min_tokens:
+        changes["min_tokens"] = spec.min_tokens
+    return attrs.evolve(sampling, **changes) if changes else sampling

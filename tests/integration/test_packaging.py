@@ -66,7 +66,7 @@ def test_wheel_contains_all_packages_and_entry_points(tmp_path: Path) -> None:
     assert not any(n.startswith("meshd/native/test") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    for name in ("mtp", "ngram", "composite", "draft"):
+    for name in ("mtp", "ngram", "composite", "draft", "history"):
         assert f"{name} = meshd.plugins." in text
     assert "meshd = meshd.daemon.commands.cli:main" in text
     assert "meshctl = meshd.clients.ctl:main" in text

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
 import anyio
@@ -34,6 +34,7 @@ from meshd.daemon.frontends.http.openai.api import (
     tool_answer,
     usage,
 )
+from meshd.daemon.frontends.http.openai.prediction import prediction_details
 from meshd.daemon.frontends.http.responder import Responder, RouteContext
 from meshd.daemon.models.model_set import NoSuchModel
 from meshd.daemon.models.runtime import ModelRuntime
@@ -51,12 +52,12 @@ from meshd.daemon.requests.api_errors import (
     json_bytes,
 )
 from meshd.daemon.requests.service import InFlightGeneration, Service
-from meshd.daemon.requests.template_tools import with_lazy_calls, with_template_tools
+from meshd.daemon.requests.spec import RequestSpec
 from meshd.policy.decision import FinishReason
 from meshd.protocol import ModelError, ProtocolError
 
-__all__ = ["Adjust", "Started", "finish_reason_of", "generation_failure", "log_finished",
-           "receive_batch", "serve_completion", "served_name", "started"]
+__all__ = ["Started", "finish_reason_of", "generation_failure", "log_finished",
+           "receive_batch", "request_spec", "serve_completion", "served_name", "started"]
 
 _MAX_EVENTS_PER_WRITE: Final = 256
 _SSE: Final = "text/event-stream"
@@ -64,12 +65,15 @@ _SSE: Final = "text/event-stream"
 
 async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Responder) -> None:
     """Run ``req`` and answer it; raises ApiError while nothing has been sent yet."""
+    if req.batch:
+        await _batch(routes, req, out)
+        return
     async with started(routes, req, out) as run:
         if run is None:  # the client left before it reached the scheduler
             return
         req, gen, handle, entry = run.req, run.gen, run.handle, run.entry
         if req.n > 1:
-            await _choices(routes, req, gen, handle, out, entry)
+            await _choices(routes, [run], out)
             return
         prompt_tokens = len(gen.prompt)
         seed = None if gen.sampling.greedy else gen.sampling.seed
@@ -96,10 +100,6 @@ async def receive_batch(handle: GenerationHandle) -> list[Any]:
     return batch
 
 
-Adjust = Callable[[ModelRuntime, GenerationRequest], GenerationRequest]
-"""A change to the engine request once ``prepare`` has checked it (and the model is held)."""
-
-
 @attrs.frozen
 class Started:
     """A generation admitted to the scheduler: its request (naming the model that serves
@@ -111,35 +111,34 @@ class Started:
     entry: InFlightGeneration
 
 
+def request_spec(req: CompletionRequest) -> RequestSpec:
+    """The one request type an HTTP completion hands the service (what the native
+    ``generate`` cannot say included: a token-id prompt, the conversation the model's
+    template may offer the tools in, its variables, ``min_tokens``)."""
+    return RequestSpec(
+        req.generate, prompt_ids=req.prompt_ids or None, tools=req.tools,
+        conversation=req.template_messages if req.tools is not None else None,
+        template_variables=req.template_variables, reasoning_effort=req.reasoning_effort,
+        min_tokens=req.min_tokens)
+
+
 @contextlib.asynccontextmanager
 async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
-                  adjust: Adjust | None = None) -> AsyncIterator[Started | None]:
+                  spec: RequestSpec | None = None) -> AsyncIterator[Started | None]:
     """The request lifecycle every generating endpoint shares: register ``req`` (a
-    disconnect cancels it), prepare and submit it (its token-id prompt, then ``adjust``,
-    applied to the engine request), and unregister it when the block ends. Yields None
-    when the client left before it reached the scheduler; raises ApiError when it is
-    refused."""
+    disconnect cancels it), prepare and submit it (as ``spec``, by default
+    :func:`request_spec`'s), and unregister it when the block ends. Yields None when the
+    client left before it reached the scheduler; raises ApiError when it is refused."""
     service = routes.service
-    entry = InFlightGeneration(req.generate.id)
+    entry = InFlightGeneration(req.generate.id, routes.owner or None)
     service.register(entry)
     out.on_gone(entry.cancel)
     try:
-        ids = req.prompt_ids
-
-        def adjusted(gen: GenerationRequest) -> GenerationRequest:
-            assert entry.model is not None and entry.model.runtime is not None
-            rt = entry.model.runtime
-            if ids:
-                gen = _with_prompt_ids(rt, gen, ids)
-            if req.template_messages is not None and req.tools is not None:
-                gen = with_template_tools(rt, gen, req.template_messages, req.tools)
-                gen = with_lazy_calls(rt, gen, req.tools)
-            return gen if adjust is None else adjust(rt, gen)
-
+        spec = spec or request_spec(req)
         try:
-            asked = attrs.evolve(req.generate, model=served_name(service, req.model))
-            changes = ids or adjust is not None or req.template_messages is not None
-            gen = await service.start(asked, entry, adjust=adjusted if changes else None)
+            spec = attrs.evolve(spec, generate=attrs.evolve(
+                spec.generate, model=served_name(service, req.model)))
+            gen = await service.start(spec, entry)
         except ModelError as exc:  # (prepare raises it for a prompt over the context only)
             raise context_exceeded(exc, "messages" if req.chat else "prompt") from None
         except ProtocolError as exc:
@@ -149,14 +148,37 @@ async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
         if handle is None:
             yield None
             return
-        assert entry.model is not None
+        assert entry.model is not None and entry.model.runtime is not None
         req = attrs.evolve(req, model=entry.model.name)  # the answers name it
-        predicted = (gen.proposer_options or {}).get("tokens")
-        if gen.proposer == "prediction" and isinstance(predicted, list):
-            req = attrs.evolve(req, predicted=len(predicted))
+        predicted = _drafted_prediction(gen)
+        if predicted is None and req.generate.prediction:  # (counted, not drafted from)
+            predicted = await anyio.to_thread.run_sync(
+                _prediction_tokens, entry.model.runtime, req.generate.prediction)
+        if predicted is not None:
+            req = attrs.evolve(req, predicted=predicted)
         yield Started(req, gen, handle, entry)
     finally:
         service.unregister(entry)
+
+
+def _drafted_prediction(gen: GenerationRequest) -> tuple[int, ...] | None:
+    """The prediction's tokens the ``prediction`` proposer drafts from (None: it does
+    not run for this request)."""
+    tokens = (gen.proposer_options or {}).get("tokens")
+    if gen.proposer == "prediction" and isinstance(tokens, list):
+        return tuple(tokens)
+    return None
+
+
+def _prediction_tokens(rt: ModelRuntime, text: str) -> tuple[int, ...]:
+    """A prediction another proposer drafts for, tokenized as the ``prediction``
+    proposer's (to count what the answer holds of it); at most the context's worth, as
+    there. Blocking."""
+    n_ctx = rt.context.config.n_ctx_seq
+    try:
+        return tuple(rt.model.tokenizer.tokenize(text, add_special=False, max_tokens=n_ctx))
+    except ValueError as exc:  # (TooManyTokens)
+        raise ApiError(400, f"prediction: {exc}", param="prediction") from None
 
 
 def served_name(service: Service, asked: str | None) -> str | None:
@@ -172,21 +194,6 @@ def served_name(service: Service, asked: str | None) -> str | None:
         pass
     raise ApiError(404, f"The model {asked!r} does not exist; this daemon serves "
                         f"{', '.join(models)}", param="model", code="model_not_found")
-
-
-def _with_prompt_ids(rt: ModelRuntime, gen: GenerationRequest, ids: tuple[int, ...]
-                     ) -> GenerationRequest:
-    """``gen`` (checked by ``prepare`` on a placeholder prompt) with the request's token
-    ids as its prompt, once they are known to be in the vocabulary and fit the context."""
-    n_vocab = rt.model.info.n_vocab
-    for i, token in enumerate(ids):
-        if token >= n_vocab:
-            raise ApiError(400, f"prompt[{i}]: must be a token id below the vocabulary "
-                                f"size {n_vocab} (got {token})", param="prompt")
-    if len(ids) + 1 > rt.context.config.n_ctx_seq:
-        too_long = rt.prompt_too_long(len(ids))
-        raise ModelError(str(too_long)) from too_long
-    return attrs.evolve(gen, prompt=ids)
 
 
 def _failure(final: GenerationFailed) -> ApiError:
@@ -215,7 +222,8 @@ async def _collect(routes: RouteContext, req: CompletionRequest, handle: Generat
                 body = completion_response(
                     req, _name(req), system_fingerprint(routes.service, req.model),
                     "".join(parts), finish, event.stats, event.proposer, prompt_tokens, seed,
-                    _logprobs(routes, req, lps))
+                    _logprobs(routes, req, lps),
+                    prediction=await _prediction_details(routes, req, "".join(parts)))
                 if _verbose(routes, req):
                     body["__verbose"] = await _verbose_block(entry, handle, "".join(parts))
                 await out.send(200, json_bytes(body), JSON)
@@ -256,6 +264,7 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
     live = True  # the client still reads
     offset = 0  # characters streamed so far (completions' logprobs.text_offset)
     held: list[str] = []  # the text of a request that offered tools
+    answer: list[str] = []  # the text of a request with a prediction (its counters)
     async with handle.events:
         while True:
             batch = await receive_batch(handle)
@@ -264,6 +273,8 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
                 raise _failure(final)
             text = "".join(e.text for e in batch if isinstance(e, TokenEvent))
             clock.received(sum(len(e.tokens) for e in batch if isinstance(e, TokenEvent)))
+            if req.predicted is not None:
+                answer.append(text)
             if req.tools is not None:  # calls are known at the end: hold the text till then
                 held.append(text)
                 text = "" if final is None else _release_held(req, held, final)
@@ -282,11 +293,14 @@ async def _stream(routes: RouteContext, req: CompletionRequest, handle: Generati
                 _log_finished(routes, req, final, finish, prompt_tokens)
                 calls = tool_answer(req, "".join(held), finish)[1] if held else []
                 if calls:
-                    finish = "tool_calls"
+                    if finish in ("eog", "stop"):  # (a cut keeps ``length``)
+                        finish = "tool_calls"
                     data += sse.event(clock.timed(req, chunk(req, model, fp,
                                                              tool_calls=calls)))
+                prediction = (await _prediction_details(routes, req, "".join(answer))
+                              if req.include_usage else None)
                 data += _closing(req, model, fp, finish, final.stats, final.proposer,
-                                 prompt_tokens, seed)
+                                 prompt_tokens, seed, prediction)
             elif isinstance(final, GenerationFailed):
                 data += sse.event(error_body(_failure(final)))
                 data += sse.DONE
@@ -393,13 +407,27 @@ def _logprobs(routes: RouteContext, req: CompletionRequest, lps: list[TokenLogpr
 
 def _closing(req: CompletionRequest, model: str, fp: str, finish: str,
              stats: GenerationStats, proposer: str | None, prompt_tokens: int,
-             seed: int | None) -> bytes:
+             seed: int | None, prediction: dict[str, int] | None = None) -> bytes:
     last = chunk(req, model, fp, finish=finish)
     last["timings"] = timings(stats)
-    last["meshd"] = meshd_block(stats, proposer, seed)
+    last["meshd"] = meshd_block(stats, proposer, seed, req.ignored)
     return sse.event(last) + _usage_chunk(req, model, fp, usage(prompt_tokens, stats,
-                                                                 req.predicted),
+                                                                 prediction),
                                           last["timings"]) + sse.DONE
+
+
+async def _prediction_details(routes: RouteContext, req: CompletionRequest, text: str
+                              ) -> dict[str, int] | None:
+    """The prediction counters of an answer whose text is ``text`` (None: the request
+    sent no prediction), computed on a worker thread."""
+    if req.predicted is None:
+        return None
+    runtime = routes.service.models.get(req.model).runtime
+    assert runtime is not None  # (held by the request)
+    tokenizer = runtime.model.tokenizer
+    return await anyio.to_thread.run_sync(functools.partial(
+        prediction_details, req.predicted, text,
+        lambda answer: tokenizer.tokenize(answer, add_special=False)))
 
 
 def _usage_chunk(req: CompletionRequest, model: str, fp: str, counts: dict[str, Any],
@@ -433,6 +461,7 @@ def _log_finished(routes: RouteContext, req: CompletionRequest, final: Finished,
         proposer=final.proposer or "off", drafted=st.drafted, accepted=st.accepted,
         target_forwards=st.decode_forwards,
         prefill_forwards=st.session.prefill_forwards, wall_ms=round(st.wall_ms, 2),
+        **({"ignored_fields": list(req.ignored)} if req.ignored else {}),
     )
 
 
@@ -446,41 +475,71 @@ class _Choice:
     index: int
     seed: int | None
     handle: GenerationHandle
+    prompt_tokens: int
     parts: list[str] = attrs.field(factory=list)
     logprobs: list[TokenLogprob] = attrs.field(factory=list)
     final: Finished | None = None
 
 
-async def _choices(routes: RouteContext, req: CompletionRequest, gen: GenerationRequest,
-                   first: GenerationHandle, out: Responder, entry: InFlightGeneration) -> None:
-    """``n`` > 1: the same request ``n`` times, decoded together (the scheduler batches
-    them; a prompt already prefilled comes from the prefix cache), choice ``i`` sampled
-    with the request's seed plus ``i`` (greedy choices are equal)."""
+async def _batch(routes: RouteContext, req: CompletionRequest, out: Responder) -> None:
+    """``/v1/completions`` with several prompts: each started in turn (the first ones
+    decode while the next are tokenized; all share the scheduler's forwards), then all
+    answered as choices, ``n`` per prompt. A prompt refused refuses the request, and
+    none of its generations runs on."""
+    runs: list[Started] = []
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            for text, ids in req.batch:
+                one = attrs.evolve(req, generate=attrs.evolve(req.generate, prompt=text),
+                                   prompt_ids=ids, batch=())
+                run = await stack.enter_async_context(started(routes, one, out))
+                if run is None:  # the client left
+                    return
+                runs.append(run)
+            await _choices(routes, runs, out)
+        finally:  # (answered, refused, failed or left)
+            for run in runs:
+                run.entry.cancel()
+                run.handle.events.close()
+
+
+async def _choices(routes: RouteContext, runs: Sequence[Started], out: Responder) -> None:
+    """Several choices: ``n`` of one prompt, or of each prompt of a batch (each started
+    in ``runs``). Choice ``j`` of prompt ``i`` is ``index`` ``i * n + j``, as OpenAI
+    numbers them; all decode together (the scheduler batches them; a prompt already
+    prefilled comes from the prefix cache), choice ``j`` sampled with its prompt's seed
+    plus ``j`` (greedy choices of a prompt are equal)."""
     service = routes.service
-    seed = None if gen.sampling.greedy else gen.sampling.seed
-    choices = [_Choice(0, seed, first)]
+    req = runs[0].req
+    choices: list[_Choice] = []
     extras: list[InFlightGeneration] = []
     try:
-        await _run_choices(routes, req, gen, choices, extras, out, entry)
+        for i, run in enumerate(runs):
+            seed = None if run.gen.sampling.greedy else run.gen.sampling.seed
+            choices.append(_Choice(i * req.n, seed, run.handle, len(run.gen.prompt)))
+            _submit_copies(routes, req, run, choices, extras, out, runs)
+        await _run_choices(routes, req, choices, out, sum(len(r.gen.prompt) for r in runs))
     finally:
         for extra in extras:
             service.unregister(extra)
 
 
-async def _run_choices(routes: RouteContext, req: CompletionRequest, gen: GenerationRequest,
-                       choices: list[_Choice], extras: list[InFlightGeneration],
-                       out: Responder, entry: InFlightGeneration) -> None:
-    """Submit choices 1..n-1 (each tracked in ``extras``) and answer all of them."""
+def _submit_copies(routes: RouteContext, req: CompletionRequest, run: Started,
+                   choices: list[_Choice], extras: list[InFlightGeneration], out: Responder,
+                   runs: Sequence[Started]) -> None:
+    """Submit choices 1..n-1 of ``run``'s prompt (the last of ``choices`` is its first),
+    each tracked in ``extras``; when one cannot be queued, none of the choices runs."""
     service = routes.service
-    seed = choices[0].seed
-    for i in range(1, req.n):
-        sampling = gen.sampling if seed is None else attrs.evolve(
-            gen.sampling, seed=(seed + i) % (1 << 64))
+    first = choices[-1]
+    seed = first.seed
+    for j in range(1, req.n):
+        sampling = run.gen.sampling if seed is None else attrs.evolve(
+            run.gen.sampling, seed=(seed + j) % (1 << 64))
         try:
-            handle = service.submit(attrs.evolve(gen, sampling=sampling), entry,
+            handle = service.submit(attrs.evolve(run.gen, sampling=sampling), run.entry,
                                     req.generate.id)
         except ProtocolError as exc:  # (the queue is full): none of the choices runs
-            for running in (entry, *extras):
+            for running in (*(r.entry for r in runs), *extras):
                 running.cancel()
             raise ApiError.from_protocol(exc) from None
         extra = InFlightGeneration(req.generate.id)
@@ -488,7 +547,13 @@ async def _run_choices(routes: RouteContext, req: CompletionRequest, gen: Genera
         extras.append(extra)
         extra.attach(handle)
         out.on_gone(extra.cancel)
-        choices.append(_Choice(i, sampling.seed if seed is not None else None, handle))
+        choices.append(_Choice(first.index + j, sampling.seed if seed is not None else None,
+                               handle, first.prompt_tokens))
+
+
+async def _run_choices(routes: RouteContext, req: CompletionRequest, choices: list[_Choice],
+                       out: Responder, prompt_tokens: int) -> None:
+    """Answer every choice as its events come (``prompt_tokens``: every prompt's)."""
     send, receive = anyio.create_memory_object_stream[tuple[_Choice, object]](1024)
 
     async def pump(choice: _Choice, sender: Any) -> None:
@@ -501,13 +566,14 @@ async def _run_choices(routes: RouteContext, req: CompletionRequest, gen: Genera
             for choice in choices:
                 tg.start_soon(pump, choice, send.clone())
         async with receive:
-            await _answer_choices(routes, req, choices, receive, out, len(gen.prompt))
+            await _answer_choices(routes, req, choices, receive, out, prompt_tokens)
 
 
 async def _answer_choices(routes: RouteContext, req: CompletionRequest,
                           choices: list[_Choice], receive: Any, out: Responder,
                           prompt_tokens: int) -> None:
-    """Collect (or stream, chunk by chunk with each choice's ``index``) the choices."""
+    """Collect (or stream, chunk by chunk with each choice's ``index``) the choices;
+    ``prompt_tokens`` counts each prompt once (OpenAI's usage)."""
     model, fp = _name(req), system_fingerprint(routes.service, req.model)
     live = await out.start(200, _SSE, [("Cache-Control", "no-cache")]) if req.stream else True
     async for choice, event in receive:
@@ -526,15 +592,21 @@ async def _answer_choices(routes: RouteContext, req: CompletionRequest,
             data = sse.event(error_body(_failure(event)))
         elif isinstance(event, Finished):
             choice.final = event
-            _log_finished(routes, req, event, event.finish.value, prompt_tokens)
+            _log_finished(routes, req, event, event.finish.value, choice.prompt_tokens)
             if req.stream:
                 last = _indexed(chunk(req, model, fp, finish=event.finish.value), choice.index)
-                last["meshd"] = meshd_block(event.stats, event.proposer, choice.seed)
+                last["meshd"] = meshd_block(event.stats, event.proposer, choice.seed,
+                                            req.ignored)
                 data = sse.event(last)
         if data and live:
             live = await out.write(data)
-    done = [c for c in choices if c.final is not None]
+    done = sorted((c for c in choices if c.final is not None), key=lambda c: c.index)
     total = _usage_of(prompt_tokens, done)
+    if req.predicted is not None:  # (each choice's counters, summed)
+        counts = [await _prediction_details(routes, req, "".join(c.parts)) for c in done]
+        total["completion_tokens_details"] = {
+            key: sum(c[key] for c in counts if c is not None)
+            for key in ("accepted_prediction_tokens", "rejected_prediction_tokens")}
     if req.stream:
         if live and await out.write(_usage_chunk(req, model, fp, total) + sse.DONE):
             await out.end()
@@ -544,11 +616,11 @@ async def _answer_choices(routes: RouteContext, req: CompletionRequest,
     first = done[0]
     assert first.final is not None
     body = completion_response(req, model, fp, "".join(first.parts), first.final.finish.value,
-                               first.final.stats, first.final.proposer, prompt_tokens,
+                               first.final.stats, first.final.proposer, first.prompt_tokens,
                                first.seed)
     body["choices"] = [_indexed(completion_response(
         req, model, fp, "".join(c.parts), c.final.finish.value, c.final.stats,
-        c.final.proposer, prompt_tokens, c.seed, _logprobs(routes, req, c.logprobs),
+        c.final.proposer, c.prompt_tokens, c.seed, _logprobs(routes, req, c.logprobs),
     ), c.index)["choices"][0] for c in done if c.final is not None]
     body["usage"] = total
     body["meshd"]["seeds"] = [c.seed for c in done]
@@ -568,7 +640,8 @@ def _indexed(body: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def _usage_of(prompt_tokens: int, done: list[_Choice]) -> dict[str, Any]:
-    """The prompt once, every choice's completion tokens (as OpenAI counts ``n``)."""
+    """Each prompt once, every choice's completion tokens (as OpenAI counts ``n`` and
+    batches)."""
     emitted = sum(c.final.stats.emitted for c in done if c.final is not None)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": emitted,
             "total_tokens": prompt_tokens + emitted}

@@ -28,11 +28,14 @@ import h11
 from structlog.typing import FilteringBoundLogger
 
 from meshd.daemon.frontends.http.access import authorized, cors_headers, preflight_headers
+from meshd.daemon.frontends.http.ollama.answers import error_object
+from meshd.daemon.frontends.http.ollama.routes import PREFIX as OLLAMA_PREFIX
 from meshd.daemon.frontends.http.routes import Routes
-from meshd.daemon.frontends.http.stream_sessions import StreamSessions
+from meshd.daemon.frontends.http.stream_sessions import StreamSessions, stream_owner
 from meshd.daemon.requests.api_errors import JSON, error_body, json_bytes, unauthorized
 from meshd.daemon.requests.service import Service
 from meshd.daemon.system.hangup import wait_hangup
+from meshd.daemon.system.peercred import peer_credentials
 from meshd.protocol import FrameWriter, StreamReceiver
 
 __all__ = ["HttpConnection"]
@@ -69,6 +72,9 @@ class HttpConnection:
         self._eof = False
         self._lost = False
         self._refused = False
+        #: The current request is a HEAD: its answer is the GET's status and headers,
+        #: without the body (RFC 9110 9.3.2; h11 frames it so).
+        self._head = False
         self._on_gone: list[Callable[[], None]] = []
         # One write at a time, each bounded (a peer that stops reading cannot hang us).
         self._writer = FrameWriter(stream, timeout=service.config.send_timeout_s, shield=False)
@@ -77,6 +83,11 @@ class HttpConnection:
         #: Over TCP (no peer credentials): the API key applies.
         self._tcp = self._socket is not None and self._socket.family in (socket.AF_INET,
                                                                            socket.AF_INET6)
+        #: Whose resumable streams this peer's requests make and see: its uid on the
+        #: Unix socket, the API key over TCP (:func:`.stream_sessions.stream_owner`).
+        self._owner = stream_owner(
+            None if self._socket is None or self._tcp else peer_credentials(self._socket),
+            tcp=self._tcp, api_key=self.config.api_key)
         #: The CORS headers of the current request's answer.
         self._cors: list[tuple[str, str]] = []
 
@@ -133,7 +144,7 @@ class HttpConnection:
                     await self._routes.handle(
                         request.method.decode("ascii", "replace"),
                         request.target.decode("ascii", "replace"), body, self,
-                        conversation=conversation)
+                        conversation=conversation, owner=self._owner)
                 finally:
                     tg.cancel_scope.cancel()
             if self._lost:
@@ -158,8 +169,10 @@ class HttpConnection:
         if self._tcp and not authorized(headers, self.config.api_key, path):
             self.service.counters["errors_forbidden"] += 1
             self.log.info("http_unauthorized", path=path)
-            await self.send(401, json_bytes(error_body(unauthorized())), JSON,
-                            [("WWW-Authenticate", "Bearer")])
+            refusal = unauthorized()
+            body = error_object(refusal.message) if path.startswith(OLLAMA_PREFIX) \
+                else error_body(refusal)
+            await self.send(401, json_bytes(body), JSON, [("WWW-Authenticate", "Bearer")])
             return True
         return False
 
@@ -168,6 +181,7 @@ class HttpConnection:
     async def _read_request(self) -> tuple[h11.Request, bytes] | None:
         """The next complete request and its body, or None (closed, refused, too slow)."""
         request: h11.Request | None = None
+        self._head = False
         body = bytearray()
         deadline: float | None = None  # set by the request's first byte
         idle_deadline = anyio.current_time() + self.config.idle_timeout_s
@@ -192,6 +206,7 @@ class HttpConnection:
                 self._h11.receive_data(data)
             elif isinstance(event, h11.Request):
                 request = event
+                self._head = event.method == b"HEAD"
                 if event.http_version not in (b"1.0", b"1.1"):
                     await self._refuse(505, "only HTTP/1.0 and HTTP/1.1 are served")
                     return None
@@ -285,25 +300,33 @@ class HttpConnection:
 
     async def send(self, status: int, body: bytes, content_type: str,
                    headers: Sequence[tuple[str, str]] = ()) -> bool:
-        """A whole response; returns whether the client got it."""
+        """A whole response (to a HEAD: its headers, Content-Length as the GET's); returns
+        whether the client got it."""
         return await self._send_events([
             h11.Response(status_code=status, reason=_reason(status), headers=[
                 *self._headers(content_type, headers),
                 (b"Content-Length", str(len(body)).encode())]),
-            h11.Data(data=body), h11.EndOfMessage(),
+            *self._body(body), h11.EndOfMessage(),
         ])
 
     async def start(self, status: int, content_type: str,
                     headers: Sequence[tuple[str, str]] = ()) -> bool:
-        """Begin a streamed response (chunked on HTTP/1.1)."""
-        return await self._send_events([h11.Response(
+        """Begin a streamed response (chunked on HTTP/1.1). To a HEAD the headers are
+        the whole answer: False then, as for a client that stopped reading."""
+        sent = await self._send_events([h11.Response(
             status_code=status, reason=_reason(status),
-            headers=self._headers(content_type, headers))])
+            headers=self._headers(content_type, headers)),
+            *([h11.EndOfMessage()] if self._head else [])])
+        return sent and not self._head
 
     async def write(self, data: bytes) -> bool:
+        if self._head:
+            return False
         return await self._send_events([h11.Data(data=data)])
 
     async def end(self) -> bool:
+        if self._head:  # (ended with its headers)
+            return True
         return await self._send_events([h11.EndOfMessage()])
 
     def _headers(self, content_type: str, extra: Sequence[tuple[str, str]]
@@ -329,8 +352,12 @@ class HttpConnection:
             h11.Response(status_code=status, reason=_reason(status), headers=[
                 *self._headers("application/json", [("Connection", "close")]),
                 (b"Content-Length", str(len(body)).encode())]),
-            h11.Data(data=body), h11.EndOfMessage(),
+            *self._body(body), h11.EndOfMessage(),
         ])
+
+    def _body(self, body: bytes) -> list[h11.Event]:
+        """The body of an answer: none to a HEAD (h11 refuses one)."""
+        return [] if self._head or not body else [h11.Data(data=body)]
 
     async def _send_events(self, events: Sequence[h11.Event]) -> bool:
         """Serialize with h11 and write; on a dead or stuck peer, give up the connection."""

@@ -11,16 +11,14 @@ held for the count and released.
 
 from __future__ import annotations
 
-import anyio
 import attrs
 
-from meshd.daemon.frontends.http.completions import served_name
+from meshd.daemon.frontends.http.completions import request_spec, served_name
 from meshd.daemon.frontends.http.openai.api import CompletionRequest, parse_request
 from meshd.daemon.frontends.http.openai.responses_format import parse_responses_request
 from meshd.daemon.frontends.http.responder import Responder, RouteContext
 from meshd.daemon.requests.api_errors import JSON, ApiError, context_exceeded, json_bytes
 from meshd.daemon.requests.service import InFlightGeneration
-from meshd.daemon.requests.template_tools import with_template_tools
 from meshd.protocol import ModelError, ProtocolError
 
 __all__ = ["chat_input_tokens", "responses_input_tokens"]
@@ -46,14 +44,11 @@ async def _count(routes: RouteContext, req: CompletionRequest, out: Responder) -
     entry = InFlightGeneration(req.generate.id)
     service.register(entry)  # (a shutdown waits for it, as for a generation)
     try:
-        asked = attrs.evolve(req.generate, model=served_name(service, req.model))
+        spec = request_spec(req)
+        spec = attrs.evolve(spec, generate=attrs.evolve(
+            spec.generate, model=served_name(service, req.model)))
         try:
-            gen = await service.prepare(asked, entry)
-            if req.template_messages is not None and req.tools is not None:
-                assert entry.model is not None and entry.model.runtime is not None
-                gen = await anyio.to_thread.run_sync(
-                    with_template_tools, entry.model.runtime, gen, req.template_messages,
-                    req.tools)
+            gen = await service.prepare(spec, entry)
         except ModelError as exc:  # (a prompt over the context)
             raise context_exceeded(exc, "messages" if req.chat else "prompt") from None
         except ProtocolError as exc:

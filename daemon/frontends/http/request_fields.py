@@ -16,10 +16,33 @@ context shift or its non-OpenAI answer change nothing here and pass (their type
 checked, as llama-server checks it); samplers meshd does not have pass only switched
 off (``xtc_probability: 0``, ``t_max_predict_ms: -1``), and their tuning fields with
 them (they cannot act while the sampler is off).
+
+What clients of other servers send, and its fate here (the table in docs/http-api.md
+lists the same):
+
+- served as asked: vLLM's ``repetition_penalty`` (llama.cpp's ``repeat_penalty`` over the
+  whole context, as vLLM looks at the prompt and the output), ``min_tokens`` (the
+  end-of-generation tokens are held back until that many tokens are out: applied when
+  each row is sampled, so speculation's verify agrees with plain decoding) and
+  ``guided_json`` / ``guided_regex`` / ``guided_choice`` (the output constraints
+  ``response_format`` would give); ``chat_template_kwargs`` (chat: the chat template's
+  variables, ``enable_thinking`` for Qwen 3's); ``reasoning_effort`` (chat: ``none``
+  turns a reasoning template's thinking off, as llama-server does; another value
+  reaches a template that reads ``reasoning_effort`` (gpt-oss), and is a 400 for one
+  that does not, or on ``/v1/completions``).
+- accepted and ignored, listed in the answer's ``meshd.ignored_fields``: the
+  bookkeeping fields (``user``, ``metadata`` ...), ``verbosity`` (a hint meshd's models
+  cannot follow), ``prompt_cache_retention`` / ``prompt_cache_options`` (meshd's prefix
+  cache keeps what it can), ``reasoning_format`` (llama-server's: meshd leaves a
+  model's thinking in ``content``, as its ``/completion`` does), ``web_search_options``
+  only empty (meshd searches nothing), and the samplers meshd lacks only switched off.
+- refused with a 400 naming it: anything else, and any of the above with a value that
+  would change the answer.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -27,8 +50,9 @@ import attrs
 
 from meshd.clients.argtypes import duration_seconds
 
-__all__ = ["LLAMA_SERVER_FIELDS", "LlamaSwitches", "check_continuation", "check_fields",
-           "keep_alive_seconds"]
+__all__ = ["LLAMA_SERVER_FIELDS", "MAX_TEMPLATE_KWARGS_BYTES", "LlamaSwitches",
+           "check_continuation", "check_fields", "ignored_fields", "keep_alive_seconds",
+           "template_kwargs"]
 
 _LLAMA_SERVED: Final = frozenset({
     # per-chunk ``timings`` and ``prompt_progress`` in streams; the ``__verbose`` block
@@ -40,9 +64,13 @@ _HANDLED: Final = frozenset({
     "json_schema", "grammar", "presence_penalty", "frequency_penalty", "repeat_penalty",
     "repeat_last_n", "min_p", "typical_p", "logit_bias", "logprobs", "top_logprobs",
     "tools", "tool_choice", "parallel_tool_calls", "prediction", "keep_alive",
+    # vLLM's: its repetition penalty, the fewest tokens, its output constraints
+    "repetition_penalty", "min_tokens", "guided_json", "guided_regex", "guided_choice",
+    # ``none``: thinking off (chat); other values: the template's (see parse_request)
+    "reasoning_effort",
 }) | _LLAMA_SERVED
 _PER_ENDPOINT: Final = {True: frozenset({"messages", "continue_final_message",
-                                         "add_generation_prompt"}),
+                                         "add_generation_prompt", "chat_template_kwargs"}),
                         False: frozenset({"prompt"})}
 
 _LLAMA_NO_EFFECT: Final = frozenset({
@@ -61,6 +89,12 @@ _LLAMA_NO_EFFECT: Final = frozenset({
 _NO_EFFECT: Final = frozenset({
     # OpenAI's: bookkeeping and routing, never the text.
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+    # OpenAI's hints: how long a cached prefix is kept (meshd's prefix cache keeps what
+    # it can), and how wordy the answer is (meshd's models cannot be told).
+    "prompt_cache_retention", "prompt_cache_options", "verbosity",
+    # llama-server's: where a thinking model's thoughts go; meshd leaves them in the
+    # text (its value ``none``), as on its /completion
+    "reasoning_format",
 }) | _LLAMA_NO_EFFECT
 
 _LLAMA_UNSUPPORTED: Final[dict[str, tuple[object, ...]]] = {
@@ -88,7 +122,7 @@ _UNSUPPORTED: Final[dict[str, tuple[object, ...]]] = {
     "function_call": ("none", "auto"),
     "audio": (),
     "modalities": (["text"],),
-    "reasoning_effort": (),
+    "web_search_options": ({},),  # (meshd searches nothing)
     **_LLAMA_UNSUPPORTED,
 }
 
@@ -101,6 +135,15 @@ _BOOLEAN: Final = frozenset({"timings_per_token", "return_progress", "cache_prom
                              "add_generation_prompt"})
 _INTEGER: Final = frozenset({"id_slot", "n_cache_reuse", "sse_ping_interval", "n_keep",
                              "n_discard"})
+_CHOICES: Final[dict[str, tuple[str, ...]]] = {
+    "verbosity": ("low", "medium", "high"),
+    "prompt_cache_retention": ("in_memory", "in-memory", "24h"),
+    "reasoning_format": ("none", "auto", "deepseek", "deepseek-legacy"),
+    # OpenAI's ReasoningEffort
+    "reasoning_effort": ("none", "minimal", "low", "medium", "high", "xhigh", "max"),
+}
+MAX_TEMPLATE_KWARGS_BYTES: Final = 16 * 1024
+"""The most ``chat_template_kwargs`` may hold, as JSON (they are rendered per request)."""
 
 
 @attrs.frozen
@@ -135,6 +178,9 @@ def _type_error(key: str, value: Any) -> str | None:
         return "must be true or false"
     if key in _INTEGER and (not isinstance(value, int) or isinstance(value, bool)):
         return "must be an integer"
+    choices = _CHOICES.get(key)
+    if choices is not None and value not in choices:
+        return f"must be one of {', '.join(choices)} (got {str(value)[:64]!r})"
     return None
 
 
@@ -166,6 +212,31 @@ def check_fields(body: Mapping[str, Any], *, chat: bool) -> tuple[str, str] | No
         if not _is_default(value, defaults):
             return key, "is not supported by meshd"
     return None
+
+
+def ignored_fields(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The fields of a request :func:`check_fields` let through that change nothing here
+    (the bookkeeping and hint fields, and unsupported ones at their off values): the
+    answer lists them (``meshd.ignored_fields``), so a client can tell what was not
+    acted on."""
+    return tuple(key for key, value in body.items()
+                 if value is not None and (key in _NO_EFFECT or key in _UNSUPPORTED))
+
+
+def template_kwargs(value: object) -> dict[str, Any] | None:
+    """vLLM's and llama-server's ``chat_template_kwargs``: more variables for the chat
+    template (``{"enable_thinking": false}``), bounded in size. Raises ValueError saying
+    what it must be."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("must be an object of template variables")
+    if len(json.dumps(value)) > MAX_TEMPLATE_KWARGS_BYTES:
+        raise ValueError(f"must be at most {MAX_TEMPLATE_KWARGS_BYTES} bytes as JSON")
+    thinking = value.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise ValueError("enable_thinking must be true or false")  # (as llama-server)
+    return dict(value)
 
 
 def check_continuation(body: Mapping[str, Any]) -> tuple[str, str] | None:

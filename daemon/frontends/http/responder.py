@@ -41,3 +41,9 @@ class RouteContext(Protocol):
 
     @property
     def log(self) -> FilteringBoundLogger: ...
+
+    @property
+    def owner(self) -> str:
+        """Who asked (``uid:N`` on the socket, the API key's hash over TCP; empty:
+        unknown): whose streams it sees and whose earlier answers it drafts from."""
+        ...

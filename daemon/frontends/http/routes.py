@@ -6,9 +6,10 @@ un-prefixed ``/chat/completions`` and ``/models`` (aliases), its own ``/completi
 ``/completions`` (its native shape), its input-token counts and its extras
 (``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /props``, ``GET /slots``) and
 resumable streams (``GET`` / ``DELETE /v1/stream``, ``POST /v1/streams/lookup``);
-``GET /health`` and ``GET /metrics`` (Prometheus). Every error is OpenAI's error object
-with a 4xx/5xx status, counted by code like the native protocol's errors; the connection
-stays usable.
+``GET /health`` and ``GET /metrics`` (Prometheus). ``HEAD`` is served wherever ``GET`` is
+(and on every error), as HTTP says: the same status and headers, no body. Every error
+is OpenAI's error object with a 4xx/5xx status, counted by code like the native
+protocol's errors; the connection stays usable.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from meshd.daemon.frontends.http.llama.completion import serve_llama_completion
 from meshd.daemon.frontends.http.llama.slots import slots
 from meshd.daemon.frontends.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from meshd.daemon.frontends.http.metrics import render_metrics
+from meshd.daemon.frontends.http.ollama import routes as ollama
+from meshd.daemon.frontends.http.ollama.answers import error_object
 from meshd.daemon.frontends.http.openai.api import parse_request
 from meshd.daemon.frontends.http.openai.responses import serve_response
 from meshd.daemon.frontends.http.responder import Responder
@@ -57,18 +60,26 @@ class Routes:
         self.log = log
         #: The daemon's resumable streams (:mod:`.stream_sessions`).
         self.streams = streams if streams is not None else StreamSessions()
+        #: Who owns the streams the current request makes or asks for
+        #: (:func:`.stream_sessions.stream_owner`; set by :meth:`handle`).
+        self.owner = ""
 
     async def handle(self, method: str, target: str, body: bytes, out: Responder, *,
-                     conversation: str | None = None) -> None:
-        """Answer one request; ``conversation`` (its ``X-Conversation-Id``) makes a
-        streamed answer resumable."""
+                     conversation: str | None = None, owner: str = "") -> None:
+        """Answer one request of ``owner`` (:func:`.stream_sessions.stream_owner`: the
+        peer whose streams it may see); ``conversation`` (its ``X-Conversation-Id``)
+        makes a streamed answer resumable."""
+        self.owner = owner
         path, _, query = target.partition("?")
         t0 = time.perf_counter()
         status = 200
         allowed: str | None = None
         recording: RecordingResponder | None = None
+        ollama_api = path.startswith(ollama.PREFIX)  # (its errors in Ollama's shape)
         if conversation and len(conversation) <= MAX_ID_LENGTH and method == "POST":
-            out = recording = RecordingResponder(out, self.streams, conversation)
+            refuse = functools.partial(self.error, out, ollama_api=ollama_api)
+            out = recording = RecordingResponder(out, self.streams, conversation,
+                                                 owner=owner, refuse=refuse)
         try:
             route = _route(path, query, method)
             if route is None:
@@ -78,7 +89,9 @@ class Routes:
                                     "/props, /slots, "
                                     "/health, /metrics", code="not_found")
             allowed, handler = route
-            if method != allowed:
+            if allowed == "GET":  # HEAD: the GET's answer (the connection drops its body)
+                allowed = "GET, HEAD"
+            if method not in allowed.split(", "):
                 raise ApiError(405, f"{path} accepts {allowed}, not {method}",
                                code="method_not_allowed")
             try:
@@ -86,32 +99,38 @@ class Routes:
             finally:
                 if recording is not None:
                     recording.close()
+                    if recording.refused is not None:
+                        status = recording.refused.status
         except ApiError as exc:
             status = exc.status
-            await self.error(out, exc, allow=allowed if status == 405 else None)
+            await self.error(out, exc, allow=allowed if status == 405 else None,
+                             ollama_api=ollama_api)
         except ProtocolError as exc:  # a model that could not be held (llama-server's extras)
             api = ApiError.from_protocol(exc)
             status = api.status
-            await self.error(out, api)
+            await self.error(out, api, ollama_api=ollama_api)
         except Exception:
             # A bug must cost this request only; once a stream has begun the error
             # cannot be sent and the connection closes instead.
             self.log.exception("request_crashed", path=path)
             status = 500
             await self.error(out, ApiError(500, "internal error", code="internal",
-                                           kind="server_error"))
+                                           kind="server_error"), ollama_api=ollama_api)
         self.log.info("http_request", method=method, path=path, status=status,
                       ms=round((time.perf_counter() - t0) * 1e3, 2))
 
-    async def error(self, out: Responder, exc: ApiError, *, allow: str | None = None) -> None:
-        """Answer with OpenAI's error object; counted like native protocol errors."""
+    async def error(self, out: Responder, exc: ApiError, *, allow: str | None = None,
+                    ollama_api: bool = False) -> None:
+        """Answer with OpenAI's error object (Ollama's on its ``/api/`` paths); counted
+        like native protocol errors."""
         code = _COUNTED_AS.get(exc.code, exc.code)
         code = code if code in _PROTOCOL_CODES else "bad_request"
         self.service.counters[f"errors_{code}"] += 1
         self.log.info("request_rejected", code=exc.code, status=exc.status, field=exc.param)
         self.log.debug("request_rejected_message", message=exc.message)
         headers = [("Allow", allow)] if allow else []
-        await out.send(exc.status, json_bytes(error_body(exc)), JSON, headers)
+        body = error_object(exc.message) if ollama_api else error_body(exc)
+        await out.send(exc.status, json_bytes(body), JSON, headers)
 
     async def _completions(self, body: bytes, out: Responder) -> None:
         await serve_completion(self, parse_request(body, chat=False), out)
@@ -162,7 +181,7 @@ class Routes:
         await llama_extras.props(self.service, body, out)
 
     async def _lookup_streams(self, body: bytes, out: Responder) -> None:
-        await lookup_streams(self.streams, body, out)
+        await lookup_streams(self.streams, self.owner, body, out)
 
     async def _health(self, _body: bytes, out: Responder) -> None:
         svc = self.service
@@ -215,14 +234,17 @@ _MODEL_PREFIXES: Final = ("/v1/models/", "/models/")
 
 def _route(path: str, query: str, method: str) -> tuple[str, _Handler] | None:
     """The method and handler of ``path``; ``/v1/models/{id}`` carries its (URL-encoded)
-    id to the handler, ``/slots`` and ``/v1/stream`` their query."""
+    id to the handler, ``/slots`` and ``/v1/stream`` their query; Ollama's ``/api/``
+    paths are :mod:`.ollama.routes`'."""
+    if path.startswith(ollama.PREFIX):
+        return ollama.route(path, method)
     route = _ROUTES.get(path)
     if route is not None:
         return route
     if path == "/v1/stream":
         if method == "DELETE":
-            return "DELETE", lambda r, _b, out: delete_stream(r.streams, query, out)
-        return "GET", lambda r, _b, out: follow_stream(r.streams, query, out)
+            return "DELETE", lambda r, _b, out: delete_stream(r.streams, r.owner, query, out)
+        return "GET", lambda r, _b, out: follow_stream(r.streams, r.owner, query, out)
     if path == "/slots":
         return "GET", functools.partial(slots, query=query)
     for prefix in _MODEL_PREFIXES:

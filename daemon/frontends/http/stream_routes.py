@@ -1,13 +1,14 @@
 """llama-server's stream routes: ``GET /v1/stream`` (replay and follow), ``DELETE
 /v1/stream`` (the client's Stop) and ``POST /v1/streams/lookup`` (which of these
-conversations have streams), over :mod:`.stream_sessions`."""
+conversations have streams), over :mod:`.stream_sessions`. Each sees only the streams of
+``owner`` (the peer asking); another's stream is answered as one that does not exist."""
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 from typing import Any
 
+from meshd.daemon.frontends.http.json_body import json_object
 from meshd.daemon.frontends.http.responder import Responder
 from meshd.daemon.frontends.http.stream_sessions import (
     MAX_ID_LENGTH,
@@ -28,9 +29,10 @@ def _conversation(query: str) -> str:
     return values[0]
 
 
-async def follow_stream(sessions: StreamSessions, query: str, out: Responder) -> None:
+async def follow_stream(sessions: StreamSessions, owner: str, query: str,
+                        out: Responder) -> None:
     """The stream's bytes from ``from`` (0 by default), then what follows until it ends."""
-    session = sessions.get(_conversation(query))
+    session = sessions.get(owner, _conversation(query))
     if session is None:
         raise ApiError(404, "stream not found or expired", code="not_found")
     raw = (urllib.parse.parse_qs(query).get("from") or ["0"])[0]
@@ -60,18 +62,20 @@ async def follow_stream(sessions: StreamSessions, query: str, out: Responder) ->
             return
 
 
-async def delete_stream(sessions: StreamSessions, query: str, out: Responder) -> None:
-    """Stop the conversation's generation and forget its stream (204 either way)."""
-    sessions.stop(_conversation(query))
+async def delete_stream(sessions: StreamSessions, owner: str, query: str,
+                        out: Responder) -> None:
+    """Stop the conversation's generation and forget its stream: 204, or 404 when
+    ``owner`` has no stream of that id (another's is not touched)."""
+    if not sessions.stop(owner, _conversation(query)):
+        raise ApiError(404, "stream not found or expired", code="not_found")
     await out.send(204, b"", JSON)
 
 
-async def lookup_streams(sessions: StreamSessions, body: bytes, out: Responder) -> None:
-    """The streams of the ``conversation_ids`` asked for (and their ``ID::MODEL`` ones)."""
-    try:
-        asked: Any = json.loads(body or b"{}").get("conversation_ids", [])
-    except (ValueError, AttributeError):
-        raise ApiError(400, "the body must be a JSON object with conversation_ids") from None
+async def lookup_streams(sessions: StreamSessions, owner: str, body: bytes,
+                         out: Responder) -> None:
+    """``owner``'s streams of the ``conversation_ids`` asked for (and their ``ID::MODEL``
+    ones)."""
+    asked: Any = json_object(body or b"{}").get("conversation_ids", [])
     if not isinstance(asked, list) or len(asked) > MAX_SESSIONS:
         raise ApiError(400, f"conversation_ids: must be an array of at most {MAX_SESSIONS} "
                             "ids", param="conversation_ids")
@@ -80,4 +84,4 @@ async def lookup_streams(sessions: StreamSessions, body: bytes, out: Responder) 
         {"conversation_id": s.conversation, "is_done": s.done, "total_bytes": s.total,
          "started_at": int(s.started_at),
          "completed_at": None if s.completed_at is None else int(s.completed_at)}
-        for s in sessions.lookup(ids)]), JSON)
+        for s in sessions.lookup(owner, ids)]), JSON)

@@ -30,18 +30,18 @@ from meshd.daemon.engine.generation import TokenEvent
 from meshd.daemon.engine.generation_stats import GenerationStats
 from meshd.daemon.frontends.native.wire_tools import WireTools, calls_of, offered
 from meshd.daemon.models.mapping import done_message, token_message
-from meshd.daemon.models.runtime import ModelRuntime
 from meshd.daemon.models.scheduler import (
     Finished,
     GenerationFailed,
     GenerationHandle,
     GenerationRequest,
 )
-from meshd.daemon.requests.service import InFlightGeneration, Service
+from meshd.daemon.requests.api_errors import ApiError
+from meshd.daemon.requests.service import InFlightGeneration, Service, peer_owner
+from meshd.daemon.requests.spec import RequestSpec
 from meshd.daemon.system.hangup import POLL_INTERVAL_S, hung_up
 from meshd.policy.decision import FinishReason
 from meshd.protocol import (
-    PROTOCOL_VERSION,
     BadRequest,
     Cancel,
     CancelReply,
@@ -69,11 +69,8 @@ from meshd.protocol import (
     StreamReceiver,
     Tokenize,
     Unload,
-    UnsupportedVersion,
-    Welcome,
     error_message,
 )
-from meshd.protocol.versions import speaks, unsupported_message
 
 __all__ = ["Connection"]
 
@@ -253,7 +250,7 @@ class Connection:
                 return False
             assert isinstance(item, Hello), "the first request admitted is a hello"
             try:
-                welcome = self._welcome(item)
+                welcome = self.service.welcome(item)
             except ProtocolError as exc:
                 await self._reject(exc)
                 return False
@@ -262,17 +259,6 @@ class Connection:
             return await self._send(welcome)
         self.log.info("hello_timeout")
         return False
-
-    def _welcome(self, hello: Hello) -> Welcome:
-        """The service's welcome, in the hello's version when the server speaks it (every
-        version from the first to the current: an older client is answered as its
-        version defines, which the protocol connection sees to from then on)."""
-        if not speaks(hello.protocol_version):
-            raise UnsupportedVersion(unsupported_message(hello.protocol_version),
-                                     request_id=hello.id)
-        current = attrs.evolve(hello, protocol_version=PROTOCOL_VERSION)
-        return attrs.evolve(self.service.welcome(current),
-                            protocol_version=hello.protocol_version)
 
     async def _serve(self, tg: anyio.abc.TaskGroup) -> None:
         while (item := await self._next(bounded=True)) is not None:
@@ -286,7 +272,7 @@ class Connection:
             if self._busy():
                 await self._reject(self._too_many(item.id))
             else:
-                entry = InFlightGeneration(item.id)
+                entry = InFlightGeneration(item.id, peer_owner(self._socket))
                 self._requests[item.id] = entry
                 self.service.register(entry)
                 tg.start_soon(self._generate, item, entry)
@@ -357,13 +343,12 @@ class Connection:
         try:
             try:
                 request, tools = offered(request)
-
-                def runtime() -> ModelRuntime:
-                    assert entry.model is not None and entry.model.runtime is not None
-                    return entry.model.runtime
-
-                adjust = tools.adjust(runtime) if tools is not None else None
-                gen = await self.service.start(request, entry, adjust=adjust)
+                spec = RequestSpec(request) if tools is None else RequestSpec(
+                    request, tools=tools.spec, conversation=tools.conversation)
+                try:
+                    gen = await self.service.start(spec, entry)
+                except ApiError as exc:  # (what the model's template refused)
+                    raise BadRequest(f"generate.{exc.message}") from None
             except ProtocolError as exc:
                 await self._reject(exc.with_request_id(request.id))
                 return

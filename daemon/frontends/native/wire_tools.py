@@ -9,23 +9,20 @@ one model the same prompt, constraint and calls.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from meshd.daemon.models.runtime import ModelRuntime
-from meshd.daemon.models.scheduler import GenerationRequest
 from meshd.daemon.prompts.tool_calls import (
     ToolSpec,
     answer_calls,
     offer_tools,
+    parameters_problem,
     past_calls,
     template_messages,
     tool_constraint,
 )
-from meshd.daemon.requests.api_errors import ApiError
-from meshd.daemon.requests.template_tools import with_lazy_calls, with_template_tools
 from meshd.protocol import BadRequest, ChatMessage, Generate, ToolCall
 from meshd.protocol import messages as wire
 
@@ -40,28 +37,12 @@ class WireTools:
     #: The conversation as templates read it (for the template's own offer).
     conversation: tuple[dict[str, Any], ...]
 
-    def adjust(self, runtime: Callable[[], ModelRuntime]
-               ) -> Callable[[GenerationRequest], GenerationRequest]:
-        """The engine request's change once the model is held: the template's own offer
-        (and the forced call's grammar in its syntax), or the lazy constraint. Blocking."""
-        conversation, spec = self.conversation, self.spec
-
-        def adjusted(gen: GenerationRequest) -> GenerationRequest:
-            rt = runtime()
-            try:
-                gen = with_template_tools(rt, gen, conversation, spec)
-                return with_lazy_calls(rt, gen, spec)
-            except ApiError as exc:
-                raise BadRequest(f"generate.{exc.message}") from None
-
-        return adjusted
-
 
 def offered(request: Generate) -> tuple[Generate, WireTools | None]:
     """``request`` with its tools offered in its messages (and, for a forced call, the
     constraint that holds it), and the tools to read the answer with; earlier calls in
     the history are written in the offered syntax. Raises BadRequest for a forced call
-    with a ``constraint`` of its own."""
+    with a ``constraint`` of its own, and for ``parameters`` no call can satisfy."""
     given = request.messages
     if given is None:
         return request, None
@@ -71,6 +52,10 @@ def offered(request: Generate) -> tuple[Generate, WireTools | None]:
             request = attrs.evolve(request, messages=tuple(
                 ChatMessage(role=t["role"], content=t["content"]) for t in turns))
         return request, None
+    for i, function in enumerate(request.tools):
+        problem = parameters_problem(function.parameters)
+        if problem is not None:
+            raise BadRequest.invalid_field(f"generate.tools[{i}].parameters", problem)
     spec = ToolSpec(
         tuple((f.name, f.description, f.parameters if f.parameters is not None
                else {"type": "object"}) for f in request.tools),
@@ -91,7 +76,7 @@ def offered(request: Generate) -> tuple[Generate, WireTools | None]:
 
 
 def calls_of(tools: WireTools, text: str, finish: str) -> tuple[ToolCall, ...]:
-    """The whole calls ``text`` made (none unless it ended on its own)."""
+    """The whole calls ``text`` made (cut by ``max_tokens``: those before the cut)."""
     _content, calls = answer_calls(text, tools.spec, finished=finish in ("eog", "stop"))
     return tuple(ToolCall(id=c["id"], name=c["function"]["name"],
                           arguments=c["function"]["arguments"]) for c in calls)

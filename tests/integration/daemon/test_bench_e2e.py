@@ -598,3 +598,67 @@ def test_busy_machine_mode_reports_time_to_ready_and_kills_its_loops(
     (block,) = report["models"][0]["blocks"]
     (table,) = block["workloads"]
     assert table["arms"]["meshd"]["decode_tok_s"] > 0
+
+
+# --------------------------------------------------------------------------- families
+
+FAMILIES = ("agent-loop", "text-to-sql", "repeated-edit", "story-control")
+
+
+def test_a_familys_requests_vary_alike_for_every_arm_and_warm_up_first(
+        chat_model: ModelUnderTest) -> None:
+    from meshd.bench.e2e import _not_applicable
+    from meshd.bench.e2e_arms import MESHD_ARMS, llama_server_arms
+
+    families = load_workloads(list(FAMILIES))
+    assert all(w.variants and w.warm_up == 8 for w in families)
+    assert not set(FAMILIES) & {w.name for w in load_workloads()}  # not meshd bench's set
+    for w in families:
+        tags = [prompt_tag(r, c) for r in range(3) for c in range(4)]
+        def text(tag: str, w: Workload = w) -> str:
+            return json.dumps(request_body(chat_model, w, tag, TOKENS)["messages"])
+
+        texts = [text(t) for t in tags]
+        assert "{variant}" not in "".join(texts) and len(set(texts)) > 3, w.name
+        assert texts == [text(t) for t in tags]  # the same per tag: for every arm
+        warm = [text(t) for t in w.warm_up_tags()]
+        assert len(warm) == 8 and len(set(warm)) > 3
+    arms = {a.name: a for a in (*MESHD_ARMS, *llama_server_arms(False))}
+    for name in ("meshd-history", "meshd-history-off", "llama-server-ngram-mod",
+                 "llama-server-ngram-map-k", "llama-server-ngram-simple"):
+        assert _not_applicable(arms[name], chat_model, families[0], 1) is None, name
+    story = load_workloads(["story"])[0]
+    assert _not_applicable(arms["meshd-history"], chat_model, story, 1) is not None
+    assert _not_applicable(arms["llama-server-ngram-mod"], chat_model, story, 1) is not None
+    assert "--speculation-history-tokens" in arms["meshd-history-off"].flags
+
+
+@pytest.mark.slow
+def test_the_sql_family_is_drafted_from_history_after_its_warm_up() -> None:
+    """A smoke run of the family in-process (no servers): after the warm-up, history
+    drafts the measured requests, and their text is plain decoding's."""
+    from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+
+    (w,) = load_workloads(["text-to-sql"])
+    rt = ModelRuntime(RuntimeConfig(n_ctx_seq=1024, n_seq_max=1, draft_max=16,
+                                    calibrate=False, threads=1))
+    try:
+        def run(tag: str, proposer: str) -> Any:
+            messages = [{"role": r, "content": c} for r, c in w.for_tag(tag).messages]
+            prompt = rt.tokenize_prompt(rt.render_chat(messages), chat=True)
+            gen = rt.generation(prompt, max_tokens=48, proposer=proposer)
+            for _ in rt.run(gen):
+                pass
+            return gen
+
+        for tag in w.warm_up_tags():
+            run(tag, "off")
+        accepted = 0
+        for c in range(2):
+            tag = prompt_tag(0, c)
+            gen = run(tag, "composite")
+            assert gen.committed == run(tag, "off").committed
+            accepted += gen.stats.source_accepted.get("history", 0)
+        assert accepted > 0
+    finally:
+        rt.close()

@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 
 from meshd.clients import ctl
 from meshd.clients.argtypes import duration_seconds
+from meshd.clients.demo import run_demo
 from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.protocol import Client, FinishReason, Generate, ModelInfo, UnloadReply
 from meshd.testing import testmodels
@@ -100,8 +101,9 @@ async def test_exit_codes(runtime: ModelRuntime, capsys: pytest.CaptureFixture[s
         assert "bad_request: generate.max_tokens: must be at most 512 (got 100000)" in err
         assert await meshctl("--socket", path, "cancel", "nosuch") == ctl.EXIT_FAILURE
         assert "no request 'nosuch' is running" in capsys.readouterr().err
-        assert await meshctl("--socket", path, "chat", "hi") == ctl.EXIT_USAGE
-        assert "chat template" in capsys.readouterr().err
+        # (a model without a chat template is served with chatml, as by llama-server)
+        assert await meshctl("--socket", path, "chat", "hi", "--max-tokens", "2") == 0
+        capsys.readouterr()
         assert await meshctl("--socket", path, "generate", "word " * 600) == ctl.EXIT_MODEL
         err = capsys.readouterr().err
         assert "model_error: prompt of " in err
@@ -137,6 +139,60 @@ def test_demo_runs_the_daemon_end_to_end() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "finish=length" in result.stderr and "tokens=16" in result.stderr
+    # while it waited, it said what the daemon was doing (its STATUS= lines), step by step
+    assert "meshd demo: the daemon is loading llama" in result.stderr
+    assert "meshd demo: the daemon is building the context\n" in result.stderr
+
+
+def test_demo_says_why_it_gave_up_waiting() -> None:
+    """A daemon that has not listened by ``--start-timeout``: the demo says so, with what
+    the daemon was doing, and how to wait longer; it leaves no daemon behind."""
+    model = str(testmodels.test_model_path("llama"))
+    result = subprocess.run(
+        [sys.executable, "-m", "meshd.daemon.commands.cli", "demo", "--model", model,
+         "--start-timeout", "0.05", "--threads", "1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 1
+    assert ("meshd demo: the daemon did not start: no answer within 0.05 s: it had not "
+            "said what it was doing yet") in result.stderr
+    assert "give it longer with --start-timeout S" in result.stderr
+
+
+# A daemon busy past the timeout, or dying while it loads, cannot be caused on demand:
+# these stand-ins report over $NOTIFY_SOCKET as `meshd serve` does (sd_notify).
+_REPORTING = ("import os, socket, sys, time\n"
+              "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+              "for status in sys.argv[2:]:\n"
+              "    s.sendto(b'STATUS=' + status.encode(), os.environ['NOTIFY_SOCKET'])\n"
+              "    time.sleep(0.05)\n"
+              "if sys.argv[1] == 'hang':\n"
+              "    time.sleep(60)\n"
+              "sys.exit(3)\n")
+
+
+@pytest.mark.parametrize("ending", ["hang", "exit"])
+def test_demo_reports_the_daemon_s_progress_and_last_status(
+        ending: str, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = short_tempdir()
+    try:
+        statuses = ["loading m.gguf", "loading m.gguf: 50%", "measuring the verify cost: 30%"]
+        status = run_demo([sys.executable, "-c", _REPORTING, ending, *statuses],
+                          os.path.join(directory, "s"), ["health"], start_timeout=2)
+    finally:
+        assert sorted(os.listdir(directory)) == []  # its notify socket is gone
+        os.rmdir(directory)
+    assert status == 1
+    err = capsys.readouterr().err
+    assert "the daemon is loading m.gguf\n" in err  # each new step at once,
+    assert "loading m.gguf: 50%" not in err  # its progress at most every 10 s
+    assert "the daemon is measuring the verify cost: 30%" in err
+    if ending == "hang":
+        assert ("did not start: no answer within 2 s: it was still measuring the verify "
+                "cost: 30%") in err
+    else:
+        assert ("did not start: it exited with status 3 before it listened (its error is "
+                "above; it was measuring the verify cost: 30%)") in err
 
 
 # ------------------------------------------------- several models: parsing and printing

@@ -8,7 +8,11 @@ from typing import Any
 
 import pytest
 
-from meshd.daemon.frontends.http.openai.api import parse_request
+from meshd.daemon.frontends.http.openai.api import (
+    MAX_PROMPTS,
+    TOKEN_PROMPT_PLACEHOLDER,
+    parse_request,
+)
 from meshd.daemon.requests.api_errors import ApiError
 from meshd.protocol import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_STRINGS, BadRequest
 
@@ -92,15 +96,20 @@ def test_limits_are_the_protocols_and_name_their_value() -> None:
             assert part in caught.value.message, (part, caught.value.message)
 
 
-def test_prompt_arrays_of_one_text_or_token_ids() -> None:
+def test_prompt_arrays_of_text_or_token_ids() -> None:
     """OpenAI's prompt forms: one string in an array, token ids, or one array of them;
-    several prompts are a 400 that says meshd serves one."""
+    several prompts are a batch (bounded)."""
     assert _parse({"prompt": ["hi"]}).generate.prompt == "hi"
     assert _parse({"prompt": ["hi"]}).prompt_ids is None
     assert _parse({"prompt": [1, 2, 3]}).prompt_ids == (1, 2, 3)
     assert _parse({"prompt": [[4, 5]]}).prompt_ids == (4, 5)
-    for bad, words in (({"prompt": ["a", "b"]}, "one prompt per request (got 2)"),
-                       ({"prompt": [[1], [2]]}, "one prompt per request"),
+    assert _parse({"prompt": [[4, 5]]}).batch == ()
+    batch = _parse({"prompt": ["a", [1, 2]]})
+    assert batch.batch == (("a", None), (TOKEN_PROMPT_PLACEHOLDER, (1, 2)))
+    assert (batch.generate.prompt, batch.prompt_ids) == ("a", None)
+    for bad, words in (({"prompt": ["a"] * (MAX_PROMPTS + 1)}, f"at most {MAX_PROMPTS}"),
+                       ({"prompt": [[1], [-2]]}, "prompt[1]: must be a non-empty array"),
+                       ({"prompt": ["a", ""]}, "prompt[1]: must be a non-empty string"),
                        ({"prompt": [1, -2]}, "token ids"),
                        ({"prompt": []}, "non-empty")):
         with pytest.raises(ApiError) as caught:

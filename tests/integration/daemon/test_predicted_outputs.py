@@ -62,8 +62,13 @@ async def test_prediction_is_drafted_and_changes_nothing(smol: ModelRuntime) -> 
         assert extra["meshd"]["proposer"] == "prediction"
         details = got.usage.completion_tokens_details
         assert details is not None
-        assert details.accepted_prediction_tokens == extra["meshd"]["accepted"] > 0
+        # (OpenAI's counters: the prediction's tokens the answer holds, and the rest)
+        n_predicted = len(smol.model.tokenizer.tokenize(predicted, add_special=False))
+        assert details.accepted_prediction_tokens is not None
         assert details.rejected_prediction_tokens is not None
+        assert details.accepted_prediction_tokens > 0 and extra["meshd"]["accepted"] > 0
+        assert details.accepted_prediction_tokens + details.rejected_prediction_tokens \
+            == n_predicted
         assert plain.usage.completion_tokens_details is None
         r = await http.post("/v1/chat/completions", json={
             "messages": ASK, "prediction": {"type": "text", "content": "x"}})

@@ -272,7 +272,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"tools": [{**FLAT_TOOL, "name": "bad name"}]}, "tools[0].name", "letters"),
     ({"tools": [FLAT_TOOL], "tool_choice": {"type": "function", "name": "nope"}},
      "tool_choice", "nope"),
-    ({"reasoning": {"effort": "high"}}, "reasoning", "reasoning"),
+    ({"reasoning": {"effort": "high"}}, "reasoning.effort", "reasoning effort"),
     ({"metadata": {str(i): "v" for i in range(17)}}, "metadata", "16"),
     ({"background": True}, "background", "background"),
     ({"input": "word " * 2000}, "input", "context"),

@@ -85,8 +85,6 @@ CASES = [
     pytest.param(b'[1,2,3]\n', ErrorCode.BAD_REQUEST, None, "object", id="not-an-object"),
     pytest.param(b'{"op":"generate","id":"x8","prompt":"hi","speculative":{"proposer":"nope"}}\n',
                  ErrorCode.BAD_REQUEST, "x8", "unknown proposer", id="unknown-proposer"),
-    pytest.param(b'{"op":"generate","id":"x9","messages":[{"role":"user","content":"hi"}]}\n',
-                 ErrorCode.BAD_REQUEST, "x9", "chat template", id="no-chat-template"),
     pytest.param(b'{"op":"detokenize","id":"x10","tokens":[1,99999]}\n', ErrorCode.BAD_REQUEST,
                  "x10", "tokens[1]", id="token-out-of-vocab"),
     pytest.param(b'{"op":"hello","id":"x11","protocol_version":1,"client_name":"again"}\n',

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from structlog.testing import capture_logs
 
@@ -80,3 +81,24 @@ async def test_meshctl_finds_the_system_daemon(places: tuple[str, str], runtime:
         async with serving(runtime, system):
             assert await meshctl("health") == ctl.EXIT_OK
     assert capsys.readouterr().out.startswith("ok uptime=")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_meshctl_socket_prints_the_path_for_http_clients(
+        places: tuple[str, str], runtime: ModelRuntime,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``meshctl socket`` prints where meshctl looks (the docs' ``curl --unix-socket
+    "$(meshctl socket)"``, as root and as a user), exit 5 while no daemon listens."""
+    user, system = places
+    assert await meshctl("socket") == ctl.EXIT_UNAVAILABLE
+    printed = capsys.readouterr()
+    assert printed.out == f"{user}\n" and f"no daemon at {user}" in printed.err
+    with capture_logs():
+        async with serving(runtime, system):
+            assert await meshctl("socket") == ctl.EXIT_OK
+            path = capsys.readouterr().out.strip()
+            assert path == system
+            async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path),
+                                         base_url="http://meshd") as http:
+                assert (await http.get("/health")).status_code == 200

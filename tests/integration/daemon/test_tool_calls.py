@@ -26,7 +26,15 @@ from meshd.daemon.prompts.tool_calls import (
 )
 from meshd.daemon.prompts.tool_syntax import read_calls
 from meshd.daemon.requests.template_tools import call_syntax
-from meshd.protocol import BadRequest, ChatMessage, Client, Constraint, ToolCall, ToolFunction
+from meshd.protocol import (
+    BadRequest,
+    ChatMessage,
+    Client,
+    Constraint,
+    SamplingParams,
+    ToolCall,
+    ToolFunction,
+)
 from meshd.testing import testmodels
 
 from .daemon_helpers import assert_no_leaks, meshctl, wait_idle
@@ -107,13 +115,13 @@ async def test_forced_calls_validate_and_stream(smol: ModelRuntime) -> None:
             finish = ch.choices[0].finish_reason or finish
         assert finish == "tool_calls"
         _valid([{"function": c} for c in calls.values()])
-        # Cut short: the partial call is content, never a malformed tool_calls.
+        # Cut short in its only call: no tool_calls, and the broken call is not content.
         cut = await api.chat.completions.create(
             model="m", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=6,
             temperature=0)  # type: ignore
         assert cut.choices[0].finish_reason == "length"
         assert not cut.choices[0].message.tool_calls
-        assert (cut.choices[0].message.content or "").startswith("<tool_call>")
+        assert cut.choices[0].message.content is None
         # A conversation carrying an earlier call and its result, then auto.
         history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {
@@ -132,6 +140,55 @@ async def test_forced_calls_validate_and_stream(smol: ModelRuntime) -> None:
             "messages": ASK, "tools": TOOLS, "tool_choice": {"type": "function",
                                                              "function": {"name": "nope"}}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+        await wait_idle(server)
+        assert_no_leaks(server)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_parallel_forced_calls_differ_and_a_cut_keeps_the_whole_ones(
+        smol: ModelRuntime) -> None:
+    """``required`` with parallel calls, a logit bias towards ``<`` (another call) and
+    ``get`` (``get_weather``) luring the model into calling ``get_weather`` twice: the
+    second call is the other function. Cut by ``max_tokens`` inside that second call, the
+    answer keeps the first (``length``, not ``tool_calls``) and the broken call's text
+    is not content, streamed or not, over HTTP and the native protocol."""
+    ids = [smol.model.tokenizer.tokenize(text, add_special=False) for text in ("<", "get")]
+    assert all(len(i) == 1 for i in ids)
+    bias = {str(i[0]): 12 for i in ids}
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
+            "logit_bias": bias}
+    async with http_daemon(smol) as (server, path, http):
+        whole = (await http.post("/v1/chat/completions", json={
+            **body, "max_tokens": 400})).json()
+        c = whole["choices"][0]
+        assert c["finish_reason"] == "tool_calls", c
+        calls = c["message"]["tool_calls"]
+        assert [call["function"]["name"] for call in calls] == ["get_weather", "book_table"]
+        _valid(calls)
+        cut_at = whole["usage"]["completion_tokens"] - 4
+        cut = (await http.post("/v1/chat/completions", json={
+            **body, "max_tokens": cut_at})).json()["choices"][0]
+        assert cut["finish_reason"] == "length", cut
+        assert cut["message"]["content"] is None, cut
+        assert [call["function"] for call in cut["message"]["tool_calls"]] == \
+            [calls[0]["function"]]
+        async with http.stream("POST", "/v1/chat/completions", json={
+                **body, "max_tokens": cut_at, "stream": True}) as r:
+            chunks = [json.loads(line[6:]) async for line in r.aiter_lines()
+                      if line.startswith("data: {")]
+        deltas = [ch["choices"][0] for ch in chunks if ch.get("choices")]
+        assert not "".join(d["delta"].get("content") or "" for d in deltas)
+        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+        assert [t["function"] for t in streamed] == [calls[0]["function"]]
+        assert deltas[-1]["finish_reason"] == "length"
+        async with Client.connect(path) as native:
+            got = await native.generate(
+                messages=ASK, tools=FUNCTIONS, tool_choice="required", max_tokens=cut_at,
+                sampling=SamplingParams(temperature=0, logit_bias=bias)).collect()
+        assert got.done.finish_reason.value == "length"
+        assert [(t.name, t.arguments) for t in got.done.tool_calls or ()] == [
+            (calls[0]["function"]["name"], calls[0]["function"]["arguments"])]
         await wait_idle(server)
         assert_no_leaks(server)
 
@@ -354,6 +411,65 @@ def test_a_tagged_call_writes_required_keys_its_properties_omit(smol: ModelRunti
     read = read_calls("".join(event.text for event in smol.run(gen)), {"note": schema})
     assert read is not None
     jsonschema.validate(read[1][0][1], schema)
+
+
+WEATHER_AND_TIME = (
+    ("get_weather", "", TOOLS[0]["function"]["parameters"]),
+    ("get_time", "", {"type": "object", "properties": {"city": {"type": "string"}},
+                      "required": ["city"], "additionalProperties": False}))
+
+
+def _joined(syntax: str, calls: list[tuple[str, dict[str, str]]]) -> str:
+    """Several calls as ``syntax`` writes them one after another."""
+    if syntax == "llama":
+        return "; ".join(_written(syntax, name, args) for name, args in calls)
+    if syntax == "mistral_list":
+        return "[TOOL_CALLS][" + ", ".join(json.dumps({"name": name, "arguments": args})
+                                           for name, args in calls) + "]"
+    return ("" if syntax == "mistral_args" else "\n").join(
+        _written(syntax, name, args) for name, args in calls)
+
+
+def _taken(rt: ModelRuntime, grammar: str, text: str) -> tuple[bool, bool]:
+    """Whether ``grammar`` takes all of ``text``, and may end there."""
+    state = GrammarState(rt.grammar_vocab.tokenizer(), grammar,
+                         n_vocab=rt.model.info.n_vocab, eog=rt.model.info.eog_tokens)
+    tokens = rt.model.tokenizer.tokenize(text, add_special=False)
+    if state.valid_prefix(tokens) < len(tokens):
+        return False, False
+    for token in tokens:
+        state.advance(token)
+    return True, any(state.allows(t) for t in rt.model.info.eog_tokens)
+
+
+@pytest.mark.parametrize("syntax", FORCED_SYNTAXES)
+def test_a_forced_answer_calls_each_function_at_most_once(smol: ModelRuntime,
+                                                          syntax: str) -> None:
+    """``required`` with parallel calls: each offered function at most once, in any
+    order (a small model would call one function again and again); without
+    ``parallel_tool_calls``, one call."""
+    weather, time = ("get_weather", GOOD_ARGS), ("get_time", {"city": "Rome"})
+    for parallel in (True, False):
+        spec = ToolSpec(WEATHER_AND_TIME, "required", parallel=parallel)
+        grammar = smol.compile_constraint("lark", forced_call_grammar(spec, syntax))
+        assert _taken(smol, grammar, _joined(syntax, [time])) == (True, True)
+        both = _taken(smol, grammar, _joined(syntax, [time, weather]))
+        assert both == (True, True) if parallel else both[0] is False, (parallel, both)
+        assert _taken(smol, grammar, _joined(syntax, [weather, weather]))[0] is False
+        assert _taken(smol, grammar, _joined(syntax, [time, time]))[0] is False
+
+
+def test_many_forced_parallel_calls_come_in_the_listed_order(smol: ModelRuntime) -> None:
+    """Past six functions (a rule per subset would be too many) parallel calls follow the
+    order the request lists them, still each at most once."""
+    names = [f"f{i}" for i in range(8)]
+    spec = ToolSpec(tuple((name, "", {"type": "object"}) for name in names), "required")
+    grammar = smol.compile_constraint("lark", forced_call_grammar(spec, "hermes"))
+    calls = [(name, {}) for name in names]
+    assert _taken(smol, grammar, _joined("hermes", calls)) == (True, True)
+    assert _taken(smol, grammar, _joined("hermes", calls[2:5])) == (True, True)
+    assert _taken(smol, grammar, _joined("hermes", [calls[3], calls[1]]))[0] is False
+    assert _taken(smol, grammar, _joined("hermes", [calls[3], calls[3]]))[0] is False
 
 
 FUNCTIONS = [ToolFunction(name=t["function"]["name"], description=t["function"]["description"],

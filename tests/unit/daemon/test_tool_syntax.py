@@ -95,7 +95,44 @@ def test_the_answer_holds_calls_in_any_syntax_as_openai_shapes_them() -> None:
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"] == {"name": "get_weather",
                                 "arguments": json.dumps({"city": "Paris", "days": 2})}
-    # cut short by max_tokens, or two calls where one is allowed: text, no calls
-    assert answer_calls(text, spec, finished=False) == (text, [])
+    # cut by max_tokens after the call: the whole call holds; inside it: the text before
+    assert answer_calls(text, spec, finished=False)[1][0]["function"] == call["function"]
+    assert answer_calls(text[:-6], spec, finished=False) == ("Sure.", [])
+    # two calls where one is allowed: text, no calls
     two = text + '[TOOL_CALLS]add[ARGS]{"a": 1}'
     assert answer_calls(two, spec, finished=True) == (two, [])
+
+
+WEATHER_CALL = {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}
+
+
+@pytest.mark.parametrize("text", [
+    # Hermes / Qwen 2.5
+    f"Let me check.\n<tool_call>\n{json.dumps(WEATHER_CALL)}\n</tool_call>\n"
+    '<tool_call>\n{"name": "add", "argu',
+    # Qwen3-Coder / Qwen 3.5
+    "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+    "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n"
+    "<tool_call>\n<function=add>\n<param",
+    # GLM
+    "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+    "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"
+    "<tool_call>ad",
+    # Mistral Small 3.2 and v3
+    'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}[TOOL_CALLS]ad',
+    f"Let me check.[TOOL_CALLS][{json.dumps(WEATHER_CALL)}, " '{"name": "add", "arg',
+    # Llama 3.x (no text before its calls)
+    '{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}; {"name": "ad',
+])
+def test_a_cut_answer_keeps_its_whole_calls_and_drops_the_broken_one(text: str) -> None:
+    spec = parse_tools({"tools": [{"type": "function", "function": {
+        "name": name, "parameters": {"type": "object"}}} for name in sorted(NAMES)]})
+    assert spec is not None
+    content, calls = answer_calls(text, spec, finished=False)
+    assert content == (None if text.startswith("{") else "Let me check.")
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in calls] == [WEATHER]
+    # cut in the first call: no calls, and none of the call's text
+    first = text.index("get_weather")
+    assert answer_calls(text[:first + 4], spec, finished=False) == (
+        None if text.startswith("{") else "Let me check.", [])

@@ -37,6 +37,7 @@ from meshd.daemon.frontends.http.completions import (
     generation_failure,
     log_finished,
     receive_batch,
+    request_spec,
     served_name,
     started,
 )
@@ -62,7 +63,6 @@ from meshd.daemon.models.scheduler import (
     Finished,
     GenerationFailed,
     GenerationHandle,
-    GenerationRequest,
 )
 from meshd.daemon.requests.api_errors import (
     JSON,
@@ -72,6 +72,7 @@ from meshd.daemon.requests.api_errors import (
     error_body,
     json_bytes,
 )
+from meshd.daemon.requests.spec import RequestSpec
 from meshd.native.tokenizer import TooManyTokens
 from meshd.policy.decision import FinishReason
 from meshd.protocol import messages as wire
@@ -165,8 +166,8 @@ class _Job:
 
 
 def _completion_request(req: LlamaRequest, job: _Job) -> CompletionRequest:
-    """One job's request (its token ids replace the placeholder prompt; its limit,
-    biases and probabilities are set on the engine request by :func:`_adjust`)."""
+    """One job's request (its token ids are its prompt; its limit, biases and
+    probabilities are set on the service's request by :func:`_spec`)."""
     return CompletionRequest(
         generate=attrs.evolve(req.generate, id="cmpl-" + uuid.uuid4().hex[:24]), chat=False,
         prompt_ids=job.prompt, max_tokens_param="n_predict", tools=None,
@@ -174,25 +175,21 @@ def _completion_request(req: LlamaRequest, job: _Job) -> CompletionRequest:
         model=req.model, created=int(time.time()))
 
 
-def _adjust(routes: RouteContext, req: LlamaRequest, bias: tuple[tuple[int, float], ...],
-            job: _Job, rt: ModelRuntime, gen: GenerationRequest) -> GenerationRequest:
-    """What ``generate`` cannot say, on the engine request ``prepare`` checked: the
-    limit (-1: the context; 0: one token, evaluated and not shown), the biases, the
-    probabilities, and a seed per ``n_cmpl`` copy (the request's plus the copy's index)."""
-    limit = routes.service.max_tokens_limit(rt)
-    max_tokens = gen.max_tokens
-    if req.n_predict is not None:
-        max_tokens = limit if req.n_predict == -1 else max(1, min(req.n_predict, limit))
-    sampling = attrs.evolve(gen.sampling, logit_bias=bias)
-    if job.copy and req.sampling.seed is not None and sampling.seed is not None:
-        sampling = attrs.evolve(sampling, seed=(sampling.seed + job.copy) % (1 << 64))
+def _spec(req: LlamaRequest, bias: tuple[tuple[int, float], ...], job: _Job,
+          creq: CompletionRequest) -> RequestSpec:
+    """One job as the service's request: what ``generate`` cannot say set on it: the
+    limit (-1: the context; 0: one token, evaluated and not shown), the biases by token
+    id, the probabilities, and a seed per ``n_cmpl`` copy (the request's plus the copy's
+    index)."""
     logprobs = None
     if req.n_probs > 0:
         logprobs = req.n_probs
         if req.post_sampling_probs:  # the sampler chain runs over these tokens
-            k = sampling.top_k if 0 < sampling.top_k <= MAX_CANDIDATES else MAX_CANDIDATES
+            top_k = sampling_params(req.sampling).top_k
+            k = top_k if 0 < top_k <= MAX_CANDIDATES else MAX_CANDIDATES
             logprobs = max(req.n_probs, k)
-    return attrs.evolve(gen, max_tokens=max_tokens, sampling=sampling, logprobs=logprobs)
+    return attrs.evolve(request_spec(creq), n_predict=req.n_predict, logit_bias_ids=bias,
+                        logprobs=logprobs, seed_offset=job.copy)
 
 
 async def serve_llama_completion(routes: RouteContext, raw: bytes, out: Responder) -> None:
@@ -217,8 +214,9 @@ class _Answer:
         self.bias = bias
         self.rt = rt
         self.out = out
+        default = routes.service.config.max_tokens_default  # (None: -1, to the context end)
         self.n_predict = req.n_predict if req.n_predict is not None \
-            else routes.service.config.max_tokens_default
+            else default if default is not None else -1
         self.live = True  # the client still reads
         self.streaming = False  # the stream's head has been sent
         self.sampler: Sampler | None = None  # the running job's (post-sampling probs)
@@ -245,9 +243,8 @@ class _Answer:
                         runs.append((job, None))
                         continue
                     creq = _completion_request(self.req, job)
-                    adjust = functools.partial(_adjust, self.routes, self.req, self.bias, job)
-                    run = await stack.enter_async_context(
-                        started(self.routes, creq, self.out, adjust))
+                    run = await stack.enter_async_context(started(
+                        self.routes, creq, self.out, _spec(self.req, self.bias, job, creq)))
                     if run is None:  # the client left
                         return
                     runs.append((job, run))

@@ -146,11 +146,12 @@ async def props(service: Service, _raw: bytes, out: Responder) -> None:
 
 async def _props(service: Service, rt: ModelRuntime, out: Responder) -> None:
     config = rt.context.config
+    # -1 (llama-server's): no limit of the server's, on to the end of the context
+    n_predict = service.config.max_tokens_default or -1
     await out.send(200, json_bytes({
         "default_generation_settings": {
             "n_ctx": config.n_ctx_seq,
-            "params": {"n_predict": service.config.max_tokens_default,
-                       "max_tokens": service.config.max_tokens_default,
+            "params": {"n_predict": n_predict, "max_tokens": n_predict,
                        # --seed, else -1 (llama-server's: a random seed per request)
                        "seed": -1 if service.config.seed is None else service.config.seed},
         },

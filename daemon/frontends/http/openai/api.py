@@ -23,6 +23,7 @@ from typing import Any, Final
 import attrs
 
 from meshd.daemon.engine.generation_stats import GenerationStats
+from meshd.daemon.frontends.http.json_body import json_object
 from meshd.daemon.frontends.http.llama.timings_format import timings
 from meshd.daemon.frontends.http.logprobs_format import requested_logprobs
 from meshd.daemon.frontends.http.output_format import FormatError, output_constraint
@@ -30,7 +31,9 @@ from meshd.daemon.frontends.http.request_fields import (
     LlamaSwitches,
     check_continuation,
     check_fields,
+    ignored_fields,
     keep_alive_seconds,
+    template_kwargs,
 )
 from meshd.daemon.models.mapping import speculation_stats
 from meshd.daemon.prompts.tool_calls import (
@@ -61,6 +64,7 @@ __all__ = [
     "chunk",
     "completion_response",
     "is_int",
+    "json_object",
     "meshd_block",
     "parse_messages",
     "parse_request",
@@ -69,12 +73,19 @@ __all__ = [
 
 #: Most choices (``n``) one request may ask for.
 MAX_CHOICES: Final = 8
+#: Most prompts one ``/v1/completions`` request may batch (LangChain sends up to 20).
+MAX_PROMPTS: Final = 32
+#: Most generations of a batch (prompts times ``n``): the scheduler's default queue.
+MAX_BATCH_GENERATIONS: Final = 64
 CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
 """OpenAI's roles; ``developer`` is rendered as ``system`` (as llama.cpp does), since
 chat templates predate it."""
 TOKEN_PROMPT_PLACEHOLDER: Final = " "
 """The ``generate.prompt`` of a request whose prompt is token ids: ``prepare`` checks
 the rest of the request on it, then the ids replace its tokens."""
+Prompt = tuple[str, tuple[int, ...] | None]
+"""A prompt as ``generate.prompt`` and ``prompt_ids`` hold it: text, or the placeholder
+and token ids."""
 
 
 @attrs.frozen
@@ -98,14 +109,28 @@ class CompletionRequest:
     created: int
     logprobs: int | None = None
     """Alternatives to report with each token's log-probability (None: not asked)."""
-    predicted: int | None = None
-    """Tokens of the request's predicted output (set once it is tokenized; None: none)."""
+    predicted: tuple[int, ...] | None = None
+    """The request's predicted output as tokens (set once it is tokenized, while the
+    model is held; None: no prediction)."""
     n: int = 1
     """Choices to generate (each its own sampling seed: the request's, plus its index)."""
+    batch: tuple[Prompt, ...] = ()
+    """``/v1/completions``' prompts when it sends several (the first is also
+    ``generate.prompt`` / ``prompt_ids``); empty for one."""
     llama: LlamaSwitches = attrs.field(factory=LlamaSwitches)
+    """llama-server's answer switches (``timings_per_token``, ``verbose`` ...)."""
     template_messages: tuple[dict[str, Any], ...] | None = None
     """The chat as the template reads it, for tools it offers itself (``auto`` only)."""
-    """llama-server's answer switches (``timings_per_token``, ``verbose`` ...)."""
+    template_variables: dict[str, Any] | None = None
+    """More variables for the chat template (``chat_template_kwargs``, and
+    ``reasoning_effort``'s); None: none."""
+    min_tokens: int = 0
+    """vLLM's ``min_tokens``: no end-of-generation token before this many tokens."""
+    reasoning_effort: str | None = None
+    """A ``reasoning_effort`` other than none: the chat template's variable, for a
+    template that reads it."""
+    ignored: tuple[str, ...] = ()
+    """The request's fields that changed nothing (the answer's ``meshd.ignored_fields``)."""
 
 
 def _from_protocol(exc: BadRequest) -> ApiError:
@@ -204,24 +229,34 @@ def _token_ids(value: list[Any]) -> tuple[int, ...] | None:
     return tuple(value)
 
 
-def _prompt(value: object) -> tuple[str, tuple[int, ...] | None]:
-    """The prompt as text or token ids: a string, an array of token ids, or an array of
-    exactly one of either (several prompts would be several choices, which needs
-    ``n`` > 1)."""
-    if isinstance(value, list) and value and not all(is_int(t) for t in value):
-        if len(value) > 1:
-            raise bad_field("prompt", f"meshd serves one prompt per request (got {len(value)}); "
-                                 "send one request per prompt")
-        value = value[0]
+def _prompts(value: object, n: int) -> tuple[Prompt, ...]:
+    """OpenAI's prompt forms: a string, an array of token ids, or an array of several of
+    either (a batch: each prompt gets its ``n`` choices). Their number is checked before
+    any is read."""
+    if not (isinstance(value, list) and value and not all(is_int(t) for t in value)):
+        return (_prompt(value, "prompt"),)
+    if len(value) > MAX_PROMPTS:
+        raise bad_field("prompt", f"at most {MAX_PROMPTS} prompts per request (got "
+                                  f"{len(value)})")
+    if len(value) * n > MAX_BATCH_GENERATIONS:
+        raise bad_field("n", f"at most {MAX_BATCH_GENERATIONS} completions per request "
+                             f"(prompts times n; got {len(value)} x {n})")
+    return tuple(_prompt(p, f"prompt[{i}]" if len(value) > 1 else "prompt")
+                 for i, p in enumerate(value))
+
+
+def _prompt(value: object, name: str) -> Prompt:
+    """One prompt as text or token ids (``name``: how the error names it; its field is
+    ``prompt``)."""
     if isinstance(value, list):
         ids = _token_ids(value)
         if ids is None:
-            raise bad_field("prompt", "must be a non-empty array of token ids (non-negative "
-                                 "integers)")
+            raise ApiError(400, f"{name}: must be a non-empty array of token ids "
+                                "(non-negative integers)", param="prompt")
         return TOKEN_PROMPT_PLACEHOLDER, ids
     if not isinstance(value, str) or not value:
-        raise bad_field("prompt", "must be a non-empty string, an array of token ids, or an "
-                             "array of exactly one of either")
+        raise ApiError(400, f"{name}: must be a non-empty string, an array of token ids, or "
+                            "an array of several of either", param="prompt")
     return value, None
 
 
@@ -300,17 +335,6 @@ def _speculative(value: object) -> wire.SpeculativeOverrides:
                                      draft_max=draft_max)
 
 
-def json_object(raw: bytes) -> dict[str, Any]:
-    """A request body as a JSON object, or ApiError (400) saying why it is not one."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
-
-
 def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     """Validate a ``/v1/completions`` (or, with ``chat``, ``/v1/chat/completions``) body;
     raises ApiError (400) naming the first bad field."""
@@ -371,9 +395,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     typical_p = _number(body, "typical_p", 1.0, 0.0, 1.0)
     if typical_p == 0.0:
         raise bad_field("typical_p", "must be greater than 0")
-    repeat_penalty = _number(body, "repeat_penalty", 1.0, 0.0, 100.0)
-    if repeat_penalty == 0.0:
-        raise bad_field("repeat_penalty", "must be greater than 0")
+    repeat_penalty, repeat_last_n = _repeat_penalty(body, repeat_last_n)
     try:
         sampling = wire.SamplingParams(
             temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_k=top_k,
@@ -387,12 +409,23 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     except BadRequest as exc:
         raise _from_protocol(exc) from None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    prompt, prompt_ids = (None, None) if chat else _prompt(body.get("prompt"))
+    prompts = () if chat else _prompts(body.get("prompt"), n)
+    prompt, prompt_ids = prompts[0] if prompts else (None, None)
     max_tokens, max_tokens_param = _max_tokens(body)
     try:
         keep_alive = keep_alive_seconds(body)
     except ValueError as exc:
         raise bad_field("keep_alive", str(exc)) from None
+    min_tokens = body.get("min_tokens", 0)
+    if min_tokens is None:
+        min_tokens = 0
+    if not is_int(min_tokens) or not 0 <= min_tokens <= (max_tokens or _MAX_MIN_TOKENS):
+        raise bad_field("min_tokens", "must be an integer from 0 to max_tokens "
+                                      f"({max_tokens or _MAX_MIN_TOKENS})")
+    variables, effort = _template_variables(body, chat=chat)
+    ignored = ignored_fields(body)
+    if not chat and body.get("reasoning_effort") == "none":
+        ignored += ("reasoning_effort",)
     try:
         generate = Generate(
             id=rid,
@@ -418,7 +451,55 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
                              created=int(time.time()),
                              llama=LlamaSwitches.of(body),
                              template_messages=None if tools is None
-                             else tuple(template_messages(body["messages"])))
+                             else tuple(template_messages(body["messages"])),
+                             template_variables=variables, reasoning_effort=effort,
+                             min_tokens=min_tokens, ignored=ignored,
+                             batch=prompts if len(prompts) > 1 else ())
+
+
+#: The most ``min_tokens`` a request without ``max_tokens`` may ask for (the server's
+#: limits cut the answer before it anyway).
+_MAX_MIN_TOKENS: Final = 1 << 31
+
+
+def _repeat_penalty(body: Mapping[str, Any], repeat_last_n: int) -> tuple[float, int]:
+    """llama-server's ``repeat_penalty`` over ``repeat_last_n`` tokens, or vLLM's
+    ``repetition_penalty``: the same penalty (a logit divided, or multiplied when
+    negative), over the prompt and the whole output as vLLM applies it, unless
+    ``repeat_last_n`` says otherwise. Both given, they must agree."""
+    repeat_penalty = _number(body, "repeat_penalty", 1.0, 0.0, 100.0)
+    if repeat_penalty == 0.0:
+        raise bad_field("repeat_penalty", "must be greater than 0")
+    if body.get("repetition_penalty") is None:
+        return repeat_penalty, repeat_last_n
+    vllm = _number(body, "repetition_penalty", 1.0, 0.0, 100.0)
+    if vllm == 0.0:
+        raise bad_field("repetition_penalty", "must be greater than 0")
+    if body.get("repeat_penalty") is not None and vllm != repeat_penalty:
+        raise bad_field("repetition_penalty", "differs from repeat_penalty (vLLM's name and "
+                                              "llama.cpp's for one penalty: send one)")
+    return vllm, repeat_last_n if body.get("repeat_last_n") is not None else -1
+
+
+def _template_variables(body: Mapping[str, Any], *, chat: bool
+                        ) -> tuple[dict[str, Any] | None, str | None]:
+    """The chat template's variables (``chat_template_kwargs``; ``reasoning_effort:
+    none`` sets ``enable_thinking`` false, as llama-server does), and a
+    ``reasoning_effort`` other than none, for a template that reads it (checked once
+    the model is known)."""
+    effort = body.get("reasoning_effort")
+    if not chat:
+        if effort not in (None, "none"):
+            raise bad_field("reasoning_effort", "only none is served on /v1/completions "
+                                                "(a prompt has no chat template to tell)")
+        return None, None
+    try:
+        variables = template_kwargs(body.get("chat_template_kwargs"))
+    except ValueError as exc:
+        raise bad_field("chat_template_kwargs", str(exc)) from None
+    if effort == "none":
+        variables = {**(variables or {}), "enable_thinking": False}
+    return variables, None if effort in (None, "none") else effort
 
 
 def finish_reason(value: str) -> str:
@@ -427,28 +508,31 @@ def finish_reason(value: str) -> str:
     return "stop" if value == "eog" else value
 
 
-def usage(prompt_tokens: int, stats: GenerationStats, predicted: int | None = None
-          ) -> dict[str, Any]:
+def usage(prompt_tokens: int, stats: GenerationStats,
+          prediction: dict[str, int] | None = None) -> dict[str, Any]:
     """OpenAI's usage, with the prompt tokens the prefix cache served (not recomputed)
-    and, for a predicted output of ``predicted`` tokens, how many of them the answer
-    took from it (drafted and accepted) and how many it did not."""
+    and, for a request with a predicted output, ``completion_tokens_details``: how many
+    of the prediction's tokens the answer holds and how many it does not
+    (:func:`.prediction.prediction_details`)."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens, "completion_tokens": stats.emitted,
         "total_tokens": prompt_tokens + stats.emitted,
         "prompt_tokens_details": {"cached_tokens": stats.reused_prompt_tokens}}
-    if predicted is not None:
-        out["completion_tokens_details"] = {
-            "accepted_prediction_tokens": stats.accepted,
-            "rejected_prediction_tokens": max(0, predicted - stats.accepted)}
+    if prediction is not None:
+        out["completion_tokens_details"] = dict(prediction)
     return out
 
 
-def meshd_block(stats: GenerationStats, proposer: str | None, seed: int | None
-                ) -> dict[str, Any]:
+def meshd_block(stats: GenerationStats, proposer: str | None, seed: int | None,
+                ignored: tuple[str, ...] = ()) -> dict[str, Any]:
     """meshd's own speculation statistics (the native ``done`` frame's ``speculation``)
-    and the seed sampling drew with (``None`` for greedy decoding), as ``done`` has it."""
+    and the seed sampling drew with (``None`` for greedy decoding), as ``done`` has it;
+    ``ignored_fields``: the request's fields that changed nothing, where there were any
+    (:func:`.request_fields.ignored_fields`)."""
     block = attrs.asdict(speculation_stats(stats, proposer))
     block["seed"] = seed
+    if ignored:
+        block["ignored_fields"] = list(ignored)
     return block
 
 
@@ -461,8 +545,9 @@ def object_name(req: CompletionRequest, *, stream: bool) -> str:
 def completion_response(req: CompletionRequest, model: str, fingerprint: str, text: str,
                         finish: str, stats: GenerationStats, proposer: str | None,
                         prompt_tokens: int, seed: int | None,
-                        logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The whole (non-streamed) answer."""
+                        logprobs: dict[str, Any] | None = None,
+                        prediction: dict[str, int] | None = None) -> dict[str, Any]:
+    """The whole (non-streamed) answer (``prediction``: its prediction counters)."""
     choice: dict[str, Any] = {"index": 0, "logprobs": logprobs,
                               "finish_reason": finish_reason(finish)}
     if req.chat:
@@ -470,21 +555,22 @@ def completion_response(req: CompletionRequest, model: str, fingerprint: str, te
         choice["message"] = {"role": "assistant", "content": content}
         if calls:
             choice["message"]["tool_calls"] = calls
-            choice["finish_reason"] = "tool_calls"
+            if choice["finish_reason"] == "stop":  # (a cut keeps ``length``)
+                choice["finish_reason"] = "tool_calls"
     else:
         choice["text"] = text
     return {
         "id": req.generate.id, "object": object_name(req, stream=False), "created": req.created,
         "model": model, "system_fingerprint": fingerprint, "choices": [choice],
-        "usage": usage(prompt_tokens, stats, req.predicted),
-        "timings": timings(stats), "meshd": meshd_block(stats, proposer, seed),
+        "usage": usage(prompt_tokens, stats, prediction),
+        "timings": timings(stats), "meshd": meshd_block(stats, proposer, seed, req.ignored),
     }
 
 
 def tool_answer(req: CompletionRequest, text: str, finish: str
                 ) -> tuple[str | None, list[dict[str, Any]]]:
-    """The chat answer's content and tool calls (none unless the request offered tools
-    and the answer ended on its own)."""
+    """The chat answer's content and tool calls (none unless the request offered tools;
+    an answer cut short keeps its whole calls, :func:`answer_calls`)."""
     if req.tools is None:
         return text, []
     return answer_calls(text, req.tools, finished=finish in ("eog", "stop"))

@@ -60,13 +60,19 @@ _REFUSED: Final[dict[str, tuple[tuple[object, ...], str]]] = {
     "include": (([],), "meshd has no extra output to include"),
     "top_logprobs": ((0,), "log-probabilities are served on /v1/chat/completions"),
 }
+_REASONING_KEYS: Final = frozenset({"effort", "summary", "generate_summary", "context", "mode"})
+"""``reasoning``'s fields: ``effort`` is chat's ``reasoning_effort`` (as llama-server
+maps it); the others shape reasoning summaries and items, which meshd does not
+produce, and change nothing."""
 _ITEM_TYPES: Final = ("message", "function_call", "function_call_output")
 _ROLES: Final = ("user", "system", "developer", "assistant")
 _TEXT_PARTS: Final = ("input_text", "output_text")
 _RENAMED: Final = (("response_format.json_schema", "text.format"),
                    ("response_format", "text.format"),
                    ("max_completion_tokens", "max_output_tokens"),
-                   ("max_tokens", "max_output_tokens"))
+                   ("max_tokens", "max_output_tokens"),
+                   ("reasoning_effort", "reasoning.effort"),
+                   ("verbosity", "text.verbosity"))
 """Chat's field names and the Responses API's, for the errors chat's parser raises."""
 _METADATA_KEYS: Final = 16
 
@@ -211,8 +217,6 @@ def _text_format(value: object) -> dict[str, Any] | None:
     unknown = set(value) - {"format", "verbosity"}
     if unknown:
         raise _bad("text", f"unknown field(s) {sorted(unknown)}")
-    if value.get("verbosity") is not None:
-        raise _bad("text.verbosity", "is not supported by meshd")
     fmt = value.get("format")
     kind = fmt.get("type") if isinstance(fmt, Mapping) else None
     if fmt is None or kind == "text":
@@ -291,9 +295,11 @@ def _refused(body: Mapping[str, Any]) -> ApiError | None:
                                          for d in defaults):
             return _bad(key, why)
     reasoning = body.get("reasoning")
-    if reasoning is not None and not (isinstance(reasoning, Mapping)
-                                      and all(v is None for v in reasoning.values())):
-        return _bad("reasoning", "meshd's models take no reasoning settings (send null)")
+    if reasoning is not None and not isinstance(reasoning, Mapping):
+        return _bad("reasoning", "must be an object like {'effort': 'none'}")
+    unknown = set(reasoning or {}) - _REASONING_KEYS
+    if unknown:
+        return _bad("reasoning", f"unknown field(s) {sorted(unknown)}")
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
         return _bad("store", "must be true or false (meshd stores nothing either way)")
@@ -310,8 +316,11 @@ def parse_responses_request(raw: bytes) -> ResponsesRequest:
     turns, origins = _turns(body)
     chat: dict[str, Any] = {key: body[key] for key in _PASSED if key in body}
     chat["messages"] = turns
+    text_options = body.get("text")
     extra = {"max_completion_tokens": body.get("max_output_tokens"),
-             "response_format": _text_format(body.get("text")),
+             "response_format": _text_format(text_options),
+             "verbosity": (text_options or {}).get("verbosity"),
+             "reasoning_effort": (body.get("reasoning") or {}).get("effort"),
              "tools": _tools(body.get("tools")),
              "tool_choice": _tool_choice(body.get("tool_choice"))}
     chat.update({key: value for key, value in extra.items() if value is not None})

@@ -41,7 +41,7 @@ class Prompt:
     own_offer: bool
 
 
-def template_variables(rt: ModelRuntime, spec: RequestSpec) -> Mapping[str, Any] | None:
+def _template_variables(rt: ModelRuntime, spec: RequestSpec) -> Mapping[str, Any] | None:
     """The template variables ``spec`` sets (``chat_template_kwargs``, and a reasoning
     effort for templates that read one); ApiError (400) for an effort the model's
     template takes no notice of."""
@@ -64,7 +64,7 @@ def spec_prompt(rt: ModelRuntime, spec: RequestSpec) -> Prompt:
     request = spec.generate
     if spec.prompt_ids is not None:
         return Prompt(_checked_ids(rt, spec.prompt_ids), own_offer=False)
-    variables = template_variables(rt, spec)
+    variables = _template_variables(rt, spec)
     tools = spec.tools if spec.conversation is not None else None
     if tools is not None and offers_itself(rt, tools):
         assert spec.conversation is not None

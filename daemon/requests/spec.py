@@ -51,7 +51,3 @@ class RequestSpec:
     otherwise at least one token and at most the server's limit (clamped, not refused)."""
     seed_offset: int = 0
     """Added to a given seed (llama-server's ``n_cmpl`` copies each sample their own)."""
-
-    @property
-    def id(self) -> str:
-        return self.generate.id

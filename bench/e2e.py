@@ -129,6 +129,9 @@ __all__ = ["E2eConfig", "add_arguments", "cmd_bench_e2e", "run_e2e"]
 
 #: Seconds a server is left alone after the last request before its idle CPU is read.
 IDLE_SETTLE_S: Final = 2.0
+#: Rounds of requests in one repetition of a family (agent loops, SQL...): each client
+#: asks this many of the family's questions, one after another.
+FAMILY_ROUNDS: Final = 4
 
 Log = Callable[[str], None]
 
@@ -177,7 +180,8 @@ def _warm_family(server: ServerProcess, mut: ModelUnderTest, workload: Workload,
 
 @attrs.frozen
 class Run:
-    """One repetition of one arm: its requests, served together."""
+    """One repetition of one arm: its requests, served together (a family's: in
+    ``rounds`` of one request per client, one round after another)."""
 
     arm: str
     rep: int
@@ -185,10 +189,27 @@ class Run:
     #: meshd serve's host gap per decode step in this run (its compute thread's time
     #: outside forwards, from ``/metrics``), in ms; None for other servers.
     host_ms_per_step: float | None = None
+    rounds: int = 1
+    #: The same host time per generated token (wider windows make fewer, dearer steps:
+    #: per token is what a user pays).
+    host_ms_per_token: float | None = None
 
     @property
     def decode_tok_s(self) -> float | None:
-        return aggregate_decode_rate(self.requests)
+        """The rounds' tokens over their decode spans (each round's as
+        :func:`aggregate_decode_rate`)."""
+        if self.rounds == 1:
+            return aggregate_decode_rate(self.requests)
+        size = len(self.requests) // self.rounds
+        tokens = span = 0.0
+        for r in range(self.rounds):
+            part = self.requests[r * size:(r + 1) * size]
+            rate = aggregate_decode_rate(part)
+            if rate is None:
+                return None
+            n = sum(max(0, (q.result.completion_tokens or 0) - 1) for q in part)
+            tokens, span = tokens + n, span + n / rate
+        return tokens / span if span > 0 else None
 
     @property
     def forced_accepted_share(self) -> float | None:
@@ -213,6 +234,7 @@ class Run:
     def as_dict(self) -> dict[str, Any]:
         return {"arm": self.arm, "rep": self.rep, "decode_tok_s": self.decode_tok_s,
                 "host_ms_per_step": self.host_ms_per_step,
+                "host_ms_per_token": self.host_ms_per_token,
                 "forced_accepted_share": self.forced_accepted_share,
                 "copy_accepted_share": self.copy_accepted_share,
                 "grammar_ms_per_token": self.grammar_ms_per_token,
@@ -221,32 +243,48 @@ class Run:
 
 def _serve_run(arm: E2eArm, server: ServerProcess, mut: ModelUnderTest,
                workload: Workload, rep: int, clients: int, cfg: E2eConfig) -> Run:
-    tags = [prompt_tag(rep, c) for c in range(clients)]
-    bodies = [request_body(mut, workload, t, cfg.tokens) for t in tags]
+    """One repetition: every client's request at once; a family's in
+    :data:`FAMILY_ROUNDS` rounds, each round's questions the next of the family's
+    (a family's answers are short: one round is too few tokens to time)."""
+    rounds = FAMILY_ROUNDS if workload.variants else 1
     meshd = arm.name.startswith("meshd")
     before = _step_host_seconds(server) if meshd else None
-    records = run_clients(server.port, mut.path, bodies, tags=tags, timeout=cfg.timeout_s)
+    records: list[RequestRecord] = []
+    for r in range(rounds):
+        tags = [prompt_tag(rep, c, r if workload.variants else None) for c in range(clients)]
+        bodies = [request_body(mut, workload, t, cfg.tokens,
+                               (rep * rounds + r) * clients + c if workload.variants else None)
+                  for c, t in enumerate(tags)]
+        records += run_clients(server.port, mut.path, bodies, tags=tags,
+                               timeout=cfg.timeout_s)
     after = _step_host_seconds(server) if meshd else None
-    gap = None
+    gap = per_token = None
     if before is not None and after is not None and after[1] > before[1]:
         gap = 1e3 * (after[0] - before[0]) / (after[1] - before[1])
-    return Run(arm.name, rep, tuple(records), gap)
+        if after[2] > before[2]:
+            per_token = 1e3 * (after[0] - before[0]) / (after[2] - before[2])
+    return Run(arm.name, rep, tuple(records), gap, rounds, per_token)
 
 
-def _step_host_seconds(server: ServerProcess) -> tuple[float, int] | None:
-    """``meshd_step_host_seconds``' sum and count from meshd's ``/metrics``."""
+def _step_host_seconds(server: ServerProcess) -> tuple[float, int, float] | None:
+    """``meshd_step_host_seconds``' sum and count, and ``meshd_generation_tokens``,
+    from meshd's ``/metrics``."""
     try:
         status, text = server.request("GET", "/metrics", timeout=10)
     except (OSError, http.client.HTTPException):
         return None
     if status != 200 or not isinstance(text, str):
         return None
+    host: tuple[float, int] | None = None
+    tokens = 0.0
     for family in text_string_to_metric_families(text):
+        values = {s.name: s.value for s in family.samples}
         if family.name == "meshd_step_host_seconds":
-            values = {s.name: s.value for s in family.samples}
-            return (values["meshd_step_host_seconds_sum"],
+            host = (values["meshd_step_host_seconds_sum"],
                     int(values["meshd_step_host_seconds_count"]))
-    return None
+        elif family.name == "meshd_generation_tokens":
+            tokens = sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return None if host is None else (*host, tokens)
 
 
 def _generate_run(arm: E2eArm, mut: ModelUnderTest, prompt: str, rep: int,
@@ -358,6 +396,7 @@ def _summary(runs: Sequence[Run]) -> dict[str, Any]:
     return {
         "decode_tok_s": _median(rates),
         "host_ms_per_step": _median([r.host_ms_per_step for r in runs]),
+        "host_ms_per_token": _median([r.host_ms_per_token for r in runs]),
         "forced_accepted_share": _median([r.forced_accepted_share for r in runs]),
         "copy_accepted_share": _median([r.copy_accepted_share for r in runs]),
         "grammar_ms_per_token": _median([r.grammar_ms_per_token for r in runs]),
@@ -386,10 +425,10 @@ def _same_text(runs: Mapping[str, Sequence[Run]]) -> dict[str, list[bool]]:
     """Per arm, per request: whether its text is meshd's for the same prompt (same
     repetition and client). Rates compare like with like only where texts agree; two
     servers' numerics (cache types, kernels) can part at a near-tie."""
-    ref = {(r.rep, q.client): q.result.text for r in runs.get(MAIN_ARM, ())
+    ref = {q.prompt_tag: q.result.text for r in runs.get(MAIN_ARM, ())
            for q in r.requests if q.result.error is None}
-    return {arm: [q.result.text == ref[(r.rep, q.client)] for r in rs for q in r.requests
-                  if (r.rep, q.client) in ref and q.result.error is None]
+    return {arm: [q.result.text == ref[q.prompt_tag] for r in rs for q in r.requests
+                  if q.prompt_tag in ref and q.result.error is None]
             for arm, rs in runs.items() if arm != MAIN_ARM and ref}
 
 

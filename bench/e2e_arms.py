@@ -50,11 +50,9 @@ MESHD_ARMS: Final = (
     E2eArm(MAIN_ARM, "meshd"),
     E2eArm("meshd-off", "meshd", ("--proposer", "off")),
     E2eArm(GENERATE_ARM, "generate"),
-    # History lookup (a composite's third source) and the same composite without it:
-    # the control says whether keeping answers ever costs.
-    E2eArm("meshd-history", "meshd", ("--proposer", "composite"), families_only=True),
-    E2eArm("meshd-history-off", "meshd", ("--proposer", "composite",
-                                          "--speculation-history-tokens", "0"),
+    # The default without history lookup (``auto`` is then prompt lookup alone): the
+    # control says whether keeping answers ever costs.
+    E2eArm("meshd-history-off", "meshd", ("--speculation-history-tokens", "0"),
            families_only=True),
 )
 
@@ -128,10 +126,13 @@ def model_under_test(spec: ModelSpec) -> ModelUnderTest:
 # --------------------------------------------------------------------------- requests
 
 
-def prompt_tag(rep: int | None, client: int) -> str:
-    """The tag that starts a request's first user turn: ``[rep.client]`` (1-based), or
-    ``[warm-up]``."""
-    return "[warm-up]" if rep is None else f"[{rep + 1}.{client + 1}]"
+def prompt_tag(rep: int | None, client: int, round_: int | None = None) -> str:
+    """The tag that starts a request's first user turn: ``[rep.client]`` (1-based),
+    ``[rep.client.round]`` in a family's rounds, or ``[warm-up]``."""
+    if rep is None:
+        return "[warm-up]"
+    return f"[{rep + 1}.{client + 1}]" if round_ is None else \
+        f"[{rep + 1}.{client + 1}.{round_ + 1}]"
 
 
 def tagged_messages(workload: Workload, tag: str) -> list[dict[str, str]]:
@@ -146,10 +147,11 @@ def tagged_messages(workload: Workload, tag: str) -> list[dict[str, str]]:
 
 
 def request_body(mut: ModelUnderTest, workload: Workload, tag: str, tokens: int,
-                 ) -> dict[str, Any]:
+                 index: int | None = None) -> dict[str, Any]:
     """The streamed, greedy OpenAI request a client sends (chat or plain completion),
-    with the workload's output constraint, the same for every server."""
-    workload = workload.for_tag(tag)
+    with the workload's output constraint, the same for every server (``index``: see
+    :meth:`Workload.for_tag`)."""
+    workload = workload.for_tag(tag, index)
     body: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True},
                             "temperature": 0, "max_tokens": tokens}
     if mut.chat:

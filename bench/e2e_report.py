@@ -88,11 +88,13 @@ def _table(table: Mapping[str, Any], clients: int) -> list[str]:
     if GENERATE_ARM in table["arms"]:
         out.append("  serve over HTTP / in-process (meshd / meshd-generate): "
                    f"{_ratio(table['serve_over_generate'])}")
-    gaps = [f"{name} {s['host_ms_per_step']:.3f} ms" for name, s in table["arms"].items()
-            if s.get("host_ms_per_step") is not None]
+    gaps = [f"{name} {s['host_ms_per_step']:.3f} ms" + (
+        f" ({s['host_ms_per_token']:.3f} ms/token)"
+        if s.get("host_ms_per_token") is not None else "")
+        for name, s in table["arms"].items() if s.get("host_ms_per_step") is not None]
     if gaps:
         out.append("  host gap per decode step (compute thread outside verify forwards; "
-                   "MTP drafting counts): " + ", ".join(gaps))
+                   "MTP drafting counts; per generated token): " + ", ".join(gaps))
     return out
 
 

@@ -65,19 +65,22 @@ class Workload:
     #: Requests of the family each server gets before the measured ones.
     warm_up: int = 0
 
-    def for_tag(self, tag: str) -> Workload:
+    def for_tag(self, tag: str, index: int | None = None) -> Workload:
         """This workload as the request tagged ``tag`` sends it: a family's variant put
-        in place of ``{variant}`` (the same for every arm, another for another tag)."""
+        in place of ``{variant}`` (the same for every arm, another for another tag;
+        ``index``: the measured request's place in the run, so that consecutive ones
+        ask different questions)."""
         if not self.variants:
             return self
         # The warm-up takes the first variants, in order; measured requests the others
-        # (so none repeats a warm-up question word for word), by a hash of the tag.
+        # (so none repeats a warm-up question word for word), in turn or by the tag's hash.
         warm = self.warm_up_tags()
         if tag in warm:
             variant = self.variants[warm.index(tag) % len(self.variants)]
         else:
             rest = self.variants[self.warm_up:] or self.variants
-            variant = rest[zlib.crc32(tag.encode()) % len(rest)]
+            at = zlib.crc32(tag.encode()) if index is None else index
+            variant = rest[at % len(rest)]
         return attrs.evolve(self, messages=tuple(
             (role, content.replace("{variant}", variant)) for role, content in self.messages))
 

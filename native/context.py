@@ -13,6 +13,7 @@ there serialize instead of corrupt memory.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -277,6 +278,29 @@ class TargetContext:
         may have dropped old positions, and then no prefix of it is whole."""
         with self.lock:
             return int(lc.llama_memory_seq_pos_min(self.memory, seq_id)) <= 0
+
+    def seq_state_save(self, seq_id: int) -> tuple[ctypes.Array[ctypes.c_uint8], int, int]:
+        """A copy of the recurrent part of the sequence's state (PARTIAL_ONLY), for a
+        checkpoint: the buffer, the bytes llama.cpp said the state has and the bytes it
+        wrote (an empty state or a short copy is a failure the caller reports)."""
+        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        with self.lock:
+            size = int(lc.llama_state_seq_get_size_ext(self.ctx, seq_id, flags))
+            buf = (ctypes.c_uint8 * max(size, 1))()
+            written = int(lc.llama_state_seq_get_data_ext(self.ctx, buf, size, seq_id, flags))
+        return buf, size, written
+
+    def seq_state_load(self, seq_id: int, data: ctypes.Array[ctypes.c_uint8]) -> int:
+        """Put a copy made by :meth:`seq_state_save` back; the bytes read (0: failed)."""
+        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        with self.lock:
+            return int(lc.llama_state_seq_set_data_ext(self.ctx, data, len(data), seq_id,
+                                                       flags))
+
+    def seq_state_bytes(self, seq_id: int) -> int:
+        """Bytes of the sequence's whole KV + recurrent state (as llama.cpp would save it)."""
+        with self.lock:
+            return int(lc.llama_state_seq_get_size_ext(self.ctx, seq_id, 0))
 
     def seq_cp_whole(self, src: int, dst: int) -> None:
         """Make ``dst`` a copy of the whole of ``src``. Sequences have streams of their

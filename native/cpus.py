@@ -44,9 +44,9 @@ def apply_thread_wait(mode: str) -> None:
     """Make llama.cpp's threads wait as ``mode`` says, unless the environment already
     chose (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``).
 
-    The OpenMP runtime reads its settings once, when llama.cpp's library loads, and
-    meshd's modules load it on import: so ``sleep`` sets ``OMP_WAIT_POLICY=passive`` and,
-    where the runtime is already loaded, runs this same command again in place
+    The OpenMP runtime reads its settings once, when llama.cpp's library loads (on
+    first use: :mod:`meshd.native.llama`): so ``sleep`` sets ``OMP_WAIT_POLICY=passive``
+    and, where the runtime is already loaded, runs this same command again in place
     (``exec``: same process id, same open sockets) with it set."""
     if mode not in THREAD_WAITS:
         raise ValueError(f"thread wait {mode!r}: expected one of {', '.join(THREAD_WAITS)}")

@@ -12,7 +12,6 @@ import threading
 import warnings
 
 from llguidance import LLTokenizer
-from llguidance.llamacpp import lltokenizer_from_vocab
 
 from .model import Model
 
@@ -30,6 +29,10 @@ class GrammarVocab:
     def tokenizer(self) -> LLTokenizer:
         with self._lock:
             if self._tokenizer is None:
+                # Here, not at the top: llguidance's llama.cpp binding imports llama_cpp,
+                # which meshd.native loads on first use only (see .llama).
+                from llguidance.llamacpp import lltokenizer_from_vocab
+
                 info = self._model.info
                 with warnings.catch_warnings():  # a deprecated binding, once per token
                     warnings.simplefilter("ignore", DeprecationWarning)

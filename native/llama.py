@@ -5,19 +5,22 @@ Why: the backend must be initialised exactly once per process and llama.cpp's lo
 wide, so they live here and nowhere else. We use only ``llama_cpp.llama_cpp`` and
 ``llama_cpp.llama_cpp_ext``: the high-level ``llama_cpp.Llama`` never sets ``load_mtp`` or
 ``n_rs_seq`` and ignores ``seq_rm`` failures, which corrupts recurrent models silently.
+
+The bindings load on first use (``lc.<name>``), not on import: importing meshd.native
+loads no shared library, so the layers above it, and their tests against the fake
+runtime of ``meshd.testing``, import without llama.cpp.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import importlib
 import logging
 import os
 import threading
 from typing import Any
 
-import llama_cpp.llama_cpp as lc
-import llama_cpp.llama_cpp_ext as lcx
 import numpy as np
 import numpy.typing as npt
 
@@ -34,6 +37,26 @@ __all__ = [
     "set_attn_kernel",
 ]
 
+
+class _Bindings:
+    """One module of llama-cpp-python's bindings, imported on the first attribute read;
+    each name read is then kept on this object (later reads are plain attributes)."""
+
+    def __init__(self, module: str) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name != "__file__":
+            raise AttributeError(name)  # copy, inspect and friends probe: no load for them
+        value = getattr(importlib.import_module(self._module), name)
+        setattr(self, name, value)
+        return value
+
+
+#: ``llama_cpp.llama_cpp`` and ``llama_cpp.llama_cpp_ext``, loaded on first use.
+lc: Any = _Bindings("llama_cpp.llama_cpp")
+lcx: Any = _Bindings("llama_cpp.llama_cpp_ext")
+
 _log = logging.getLogger("meshd.llama")
 _init_lock = threading.Lock()
 _initialised = False
@@ -47,13 +70,14 @@ _recent_errors: collections.deque[str] = collections.deque(maxlen=4)
 
 
 _CONT = 5
+#: The ctypes callback llama.cpp logs through, made by ensure_backend (kept alive here).
+_log_callback: Any = None
 _pending: list[str] = []  # a line llama.cpp has not finished yet
 _pending_level = logging.DEBUG
 _pending_lock = threading.Lock()
 
 
-@lc.llama_log_callback  # type: ignore[untyped-decorator]
-def _log_callback(level: int, text: bytes, _user: Any) -> None:
+def _on_log(level: int, text: bytes, _user: Any) -> None:
     # llama.cpp prints lines in pieces (progress dots, CONT-level continuations); one
     # log record per finished line keeps the daemon's log one event per line.
     global _pending_level
@@ -77,12 +101,13 @@ def _log_callback(level: int, text: bytes, _user: Any) -> None:
 
 def ensure_backend() -> None:
     """Initialise llama.cpp once per process and route its logs to ``meshd.llama``."""
-    global _initialised
+    global _initialised, _log_callback
     with _init_lock:
         if _initialised:
             return
         lc.llama_backend_init()
         if not os.environ.get("MESHD_LLAMA_LOG_STDERR"):
+            _log_callback = lc.llama_log_callback(_on_log)  # kept: llama.cpp holds it
             lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
         _initialised = True
 
@@ -123,16 +148,25 @@ def _bind_attn_kernel() -> Any:
     return fn
 
 
-_set_attn_kernel = _bind_attn_kernel()
+_UNBOUND = object()
+_set_attn_kernel: Any = _UNBOUND
+
+
+def _attn_kernel_fn() -> Any:
+    global _set_attn_kernel
+    if _set_attn_kernel is _UNBOUND:
+        _set_attn_kernel = _bind_attn_kernel()
+    return _set_attn_kernel
 
 
 def attn_kernel_pinnable() -> bool:
     """Whether this runtime can pin the attention kernel (:func:`set_attn_kernel`)."""
-    return _set_attn_kernel is not None
+    return _attn_kernel_fn() is not None
 
 
 def set_attn_kernel(ctx: Any, kernel: int) -> None:
     """Pin ``ctx``'s CPU flash-attention kernel for its forwards from now on (a no-op
     on a runtime without meshd's patch: :func:`attn_kernel_pinnable` tells)."""
-    if _set_attn_kernel is not None:
-        _set_attn_kernel(ctx, kernel)
+    fn = _attn_kernel_fn()
+    if fn is not None:
+        fn(ctx, kernel)

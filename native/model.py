@@ -20,41 +20,11 @@ from .errors import ModelLoadError
 from .gguf_file import check_model_file
 from .llama import ensure_backend, last_error, lc
 from .placement import LayerPlan, Placement, plan_for
+from .records import ModelInfo as ModelInfo
 from .rpc import local_gpus
 from .tokenizer import Tokenizer
 
 ProgressCallback = Callable[[float], None]
-
-
-@attrs.frozen
-class ModelInfo:
-    """Static facts about a model, as reported to clients and used by the engine."""
-
-    path: str
-    architecture: str
-    description: str
-    n_vocab: int
-    n_ctx_train: int
-    n_embd: int
-    n_layer: int
-    n_layer_nextn: int
-    n_params: int
-    size_bytes: int
-    is_recurrent: bool
-    is_hybrid: bool
-    eog_tokens: frozenset[int]
-    bos_token: int | None
-    eos_token: int | None
-    has_chat_template: bool
-
-    @property
-    def has_mtp(self) -> bool:
-        return self.n_layer_nextn >= 1
-
-    @property
-    def has_recurrent_state(self) -> bool:
-        """Recurrent or hybrid: rejected drafts cannot be removed by a KV trim alone."""
-        return self.is_recurrent or self.is_hybrid
 
 
 class Model:

@@ -1,5 +1,6 @@
 """What the target context, its sessions and its MTP companion share: the row of a
-forward, the logits array type and the context's sizing.
+forward, the logits array type and the context's sizing (plain records, defined in
+:mod:`.records` and re-exported here), and the llama.cpp parameters made from them.
 
 Why a module of its own: :mod:`.context`, :mod:`.session` and :mod:`.mtp` all need these,
 and keeping them here lets those three import each other in one direction only (session
@@ -10,41 +11,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-import numpy as np
-import numpy.typing as npt
-
 from .llama import ATTN_TILED, lc
-
-FloatArray = npt.NDArray[np.float32]
-
-
-#: The longest draft meshd verifies by default. Long windows pay only for drafts that
-#: are nearly always right (prompt lookup while the output copies the input), but there
-#: they pay most, as a long window costs far less per row than a short one (docs/
-#: benchmarks.md gives measured costs). The cost model chooses shorter windows
-#: wherever acceptance does not carry the long ones.
-DEFAULT_DRAFT_MAX = 32
-
-#: The deepest in-place rollback of a recurrent state (``n_rs_seq``): each step of depth
-#: keeps one more copy of every recurrent layer's state per sequence.
-ROLLBACK_MAX = 8
+from .records import CACHE_TYPES_K as CACHE_TYPES_K
+from .records import DEFAULT_DRAFT_MAX as DEFAULT_DRAFT_MAX
+from .records import ROLLBACK_MAX as ROLLBACK_MAX
+from .records import ContextConfig as ContextConfig
+from .records import FloatArray as FloatArray
+from .records import Row as Row
+from .records import check_cache_type_k
 
 #: The attention kernel every forward of a CPU context takes, whatever its width:
 #: llama.cpp's tiled prefill kernel, where each row's result is its own whatever shares
 #: its tile (meshd's patch computes only a tile's rows, so a one-row decode pays for one).
 ATTN_KERNEL = ATTN_TILED
 
-#: The K-cache types a context can be given ("auto": :func:`resolve_cache_type_k`).
-CACHE_TYPES_K = ("auto", "f16", "bf16")
 #: ggml.h's numbers of the resolved K-cache types (GGML_TYPE_F16, GGML_TYPE_BF16).
 GGML_TYPES = {"f16": 1, "bf16": 30}
-
-
-def _check_cache_type_k(requested: str) -> None:
-    if requested not in CACHE_TYPES_K:
-        raise ValueError(f"unknown K-cache type {requested!r}; one of "
-                         f"{', '.join(CACHE_TYPES_K)}")
 
 
 def resolve_cache_type_k(requested: str, *, all_on_cpu: bool, pinnable: bool = True) -> str:
@@ -64,7 +46,7 @@ def resolve_cache_type_k(requested: str, *, all_on_cpu: bool, pinnable: bool = T
     Accelerators have their own kernels, so where layers are offloaded "auto" keeps
     llama.cpp's default.
     """
-    _check_cache_type_k(requested)
+    check_cache_type_k(requested)
     if requested != "auto":
         return requested
     return "bf16" if all_on_cpu and not pinnable else "f16"
@@ -78,49 +60,6 @@ def rounds_rows_alike(cache_type_k: str, *, all_on_cpu: bool, pinnable: bool = T
     if not all_on_cpu:
         return False
     return cache_type_k == "bf16" or (cache_type_k == "f16" and pinnable)
-
-
-@attrs.frozen
-class ContextConfig:
-    """How to size the shared context.
-
-    ``n_ctx_seq`` is the context length of each sequence (its KV is private to it: the
-    non-unified layout keeps a decode's attention over its own cells only), ``n_seq_max``
-    the number of concurrent sessions, ``draft_max`` the longest verify window minus one
-    (up to :data:`ROLLBACK_MAX` of it sets ``n_rs_seq``, the in-place rollback depth of
-    recurrent models; longer windows on them take a checkpoint).
-    """
-
-    n_ctx_seq: int = 4096
-    n_seq_max: int = 1
-    n_batch: int = 512
-    draft_max: int = DEFAULT_DRAFT_MAX
-    n_threads: int | None = None
-    use_mtp: bool = True
-    #: Let recurrent models roll back in place (``n_rs_seq``); off forces checkpoints.
-    in_place_rollback: bool = True
-    #: The K cache's type, one of :data:`CACHE_TYPES_K` (the context resolves "auto").
-    cache_type_k: str = "auto"
-    #: Pin the attention kernel (:data:`ATTN_KERNEL`) where the runtime can; off leaves
-    #: llama.cpp's choice by a forward's width.
-    pin_attention: bool = True
-
-    def __attrs_post_init__(self) -> None:
-        if self.n_ctx_seq < 16 or self.n_seq_max < 1 or self.draft_max < 0:
-            raise ValueError(f"invalid context config {self}")
-        _check_cache_type_k(self.cache_type_k)
-        if self.n_batch < self.draft_max + 1:
-            raise ValueError("n_batch must hold a whole verify window (draft_max + 1 rows)")
-
-
-@attrs.define
-class Row:
-    """One entry of a forward: token at position for sequence, with or without output."""
-
-    token: int
-    pos: int
-    seq_id: int
-    output: bool
 
 
 def context_params(config: ContextConfig, threads: int) -> Any:

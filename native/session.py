@@ -19,75 +19,26 @@ naming the sequence and positions and marks the session unusable.
 
 from __future__ import annotations
 
-import ctypes
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .batching import forward_groups
-from .context import TargetContext
 from .errors import CapacityError, RollbackRefused, RuntimeStateError, SessionUnusable
-from .llama import lc
-from .mtp import MtpSession
 from .prefill_chunks import prefill_forward_rows, prefill_merges_chunks
-from .primitives import FloatArray, Row
+from .records import FloatArray, Row
+from .records import SessionCounters as SessionCounters
 
-
-@attrs.define
-class SessionCounters:
-    """What one session has cost over its whole life (prefix-cache reuses included).
-
-    A request's own figures are the difference between two snapshots (``since``).
-    ``decode_ms`` is single-row forwards, ``verify_ms`` forwards over a drafted window
-    (``[last, d0..]``, two rows or more), ``prefill_ms`` the prompt.
-    """
-
-    target_forwards: int = 0
-    prefill_forwards: int = 0
-    rows_verified: int = 0
-    prefill_tokens: int = 0
-    checkpoints: int = 0
-    checkpoint_bytes: int = 0
-    checkpoint_ms: float = 0.0
-    rollbacks_in_place: int = 0
-    trims: int = 0
-    restores: int = 0
-    replayed_tokens: int = 0
-    prefill_ms: float = 0.0
-    decode_ms: float = 0.0
-    verify_ms: float = 0.0
-    #: Time inside those forwards spent catching the MTP head up (part of the above).
-    mtp_ms: float = 0.0
-    #: Prompt tokens copied from another sequence instead of prefilled (share_prefix).
-    shared_prefix_tokens: int = 0
-
-    def as_dict(self) -> dict[str, float | int]:
-        return attrs.asdict(self)
-
-    def snapshot(self) -> SessionCounters:
-        """A copy, to subtract later with :meth:`since`."""
-        return attrs.evolve(self)
-
-    def since(self, base: SessionCounters) -> SessionCounters:
-        """What was counted after ``base`` was taken (field by field)."""
-        return SessionCounters(**{
-            f.name: getattr(self, f.name) - getattr(base, f.name)
-            for f in attrs.fields(SessionCounters)
-        })
-
-    def note_window(self, n_rows: int, ms: float) -> None:
-        """Count one decode (1 row) or verify (a drafted window) forward's time."""
-        if n_rows > 1:
-            self.rows_verified += n_rows
-            self.verify_ms += ms
-        else:
-            self.decode_ms += ms
+if TYPE_CHECKING:
+    from .context import TargetContext
+    from .mtp import MtpSession
 
 
 @attrs.define
 class _Checkpoint:
-    data: ctypes.Array[ctypes.c_uint8]
+    data: Any  # the context's copy of the state (``TargetContext.seq_state_save``)
     n_past: int
 
 
@@ -329,12 +280,7 @@ class SequenceSession:
         """Save the recurrent part of this sequence's state before a verify; returns bytes."""
         self._check()
         t0 = time.perf_counter()
-        ctx = self.context.ctx
-        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        with self.context.lock:
-            size = lc.llama_state_seq_get_size_ext(ctx, self.seq_id, flags)
-            buf = (ctypes.c_uint8 * max(size, 1))()
-            written = lc.llama_state_seq_get_data_ext(ctx, buf, size, self.seq_id, flags)
+        buf, size, written = self.context.seq_state_save(self.seq_id)
         if size == 0 or written != size:
             raise self._fail(f"state checkpoint failed ({written} of {size} bytes)")
         self._checkpoint = _Checkpoint(buf, self.n_past)
@@ -402,12 +348,8 @@ class SequenceSession:
             raise ValueError(
                 f"replay of {len(replay)} tokens from {ckpt.n_past} does not reach {keep_to}"
             )
-        ctx = self.context.ctx
-        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         with self.context.lock:
-            n = lc.llama_state_seq_set_data_ext(
-                ctx, ckpt.data, len(ckpt.data), self.seq_id, flags
-            )
+            n = self.context.seq_state_load(self.seq_id, ckpt.data)
             if n == 0:
                 raise self._fail("llama_state_seq_set_data_ext failed", (ckpt.n_past, self.n_past))
             if not self.context.seq_rm(self.seq_id, ckpt.n_past, -1):
@@ -451,8 +393,7 @@ class SequenceSession:
 
     def state_bytes(self) -> int:
         """Bytes of this sequence's KV + recurrent state (as llama.cpp would save them)."""
-        with self.context.lock:
-            return int(lc.llama_state_seq_get_size_ext(self.context.ctx, self.seq_id, 0))
+        return self.context.seq_state_bytes(self.seq_id)
 
     def checkpoint_bytes(self) -> int:
         return len(self._checkpoint.data) if self._checkpoint is not None else 0

@@ -1,29 +1,16 @@
-"""Tokenizer over a loaded model's vocabulary, and UTF-8-safe streaming of token pieces.
-
-Why the assembler: one token's bytes can end in the middle of a multi-byte character
-(byte-level BPE splits emoji and CJK text across tokens). A stream that decodes each
-token on its own emits replacement characters; we hold the incomplete tail back until
-the next token completes it, so a client never sees half a code point.
-"""
+"""Tokenizer over a loaded model's vocabulary (the UTF-8-safe streaming of its pieces is
+:mod:`.utf8`'s, its refusal :mod:`.records`', both re-exported here)."""
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from .llama import lc
-
-
-class TooManyTokens(ValueError):
-    """A text tokenizes to more tokens than the caller would take (none were kept)."""
-
-    def __init__(self, n_tokens: int, limit: int) -> None:
-        super().__init__(f"the text is {n_tokens} tokens, above the limit of {limit}")
-        self.n_tokens = n_tokens
-        self.limit = limit
+from .records import TooManyTokens as TooManyTokens
+from .utf8 import Utf8Assembler as Utf8Assembler
 
 
 class Tokenizer:
@@ -114,18 +101,3 @@ class Tokenizer:
         return b"".join(self.piece(t, special=special) for t in tokens).decode(
             "utf-8", "replace"
         )
-
-
-class Utf8Assembler:
-    """Feed token bytes, get text that never ends in half a code point."""
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, data: bytes) -> str:
-        """Text completed by ``data``; an incomplete trailing sequence is held back."""
-        return self._decoder.decode(data, final=False)
-
-    def flush(self) -> str:
-        """Whatever is held back at the end (an unfinished sequence becomes U+FFFD)."""
-        return self._decoder.decode(b"", final=True)

@@ -102,6 +102,14 @@ class CostCurve:
             raise ValueError(f"k = {k} outside the measured range 0..{self.max_k}")
         return self.costs[k]
 
+    def longest_within(self, cost: float) -> int:
+        """The longest draft whose window costs at most ``cost`` one-row decodes (0:
+        none does)."""
+        k = 0
+        while k < self.max_k and self.costs[k + 1] <= cost:
+            k += 1
+        return k
+
     def padded_length(self, k: int) -> int:
         """How many drafts-worth of rows a window of ``k`` drafts is priced at: ``k``
         itself unless the plan pads it to a cheaper forward (``k`` beyond the curve:

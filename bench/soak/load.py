@@ -115,7 +115,8 @@ class Reference:
 
 def _pool(rng: random.Random, draft_max: int, drafts: Sequence[str]) -> list[Item]:
     items: list[Item] = []
-    proposers = ("off", "ngram", "mtp", "auto", *(f"draft:{d}" for d in drafts))
+    # composite: the MTP head, prompt lookup and history lookup (earlier answers)
+    proposers = ("off", "ngram", "mtp", "auto", "composite", *(f"draft:{d}" for d in drafts))
     for i, text in enumerate(_PROMPTS):
         for j, proposer in enumerate(proposers):
             seeded = (i + j) % 2 == 1

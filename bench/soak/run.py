@@ -4,9 +4,10 @@ Why: a daemon that runs for weeks fails in ways a unit test does not reach: a re
 that never ends, a frame after ``done``, a slot or a descriptor that is never given back,
 memory that creeps. The soak starts ``meshd serve`` as a child process (so its RSS and
 descriptors are its own), records single-client reference outputs for a pool of
-requests, then lets concurrent clients mix generate and chat (off, ngram, mtp and auto
-proposers; greedy, seeded and unseeded sampling; draft lengths that make the hybrid
-model's repairs checkpoint and restore), cancels (the ``cancel`` op and dropped
+requests, then lets concurrent clients mix generate and chat (off, ngram, mtp, auto and
+composite proposers, the last drafting from earlier answers too; greedy, seeded and
+unseeded sampling; draft lengths that make the hybrid model's repairs checkpoint and
+restore), cancels (the ``cancel`` op and dropped
 connections), tokenize/detokenize, stats/health/models, garbage frames, replies too
 large for a frame, stalled partial frames and idle connections. Every generation's
 frames are checked (:mod:`.probe`), every finished output is compared with its

@@ -119,10 +119,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "(with --cache-type-k f16 a greedy near-tie can flip)")
     p.add_argument("--max-queue", metavar="N", type=non_negative, default=opt.DEFAULT_MAX_QUEUE,
                    help="requests waiting for a slot before new ones are answered busy")
-    p.add_argument("--stream-interval-ms", metavar="MS", type=positive,
+    p.add_argument("--stream-interval-ms", metavar="MS", type=non_negative,
                    default=opt.DEFAULT_STREAM_INTERVAL_MS,
-                   help="stream tokens in batches at most this far apart (fewer wake-ups "
-                        "of the client, which on a small machine steal the decode's cores)")
+                   help="stream tokens in batches at most this far apart (0: each step's "
+                        "tokens as soon as they are committed)")
     p.add_argument("--draft-model", action="append", default=[], metavar="PATH",
                    help="a GGUF that requests may name as 'draft:PATH' (repeatable; "
                         "without it the draft proposer is refused)")

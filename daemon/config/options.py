@@ -37,8 +37,8 @@ from meshd.clients.options import (
     version_string,
 )
 from meshd.daemon.system.logs import DEFAULT_LLAMA_LOG_LEVEL, LEVELS, LLAMA_LEVELS
-from meshd.native.context import CACHE_TYPES_K, DEFAULT_DRAFT_MAX
 from meshd.native.cpus import THREAD_WAITS
+from meshd.native.records import CACHE_TYPES_K, DEFAULT_DRAFT_MAX
 
 #: ``--reasoning`` (llama-server's): auto and on let reasoning models think, off skips it.
 REASONING_MODES: Final = ("auto", "on", "off")

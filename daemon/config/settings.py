@@ -193,8 +193,9 @@ class ServeSection:
                          "are answered busy", flag="max_queue", live=True,
                          validator=_non_negative)
     stream_interval_ms: int = key(opt.DEFAULT_STREAM_INTERVAL_MS, "stream tokens in batches "
-                                  "at most this far apart", flag="stream_interval_ms",
-                                  live=True, validator=_positive)
+                                  "at most this far apart (0: each step's tokens as soon "
+                                  "as they are committed)", flag="stream_interval_ms",
+                                  live=True, validator=_non_negative)
     max_tokens: int | None = key(None, "max_tokens of a request that does not say (default: "
                                  "until the model stops or the context ends, as "
                                  "llama-server; set, it caps such requests)",

@@ -17,14 +17,14 @@ path with one generation. The engine is synchronous and does no I/O of its own.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import attrs
 import numpy as np
 
+from meshd.daemon.engine.cancellation import Cancellation
 from meshd.daemon.engine.constraint import GrammarState
 from meshd.daemon.engine.forwards import ForwardTiming, forward_groups_of, verify_and_apply
 from meshd.daemon.engine.generation_stats import GenerationStats
@@ -39,10 +39,9 @@ from meshd.daemon.engine.window_sharing import (
     pad_windows,
     shared_caps,
 )
-from meshd.native.context import DEFAULT_DRAFT_MAX
-from meshd.native.model import ModelInfo
+from meshd.native.records import DEFAULT_DRAFT_MAX, ModelInfo
 from meshd.native.session import SequenceSession
-from meshd.native.tokenizer import Tokenizer, Utf8Assembler
+from meshd.native.utf8 import Utf8Assembler
 from meshd.plugins.base import Outcome, ProposalRequest, Proposer
 from meshd.plugins.grammar import GrammarProposer
 from meshd.plugins.value_copy import COPY_PRIOR, ValueCopyProposer
@@ -57,6 +56,9 @@ from meshd.policy.decision import (
 )
 from meshd.policy.gate import HeadLoad, Refusal, StepFacts, StepGate
 from meshd.policy.shared_window import DEFAULT_PRIOR, RunningAcceptance
+
+if TYPE_CHECKING:
+    from meshd.native.tokenizer import Tokenizer
 
 #: How long a proposer may take to answer before its draft counts as late.
 PROPOSER_DEADLINE_S = 0.050
@@ -118,6 +120,7 @@ class Generation:
         show_special: bool = False,
         grammar: GrammarState | None = None,
         logprobs: int | None = None,
+        cancellation: Cancellation | None = None,
     ) -> None:
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -182,8 +185,9 @@ class Generation:
         #: (forward ms, MTP catch-up ms, forwards) when decoding began (see _head_load).
         self._decode_base = (0.0, 0.0, 0)
         self._released = False
-        self._cancel_at: int | None = None
-        self._cancel_lock = threading.Lock()
+        #: The request's cancel latch, shared with whoever may cancel it (the scheduler
+        #: hands it the request's own when it admits it).
+        self.cancellation = cancellation if cancellation is not None else Cancellation()
         self._t0 = time.perf_counter()
         #: The session's counters when this request got it (a prefix-cache hit has some).
         self._counters_base = session.counters.snapshot()
@@ -191,11 +195,9 @@ class Generation:
 
     # ------------------------------------------------------------------ control
 
-    def cancel(self, at_emitted: int | None = None) -> None:
+    def cancel(self, at_emitted: int = 0) -> None:
         """Stop at the next step boundary (or once ``at_emitted`` tokens are committed)."""
-        with self._cancel_lock:
-            at = len(self.committed) if at_emitted is None else at_emitted
-            self._cancel_at = at if self._cancel_at is None else min(self._cancel_at, at)
+        self.cancellation.cancel(at_emitted)
 
     @property
     def done(self) -> bool:
@@ -469,9 +471,7 @@ class Generation:
         caps = RepairCaps(
             self.session.recurrent, self.session.rollback_window, self.session.has_checkpoint
         )
-        with self._cancel_lock:
-            cancel_at = self._cancel_at
-        cancelled_at = None if cancel_at is None else max(0, cancel_at - len(self.committed))
+        cancelled_at = self.cancellation.room(len(self.committed))
         prefix = accepted_prefix(
             draft=window.draft, predictions=predictions,
             remaining=self.max_tokens - len(self.committed), eog=self.info.eog_tokens,
@@ -562,7 +562,7 @@ StepOutcome: TypeAlias = list[TokenEvent] | Exception
 
 def step_many(generations: Sequence[Generation], *,
               on_forward: Callable[[ForwardTiming], None] | None = None,
-              ) -> list[StepOutcome]:
+              max_draft: int | None = None) -> list[StepOutcome]:
     """One decode step for every generation: plan each window, verify them in as few
     forwards as is exact (:func:`forward_groups_of`; one for attention-only models),
     and decide, repair and commit each forward's windows before the next forward.
@@ -577,16 +577,21 @@ def step_many(generations: Sequence[Generation], *,
     runs as one micro-batch keeps every in-place rollback exact
     (:mod:`meshd.native.batching`), so concurrent hybrid windows get one shared length
     (:mod:`meshd.daemon.engine.window_sharing`).
+
+    ``max_draft``: no window of this step drafts more (prompts wait for their prefill:
+    :func:`~meshd.daemon.engine.step_runs.run_steps`).
     """
     t0 = time.perf_counter()
     out: list[StepOutcome] = [[] for _ in generations]
     planned: list[tuple[int, Generation, Window]] = []
     caps = shared_caps(generations)
+    if caps is not None and max_draft is not None:
+        caps = [min(c, max_draft) for c in caps]
     if caps is not None and any(caps):
         draft_ahead(generations, caps)
     for i, gen in enumerate(generations):
         try:
-            planned.append((i, gen, gen.plan(caps[i] if caps is not None else None)))
+            planned.append((i, gen, gen.plan(caps[i] if caps is not None else max_draft)))
         except Exception as exc:
             out[i] = exc
     if len(planned) == len(generations):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from meshd.native.session import SessionCounters
+from meshd.native.records import SessionCounters
 from meshd.policy.gate import Refusal
 
 __all__ = ["GenerationStats"]

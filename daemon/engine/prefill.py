@@ -31,7 +31,7 @@ import attrs
 
 from meshd.daemon.engine.prefix_cache import MIN_SHARED, common_prefix
 from meshd.native.prefill_chunks import prefill_chunk_rows, prefill_merges_chunks
-from meshd.native.primitives import FloatArray
+from meshd.native.records import FloatArray
 from meshd.native.session import prefill_parts
 
 if TYPE_CHECKING:

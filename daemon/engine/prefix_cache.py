@@ -19,11 +19,14 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
-from meshd.native.context import TargetContext
 from meshd.native.session import SequenceSession
+
+if TYPE_CHECKING:
+    from meshd.native.context import TargetContext
 
 #: Reusing fewer tokens than this is not worth holding a session for.
 MIN_REUSE = 8

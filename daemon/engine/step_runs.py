@@ -18,7 +18,16 @@ from meshd.daemon.engine.forwards import ForwardTiming
 from meshd.daemon.engine.generation import Generation, StepOutcome, step_many
 from meshd.daemon.engine.prefill import Prefills
 
-__all__ = ["Progress", "StepRun", "run_steps"]
+__all__ = ["PREFILL_STEP_DECODES", "Progress", "StepRun", "draft_beside_prefill", "run_steps"]
+
+#: While prompts wait for their prefill, a running request's step may cost at most this
+#: many one-row decodes: its draft is cut to fit. Why: each step is followed by one
+#: prefill slice (:data:`~meshd.daemon.engine.prefill.PREFILL_SLICE_S`), so the steps'
+#: width decides the prompt's share of the time. A bystander whose prompt lookup copied
+#: 28 tokens a step verified 28-row windows at the long context, each as dear as a tenth
+#: of the prompt, and the prompt's first token came 1.4x later than beside a plain one;
+#: two decodes' worth still lets it draft a few tokens a step.
+PREFILL_STEP_DECODES = 2.0
 
 
 @attrs.define
@@ -42,6 +51,13 @@ class StepRun:
 Progress = Callable[[StepRun], None]
 
 
+def draft_beside_prefill(live: Sequence[Generation]) -> int | None:
+    """The longest draft whose window costs at most :data:`PREFILL_STEP_DECODES`
+    one-row decodes by the requests' cost curve (None: no curve, no cut)."""
+    costs = live[0].costs if live else None
+    return None if costs is None else costs.curve().longest_within(PREFILL_STEP_DECODES)
+
+
 def run_steps(live: Sequence[Generation], prefills: Prefills,
               skip: Callable[[Generation], bool], interval_s: float,
               should_yield: Callable[[], bool], progress: Progress,
@@ -62,7 +78,8 @@ def run_steps(live: Sequence[Generation], prefills: Prefills,
         failed = False
         if live:
             t_step, forwards_before = time.perf_counter(), len(ran.forwards)
-            results = step_many(live, on_forward=ran.forwards.append)
+            results = step_many(live, on_forward=ran.forwards.append,
+                                max_draft=draft_beside_prefill(live) if len(prefills) else None)
             ran.host_seconds.append(time.perf_counter() - t_step
                                     - sum(f.seconds for f in ran.forwards[forwards_before:]))
             ran.steps += 1

@@ -1,9 +1,11 @@
 """The configured models as the daemon loads them: one ``ModelPlan`` per model spec.
 
-Why apart from :mod:`.model_specs`: a spec is what the configuration says (keys, where
-they came from); a plan is what loading means (a ``RuntimeConfig`` with the daemon-wide
-settings every model shares: slots, speculation, plugins). ``serve`` builds them at
-start and again on SIGHUP.
+Why apart from :mod:`meshd.daemon.config.model_specs`: a spec is what the configuration
+says (keys, where they came from; nothing opened, so ``meshd config check`` lists it); a
+plan is what the model set serves: a ``RuntimeConfig`` (the spec's keys with the
+daemon-wide settings every model shares: slots, speculation, plugins) and what residency
+needs (its file's size, keep-alive, aliases). ``serve`` builds them at start and again on
+SIGHUP. Config may not import the models layer, so the step from one to the other is here.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from meshd.daemon.config import options as opt
 from meshd.daemon.config.model_specs import ModelSpec, model_specs
 from meshd.daemon.config.settings import Config, ConfigError, Loaded
 from meshd.daemon.models.model_set import ModelPlan
-from meshd.daemon.models.runtime import RuntimeConfig
+from meshd.daemon.models.runtime_config import RuntimeConfig
 from meshd.native.default_model import default_model_path
 
 __all__ = ["model_plans", "residency"]

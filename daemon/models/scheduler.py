@@ -32,6 +32,7 @@ import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from meshd.daemon.config.options import DEFAULT_MAX_QUEUE, DEFAULT_STREAM_INTERVAL_MS
+from meshd.daemon.engine.cancellation import Cancellation
 from meshd.daemon.engine.generation import Generation, TokenEvent
 from meshd.daemon.engine.generation_stats import GenerationStats
 from meshd.daemon.engine.prefill import Prefills
@@ -69,7 +70,7 @@ class GenerationRequest:
 
     One request is one *generation* throughout the daemon: the wire's ``generate``
     message becomes a :class:`GenerationRequest`, a connection tracks it as an
-    :class:`~meshd.daemon.requests.service.InFlightGeneration`, its caller holds a
+    :class:`~meshd.daemon.requests.inflight.InFlightGeneration`, its caller holds a
     :class:`GenerationHandle`, and the engine runs it as a
     :class:`~meshd.daemon.engine.generation.Generation`.
     """
@@ -117,22 +118,26 @@ class GenerationHandle:
     """The caller's side of one generation: its event stream, plus cancel()."""
 
     def __init__(self, request: GenerationRequest, send: MemoryObjectSendStream[Event],
-                 receive: MemoryObjectReceiveStream[Event]) -> None:
+                 receive: MemoryObjectReceiveStream[Event],
+                 cancellation: Cancellation | None = None) -> None:
         self.request = request
         self.events = receive
         self._send = send
         self.generation: Generation | None = None
-        self.cancelled = False
+        #: The request's cancel latch (the caller's, shared with its engine generation).
+        self.cancellation = cancellation if cancellation is not None else Cancellation()
         self.proposer: str | None = None
         self.submitted = time.monotonic()
         #: When tokens were last handed to the caller (None before the first token).
         self.last_token_at: float | None = None
 
+    @property
+    def cancelled(self) -> bool:
+        return self.cancellation.cancelled
+
     def cancel(self) -> None:
         """Stop at the next step boundary (a cut window is trimmed, never retired)."""
-        self.cancelled = True
-        if self.generation is not None:
-            self.generation.cancel()
+        self.cancellation.cancel()
 
 
 class Scheduler:
@@ -207,9 +212,12 @@ class Scheduler:
                                  for h in list(self._active) if h.generation is not None),
         )
 
-    def submit(self, request: GenerationRequest) -> GenerationHandle:
+    def submit(self, request: GenerationRequest, cancellation: Cancellation | None = None
+               ) -> GenerationHandle:
         """Queue a request; raises Busy when it would wait for a slot while
-        ``max_queue`` requests already do.
+        ``max_queue`` requests already do. ``cancellation``: the request's cancel latch
+        (its caller's; a request cancelled before this finishes ``cancelled`` without
+        running), a fresh one by default.
 
         Requests that have a free slot pass through the queue too, for a moment (the
         loop admits them), so only those beyond the free slots count against
@@ -223,7 +231,7 @@ class Scheduler:
             raise Busy(f"all {slots} slots are busy and {len(self._waiting) - free} "
                        f"requests wait for one (at most {self.max_queue})")
         send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=math.inf)
-        handle = GenerationHandle(request, send, receive)
+        handle = GenerationHandle(request, send, receive, cancellation)
         self._waiting.append(handle)
         self._counters.requests += 1
         self._wakeup.set()
@@ -359,12 +367,11 @@ class Scheduler:
                 if isinstance(result, GenerationFailed):
                     self._finish(handle, result)
                     continue
+                result.cancellation = handle.cancellation  # (one latch for both)
                 handle.generation = result
                 handle.proposer = result.proposer_name
                 self._prefilling.append(handle)
                 self._counters.prompt_tokens += len(handle.request.prompt)
-                if handle.cancelled:
-                    result.cancel()
 
     async def _step(self) -> None:
         """Run engine steps of the decoding requests, each followed by prefill chunks of

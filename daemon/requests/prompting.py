@@ -61,7 +61,6 @@ def spec_prompt(rt: ModelRuntime, spec: RequestSpec) -> Prompt:
     apply). Raises PromptTooLong (over the context, measured before tokenizing more than
     it holds), RequestError or ValueError (the template or tokenizer refused it), ApiError
     (a token id outside the vocabulary; the template refused the tools or variables)."""
-    request = spec.generate
     if spec.prompt_ids is not None:
         return Prompt(_checked_ids(rt, spec.prompt_ids), own_offer=False)
     variables = _template_variables(rt, spec)
@@ -70,15 +69,15 @@ def spec_prompt(rt: ModelRuntime, spec: RequestSpec) -> Prompt:
         assert spec.conversation is not None
         return Prompt(_rendered(rt, spec.conversation, "messages", tools=template_tools(tools),
                                 variables=variables), own_offer=True)
-    if request.messages is not None:
-        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    if spec.messages is not None:
+        messages = [{"role": m.role, "content": m.content} for m in spec.messages]
         if variables is not None:
             return Prompt(_rendered(rt, messages, "chat_template_kwargs", variables=variables),
                           own_offer=False)
         return Prompt(tuple(prompt_tokens(rt, rt.render_chat(messages), chat=True)),
                       own_offer=False)
-    assert request.prompt is not None
-    return Prompt(tuple(prompt_tokens(rt, request.prompt, chat=False)), own_offer=False)
+    assert spec.prompt is not None
+    return Prompt(tuple(prompt_tokens(rt, spec.prompt, chat=False)), own_offer=False)
 
 
 def spec_grammar(rt: ModelRuntime, spec: RequestSpec, prompt: Prompt) -> str | None:
@@ -87,14 +86,13 @@ def spec_grammar(rt: ModelRuntime, spec: RequestSpec, prompt: Prompt) -> str | N
     else, for ``tool_choice: auto``, the lazy constraint (free text, and a call once
     opened held to an offered function's schema). Raises ConstraintError for the
     request's own constraint, ApiError (400) for functions whose schemas do not compile."""
-    request = spec.generate
     tools = spec.tools if spec.conversation is not None else None
     syntax = call_syntax(rt)
     if prompt.own_offer and tools is not None and tools.choice != "auto" and syntax is not None:
         return _compiled(rt, forced_call_grammar(
             tools, syntax, opener=opener_token(rt, syntax)))
-    if request.constraint is not None:
-        return rt.compile_constraint(request.constraint.kind, request.constraint.value)
+    if spec.constraint is not None:
+        return rt.compile_constraint(spec.constraint.kind, spec.constraint.value)
     if tools is None or tools.choice != "auto":
         return None
     lazy = syntax if knows_tools(rt) else "hermes"

@@ -6,10 +6,14 @@ its own sessions and must close them, which the slot-leak check below enforces.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.integration.helpers.quiet_machine import MARKER, machine_share
+from tests.integration.helpers.worker_cpus import every_cpu, pin_worker
 
 if TYPE_CHECKING:  # imported by the fixtures: tests/unit runs without llama.cpp
     from meshd.native.context import TargetContext
@@ -44,3 +48,20 @@ def _no_leaked_slots(request: pytest.FixtureRequest) -> Iterator[None]:
     if "smol_ctx" in request.fixturenames:
         ctx: TargetContext = request.getfixturevalue("smol_ctx")
         assert ctx.free_slots == ctx.config.n_seq_max, "a test leaked a session slot"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist each worker keeps to its own CPUs (see helpers/worker_cpus.py); this
+    runs before any test module loads llama.cpp."""
+    pin_worker()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
+                            ) -> Generator[None, object, object]:
+    """Under xdist a ``quiet_machine`` test runs alone, on every CPU (see
+    helpers/quiet_machine.py); pytest calls this for every test of the run, tests/unit's
+    too."""
+    quiet = item.get_closest_marker(MARKER) is not None
+    with machine_share(exclusive=quiet), every_cpu() if quiet else contextlib.nullcontext():
+        return (yield)

@@ -1,8 +1,9 @@
 """Serving one OpenAI completion: the native pipeline, answered in OpenAI's shapes.
 
-Why through ``Service``: the request becomes the same ``generate`` a native client sends
-and runs through the same ``prepare`` (limits, chat template, tokenizer) and scheduler,
-so the HTTP answer holds exactly the tokens the native protocol would give. The
+Why through ``Service``: the request becomes the same ``RequestSpec`` a native
+``generate`` becomes and runs through the same ``prepare`` (limits, chat template,
+tokenizer) and scheduler, so the HTTP answer holds exactly the tokens the native
+protocol would give. The
 generation is registered like a native one (shutdown drains it; a disconnect cancels
 it at the next step, and its slot goes back through the scheduler).
 """
@@ -18,7 +19,6 @@ from typing import Any, Final
 import anyio
 import attrs
 
-from meshd.daemon.engine.generation import TokenEvent
 from meshd.daemon.engine.generation_stats import GenerationStats
 from meshd.daemon.engine.logprobs import TokenLogprob
 from meshd.daemon.frontends.http import sse
@@ -33,17 +33,13 @@ from meshd.daemon.frontends.http.openai.api import (
     object_name,
     tool_answer,
     usage,
+    with_prompt,
 )
 from meshd.daemon.frontends.http.openai.prediction import prediction_details
 from meshd.daemon.frontends.http.responder import Responder, RouteContext
 from meshd.daemon.models.model_set import NoSuchModel
 from meshd.daemon.models.runtime import ModelRuntime
-from meshd.daemon.models.scheduler import (
-    Finished,
-    GenerationFailed,
-    GenerationHandle,
-    GenerationRequest,
-)
+from meshd.daemon.models.scheduler import GenerationRequest
 from meshd.daemon.requests.api_errors import (
     JSON,
     ApiError,
@@ -51,15 +47,22 @@ from meshd.daemon.requests.api_errors import (
     error_body,
     json_bytes,
 )
+from meshd.daemon.requests.events import (
+    Finished,
+    GenerationFailed,
+    GenerationHandle,
+    TokenEvent,
+    finish_reason,
+    log_finished,
+    receive_batch,
+)
 from meshd.daemon.requests.service import InFlightGeneration, Service
 from meshd.daemon.requests.spec import RequestSpec
-from meshd.policy.decision import FinishReason
 from meshd.protocol import ModelError, ProtocolError
 
-__all__ = ["Started", "finish_reason_of", "generation_failure", "log_finished",
-           "receive_batch", "request_spec", "serve_completion", "served_name", "started"]
+__all__ = ["Started", "finish_reason_of", "generation_failure", "log_request_finished",
+           "request_spec", "serve_completion", "served_name", "started"]
 
-_MAX_EVENTS_PER_WRITE: Final = 256
 _SSE: Final = "text/event-stream"
 
 
@@ -83,23 +86,6 @@ async def serve_completion(routes: RouteContext, req: CompletionRequest, out: Re
             await _collect(routes, req, handle, out, prompt_tokens, seed, entry)
 
 
-async def receive_batch(handle: GenerationHandle) -> list[Any]:
-    """The next events of a stream: at least one, and whatever else is already there (up
-    to a bound), so one write carries them; a stream that ends without its result gives
-    a failure."""
-    try:
-        batch: list[Any] = [await handle.events.receive()]
-    except anyio.EndOfStream:
-        return [GenerationFailed("model", "the generation ended without a result")]
-    while not isinstance(batch[-1], Finished | GenerationFailed) \
-            and len(batch) < _MAX_EVENTS_PER_WRITE:
-        try:
-            batch.append(handle.events.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream):
-            break
-    return batch
-
-
 @attrs.frozen
 class Started:
     """A generation admitted to the scheduler: its request (naming the model that serves
@@ -113,10 +99,10 @@ class Started:
 
 def request_spec(req: CompletionRequest) -> RequestSpec:
     """The one request type an HTTP completion hands the service (what the native
-    ``generate`` cannot say included: a token-id prompt, the conversation the model's
-    template may offer the tools in, its variables, ``min_tokens``)."""
-    return RequestSpec(
-        req.generate, prompt_ids=req.prompt_ids or None, tools=req.tools,
+    ``generate`` cannot say included: the conversation the model's template may offer
+    the tools in, its variables, ``min_tokens``)."""
+    return attrs.evolve(
+        req.spec, tools=req.tools,
         conversation=req.template_messages if req.tools is not None else None,
         template_variables=req.template_variables, reasoning_effort=req.reasoning_effort,
         min_tokens=req.min_tokens)
@@ -130,14 +116,13 @@ async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
     :func:`request_spec`'s), and unregister it when the block ends. Yields None when the
     client left before it reached the scheduler; raises ApiError when it is refused."""
     service = routes.service
-    entry = InFlightGeneration(req.generate.id, routes.owner or None)
+    entry = InFlightGeneration(req.spec.id, routes.owner or None)
     service.register(entry)
     out.on_gone(entry.cancel)
     try:
         spec = spec or request_spec(req)
         try:
-            spec = attrs.evolve(spec, generate=attrs.evolve(
-                spec.generate, model=served_name(service, req.model)))
+            spec = attrs.evolve(spec, model=served_name(service, req.model))
             gen = await service.start(spec, entry)
         except ModelError as exc:  # (prepare raises it for a prompt over the context only)
             raise context_exceeded(exc, "messages" if req.chat else "prompt") from None
@@ -151,9 +136,9 @@ async def started(routes: RouteContext, req: CompletionRequest, out: Responder,
         assert entry.model is not None and entry.model.runtime is not None
         req = attrs.evolve(req, model=entry.model.name)  # the answers name it
         predicted = _drafted_prediction(gen)
-        if predicted is None and req.generate.prediction:  # (counted, not drafted from)
+        if predicted is None and req.spec.prediction:  # (counted, not drafted from)
             predicted = await anyio.to_thread.run_sync(
-                _prediction_tokens, entry.model.runtime, req.generate.prediction)
+                _prediction_tokens, entry.model.runtime, req.spec.prediction)
         if predicted is not None:
             req = attrs.evolve(req, predicted=predicted)
         yield Started(req, gen, handle, entry)
@@ -436,7 +421,7 @@ def _usage_chunk(req: CompletionRequest, model: str, fp: str, counts: dict[str, 
     chunk, it carries the ``timings`` too (as llama-server's last chunk does)."""
     if not req.include_usage:
         return b""
-    body = {"id": req.generate.id, "object": object_name(req, stream=True),
+    body = {"id": req.spec.id, "object": object_name(req, stream=True),
             "created": req.created, "model": model, "system_fingerprint": fp,
             "choices": [], "usage": counts}
     if final_timings is not None:
@@ -445,24 +430,14 @@ def _usage_chunk(req: CompletionRequest, model: str, fp: str, counts: dict[str, 
 
 
 def _finish_reason(final: Finished, entry: InFlightGeneration) -> str:
-    """As the native ``done`` says it: a cancellation by the daemon's shutdown is
-    ``shutdown``."""
-    if final.finish is FinishReason.CANCELLED and entry.shutdown:
-        return "shutdown"
-    return final.finish.value
+    """As the native ``done`` says it (a cancellation by the shutdown: ``shutdown``)."""
+    return finish_reason(final.finish, entry).value
 
 
 def _log_finished(routes: RouteContext, req: CompletionRequest, final: Finished, finish: str,
                   prompt_tokens: int) -> None:
-    st = final.stats
-    routes.log.info(
-        "request_finished", id=req.generate.id, finish_reason=finish,
-        prompt_tokens=prompt_tokens, completion_tokens=st.emitted,
-        proposer=final.proposer or "off", drafted=st.drafted, accepted=st.accepted,
-        target_forwards=st.decode_forwards,
-        prefill_forwards=st.session.prefill_forwards, wall_ms=round(st.wall_ms, 2),
-        **({"ignored_fields": list(req.ignored)} if req.ignored else {}),
-    )
+    log_finished(routes.log, req.spec.id, finish, final.stats, final.proposer, prompt_tokens,
+                 **({"ignored_fields": list(req.ignored)} if req.ignored else {}))
 
 
 # --------------------------------------------------------------------- n > 1 choices
@@ -489,9 +464,8 @@ async def _batch(routes: RouteContext, req: CompletionRequest, out: Responder) -
     runs: list[Started] = []
     async with contextlib.AsyncExitStack() as stack:
         try:
-            for text, ids in req.batch:
-                one = attrs.evolve(req, generate=attrs.evolve(req.generate, prompt=text),
-                                   prompt_ids=ids, batch=())
+            for prompt in req.batch:
+                one = attrs.evolve(req, spec=with_prompt(req.spec, prompt), batch=())
                 run = await stack.enter_async_context(started(routes, one, out))
                 if run is None:  # the client left
                     return
@@ -535,14 +509,14 @@ def _submit_copies(routes: RouteContext, req: CompletionRequest, run: Started,
     for j in range(1, req.n):
         sampling = run.gen.sampling if seed is None else attrs.evolve(
             run.gen.sampling, seed=(seed + j) % (1 << 64))
+        extra = InFlightGeneration(req.spec.id)
         try:
             handle = service.submit(attrs.evolve(run.gen, sampling=sampling), run.entry,
-                                    req.generate.id)
+                                    req.spec.id, copy=extra)
         except ProtocolError as exc:  # (the queue is full): none of the choices runs
             for running in (*(r.entry for r in runs), *extras):
                 running.cancel()
             raise ApiError.from_protocol(exc) from None
-        extra = InFlightGeneration(req.generate.id)
         service.register(extra)
         extras.append(extra)
         extra.attach(handle)
@@ -650,4 +624,4 @@ def _usage_of(prompt_tokens: int, done: list[_Choice]) -> dict[str, Any]:
 # What llama-server's native endpoint (:mod:`.llama_completion`) shares with these answers.
 generation_failure = _failure
 finish_reason_of = _finish_reason
-log_finished = _log_finished
+log_request_finished = _log_finished

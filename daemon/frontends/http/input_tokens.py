@@ -41,12 +41,10 @@ async def responses_input_tokens(routes: RouteContext, body: bytes, out: Respond
 
 async def _count(routes: RouteContext, req: CompletionRequest, out: Responder) -> None:
     service = routes.service
-    entry = InFlightGeneration(req.generate.id)
+    entry = InFlightGeneration(req.spec.id)
     service.register(entry)  # (a shutdown waits for it, as for a generation)
     try:
-        spec = request_spec(req)
-        spec = attrs.evolve(spec, generate=attrs.evolve(
-            spec.generate, model=served_name(service, req.model)))
+        spec = attrs.evolve(request_spec(req), model=served_name(service, req.model))
         try:
             gen = await service.prepare(spec, entry)
         except ModelError as exc:  # (a prompt over the context)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import socket
-from typing import Final
 
 import anyio
 import anyio.abc
@@ -26,17 +25,20 @@ import anyio.lowlevel
 import attrs
 from structlog.typing import FilteringBoundLogger
 
-from meshd.daemon.engine.generation import TokenEvent
 from meshd.daemon.engine.generation_stats import GenerationStats
 from meshd.daemon.frontends.native.wire_tools import WireTools, calls_of, offered
 from meshd.daemon.models.mapping import done_message, token_message
-from meshd.daemon.models.scheduler import (
+from meshd.daemon.models.scheduler import GenerationRequest
+from meshd.daemon.requests.api_errors import ApiError
+from meshd.daemon.requests.events import (
     Finished,
     GenerationFailed,
     GenerationHandle,
-    GenerationRequest,
+    TokenEvent,
+    finish_reason,
+    log_finished,
+    receive_batch,
 )
-from meshd.daemon.requests.api_errors import ApiError
 from meshd.daemon.requests.service import InFlightGeneration, Service, peer_owner
 from meshd.daemon.requests.spec import RequestSpec
 from meshd.daemon.system.hangup import POLL_INTERVAL_S, hung_up
@@ -73,9 +75,6 @@ from meshd.protocol import (
 )
 
 __all__ = ["Connection"]
-
-_MAX_EVENTS_PER_WRITE: Final = 256
-"""Token events coalesced into one socket write when a client falls behind."""
 
 
 class Connection:
@@ -343,7 +342,7 @@ class Connection:
         try:
             try:
                 request, tools = offered(request)
-                spec = RequestSpec(request) if tools is None else RequestSpec(
+                spec = RequestSpec.of(request) if tools is None else RequestSpec.of(
                     request, tools=tools.spec, conversation=tools.conversation)
                 try:
                     gen = await self.service.start(spec, entry)
@@ -369,7 +368,7 @@ class Connection:
                             entry: InFlightGeneration) -> None:
         """A request cancelled before it reached the scheduler still ends with ``done``."""
         stats = GenerationStats(prompt_tokens=len(gen.prompt))
-        finish = _finish_reason(FinishReason.CANCELLED, entry)
+        finish = finish_reason(FinishReason.CANCELLED, entry)
         await self._send(done_message(request_id, finish, stats, None,
                                       prompt_tokens=len(gen.prompt), sampling=gen.sampling,
                                       model=_model_name(entry)))
@@ -383,16 +382,7 @@ class Connection:
         text: list[str] = []
         async with handle.events:
             while True:
-                try:
-                    batch = [await handle.events.receive()]
-                except anyio.EndOfStream:
-                    batch = [GenerationFailed("model", "the generation ended without a result")]
-                while (not isinstance(batch[-1], Finished | GenerationFailed)
-                       and len(batch) < _MAX_EVENTS_PER_WRITE):
-                    try:
-                        batch.append(handle.events.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
+                batch = await receive_batch(handle)
                 frames: list[bytes] = []
                 final: Finished | GenerationFailed | None = None
                 for event in batch:
@@ -421,7 +411,7 @@ class Connection:
         """``done`` for a finished generation; for a failed one, ``error`` if nothing was
         streamed yet, else ``done`` with ``finish_reason: error`` (PROTOCOL.md)."""
         if isinstance(final, Finished):
-            finish = _finish_reason(final.finish, entry)
+            finish = finish_reason(final.finish, entry)
             self._log_finished(request_id, finish.value, final.stats, final.proposer, gen)
             return done_message(request_id, finish, final.stats, final.proposer,
                                 prompt_tokens=len(gen.prompt), sampling=gen.sampling,
@@ -446,21 +436,7 @@ class Connection:
 
     def _log_finished(self, request_id: str, finish: str, stats: GenerationStats,
                       proposer: str | None, gen: GenerationRequest) -> None:
-        wall_s = stats.wall_ms / 1e3
-        self.log.info(
-            "request_finished",
-            id=request_id,
-            finish_reason=finish,
-            prompt_tokens=len(gen.prompt),
-            completion_tokens=stats.emitted,
-            proposer=proposer or "off",
-            drafted=stats.drafted,
-            accepted=stats.accepted,
-            target_forwards=stats.decode_forwards,
-            prefill_forwards=stats.session.prefill_forwards,
-            wall_ms=round(stats.wall_ms, 2),
-            tokens_per_s=round(stats.emitted / wall_s, 2) if wall_s > 0 else None,
-        )
+        log_finished(self.log, request_id, finish, stats, proposer, len(gen.prompt))
 
     # ------------------------------------------------------------------ writing
 
@@ -523,9 +499,3 @@ def _model_name(entry: InFlightGeneration) -> str | None:
     """The name of the model that served the request (``done`` says it)."""
     return entry.model.name if entry.model is not None else None
 
-
-def _finish_reason(finish: FinishReason, entry: InFlightGeneration) -> FinishReason:
-    """The wire's finish reason: a cancellation by the daemon's shutdown says so."""
-    if finish is FinishReason.CANCELLED and entry.shutdown:
-        return FinishReason.SHUTDOWN
-    return finish

@@ -251,3 +251,18 @@ def test_forwards_of_several_sequences_are_priced_apart_from_the_curve() -> None
 def test_row_cost_never_falls_as_rows_grow(rows: int) -> None:
     model = CostModel(Q4_1)
     assert model.row_cost(rows + 1) >= model.row_cost(rows) >= 1.0
+
+
+@given(st.lists(st.floats(0.0, 3.0), min_size=1, max_size=16), st.floats(0.5, 20.0))
+def test_the_longest_draft_within_a_cost_is_the_last_that_fits(extra: list[float],
+                                                               bound: float) -> None:
+    curve = CostCurve.sanitized([1.0, *(1.0 + sum(extra[:i + 1]) for i in range(len(extra)))])
+    k = curve.longest_within(bound)
+    assert 0 <= k <= curve.max_k
+    assert k == 0 or curve.cost(k) <= bound
+    assert k == curve.max_k or curve.cost(k + 1) > bound
+
+
+def test_two_decodes_of_the_machines_curve_hold_a_one_token_draft() -> None:
+    # Q4_1 on the benchmark machine: a 2-row window costs 1.75 decodes, a 3-row 2.32
+    assert CostCurve.sanitized(Q4_1).longest_within(2.0) == 1

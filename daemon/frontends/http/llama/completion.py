@@ -1,23 +1,22 @@
 """llama-server's own completion endpoint, ``POST /completion`` (and ``/completions``):
 its request fields and answers, served by meshd's pipeline.
 
-Why through :func:`.completions.started`: each prompt becomes the same ``generate`` the
-OpenAI endpoints send (limits, the scheduler, cancellation on disconnect, shutdown),
-with what ``generate`` cannot say applied to the engine request once ``prepare`` has
-checked it: the prompt's token ids (strings tokenized as llama-server does, special
-tokens parsed), ``n_predict`` -1 (to the end of the context) and 0, llama-server's
-``logit_bias`` forms (text, a ban written ``false``), ``ignore_eos`` (the end-of-
-generation tokens banned, as llama-server does) and the probabilities ``n_probs``
-asks for. Fields llama-server accepts and meshd has no counterpart for are
-accepted and change nothing (``docs/http-api.md`` lists them); every value a client
-controls is bounded (prompts, ``n_probs``, ``logit_bias`` entries).
+Why through :func:`.completions.started`: each prompt becomes the same ``RequestSpec``
+the OpenAI endpoints hand the service (limits, the scheduler, cancellation on
+disconnect, shutdown), its prompt the token ids (strings tokenized as llama-server
+does, special tokens parsed), with what only llama-server says set on it:
+``n_predict`` -1 (to the end of the context) and 0, llama-server's ``logit_bias`` forms
+(text, a ban written ``false``), ``ignore_eos`` (the end-of-generation tokens banned, as
+llama-server does) and the probabilities ``n_probs`` asks for. Fields llama-server
+accepts and meshd has no counterpart for are accepted and change nothing
+(``docs/http-api.md`` lists them); every value a client controls is bounded (prompts,
+``n_probs``, ``logit_bias`` entries).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -27,16 +26,13 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from meshd.daemon.engine.generation import TokenEvent
 from meshd.daemon.engine.logprobs import TokenLogprob
-from meshd.daemon.engine.sampling import Sampler, SamplingParams
 from meshd.daemon.frontends.http import sse
 from meshd.daemon.frontends.http.completions import (
     Started,
     finish_reason_of,
     generation_failure,
-    log_finished,
-    receive_batch,
+    log_request_finished,
     request_spec,
     served_name,
     started,
@@ -51,7 +47,6 @@ from meshd.daemon.frontends.http.llama.completion_format import (
 from meshd.daemon.frontends.http.llama.completion_request import (
     MAX_CANDIDATES,
     LlamaRequest,
-    Prompt,
     parse_llama_request,
 )
 from meshd.daemon.frontends.http.llama.timings_format import live_timings
@@ -59,23 +54,23 @@ from meshd.daemon.frontends.http.openai.api import CompletionRequest, json_objec
 from meshd.daemon.frontends.http.responder import Responder, RouteContext
 from meshd.daemon.models.mapping import sampling_params
 from meshd.daemon.models.runtime import ModelRuntime
-from meshd.daemon.models.scheduler import (
-    Finished,
-    GenerationFailed,
-    GenerationHandle,
-)
 from meshd.daemon.requests.api_errors import (
     JSON,
     ApiError,
-    bad_field,
-    context_exceeded,
     error_body,
     json_bytes,
 )
+from meshd.daemon.requests.events import (
+    Finished,
+    GenerationFailed,
+    GenerationHandle,
+    TokenEvent,
+    receive_batch,
+)
+from meshd.daemon.requests.sampling import PostSampling, SamplingParams
 from meshd.daemon.requests.spec import RequestSpec
-from meshd.native.tokenizer import TooManyTokens
+from meshd.daemon.requests.tokens import bias_ids, mixed_prompt_ids
 from meshd.policy.decision import FinishReason
-from meshd.protocol import messages as wire
 
 __all__ = ["serve_llama_completion"]
 
@@ -93,67 +88,12 @@ class _Resolved:
     logit_bias: tuple[tuple[int, float], ...]
 
 
-def _too_long(rt: ModelRuntime, n_tokens: int) -> ApiError:
-    return context_exceeded(rt.prompt_too_long(n_tokens), "prompt")
-
-
-def _prompt_ids(rt: ModelRuntime, prompt: Prompt, param: str) -> tuple[int, ...]:
-    """llama-server's tokenization (``tokenize_mixed``): special tokens parsed, BOS (if
-    the model wants one) before a first string; no more tokens than the context holds."""
-    tok = rt.model.tokenizer
-    n_vocab = rt.model.info.n_vocab
-    most = rt.context.config.n_ctx_seq - 1
-    out: list[int] = []
-    for i, part in enumerate(prompt):
-        if isinstance(part, str):
-            try:
-                out += tok.tokenize(part, add_special=i == 0, parse_special=True,
-                                    max_tokens=max(1, most - len(out)))
-            except TooManyTokens as exc:
-                raise _too_long(rt, len(out) + exc.n_tokens) from None
-        else:
-            if part >= n_vocab:
-                raise bad_field(f"{param}[{i}]", f"must be a token id below the vocabulary size "
-                                            f"{n_vocab} (got {part})")
-            out.append(part)
-        if len(out) > most:
-            raise _too_long(rt, len(out))
-    return tuple(out)
-
-
-def _bias_ids(rt: ModelRuntime, req: LlamaRequest) -> tuple[tuple[int, float], ...]:
-    """The biases by token id (text: each of its tokens; ids outside the vocabulary are
-    skipped, as llama-server skips them), then, for ``ignore_eos``, a ban of each
-    end-of-generation token."""
-    tok = rt.model.tokenizer
-    n_vocab = rt.model.info.n_vocab
-    out: list[tuple[int, float]] = []
-    for key, bias in req.logit_bias:
-        if isinstance(key, int):
-            if 0 <= key < n_vocab:
-                out.append((key, bias))
-            continue
-        room = wire.MAX_LOGIT_BIAS - len(out)
-        try:
-            ids: list[int] | None = tok.tokenize(key, add_special=False, parse_special=False,
-                                                 max_tokens=max(1, room))
-        except TooManyTokens:
-            ids = None
-        if ids is None or len(ids) > room:
-            raise bad_field("logit_bias", f"its text stands for more than {wire.MAX_LOGIT_BIAS} "
-                                     "tokens")
-        out += [(t, bias) for t in ids]
-    if req.ignore_eos:
-        out += [(t, -math.inf) for t in sorted(rt.model.info.eog_tokens)]
-    return tuple(out)
-
-
 def _resolve(rt: ModelRuntime, req: LlamaRequest) -> _Resolved:
     """Blocking (a worker thread): tokenize the prompts and the biases' text."""
     single = len(req.prompts) == 1
-    prompts = tuple(_prompt_ids(rt, p, "prompt" if single else f"prompt[{i}]")
+    prompts = tuple(mixed_prompt_ids(rt, p, "prompt" if single else f"prompt[{i}]")
                     for i, p in enumerate(req.prompts))
-    return _Resolved(prompts=prompts, logit_bias=_bias_ids(rt, req))
+    return _Resolved(prompts=prompts, logit_bias=bias_ids(rt, req.logit_bias, req.ignore_eos))
 
 
 @attrs.frozen
@@ -169,15 +109,15 @@ def _completion_request(req: LlamaRequest, job: _Job) -> CompletionRequest:
     """One job's request (its token ids are its prompt; its limit, biases and
     probabilities are set on the service's request by :func:`_spec`)."""
     return CompletionRequest(
-        generate=attrs.evolve(req.generate, id="cmpl-" + uuid.uuid4().hex[:24]), chat=False,
-        prompt_ids=job.prompt, max_tokens_param="n_predict", tools=None,
+        spec=req.spec("cmpl-" + uuid.uuid4().hex[:24], job.prompt), chat=False,
+        max_tokens_param="n_predict", tools=None,
         constraint_param=req.constraint_param, stream=req.stream, include_usage=False,
         model=req.model, created=int(time.time()))
 
 
 def _spec(req: LlamaRequest, bias: tuple[tuple[int, float], ...], job: _Job,
           creq: CompletionRequest) -> RequestSpec:
-    """One job as the service's request: what ``generate`` cannot say set on it: the
+    """One job as the service's request, with what only llama-server says: the
     limit (-1: the context; 0: one token, evaluated and not shown), the biases by token
     id, the probabilities, and a seed per ``n_cmpl`` copy (the request's plus the copy's
     index)."""
@@ -219,7 +159,7 @@ class _Answer:
             else default if default is not None else -1
         self.live = True  # the client still reads
         self.streaming = False  # the stream's head has been sent
-        self.sampler: Sampler | None = None  # the running job's (post-sampling probs)
+        self.sampler: PostSampling | None = None  # the running job's (post-sampling probs)
         self.first_at: float | None = None  # when its first tokens came (streamed)
 
     def piece(self, token: int) -> bytes:
@@ -300,7 +240,7 @@ class _Answer:
     def finish(self, outcome: Outcome, run: Started, final: Finished) -> None:
         """The outcome's end: how it stopped, and on which stop string."""
         finish = finish_reason_of(final, run.entry)
-        log_finished(self.routes, run.req, final, finish, len(outcome.prompt))
+        log_request_finished(self.routes, run.req, final, finish, len(outcome.prompt))
         outcome.stats = final.stats
         outcome.id_slot = _slot(run.handle)
         reason = final.finish
@@ -343,7 +283,7 @@ class _Answer:
 
     async def collect(self, job: _Job, run: Started) -> dict[str, Any]:
         outcome = self.outcome(job, run)
-        self.sampler = Sampler(run.gen.sampling)
+        self.sampler = PostSampling(run.gen.sampling)
         async with run.handle.events:
             async for event in run.handle.events:
                 if isinstance(event, TokenEvent):
@@ -363,7 +303,7 @@ class _Answer:
         """SSE: an event per generated token (its text, its id, its probabilities), then
         the final object (``stop`` true). No ``[DONE]``, as llama-server sends none."""
         outcome = self.outcome(job, run)
-        self.sampler = Sampler(run.gen.sampling)
+        self.sampler = PostSampling(run.gen.sampling)
         self.first_at = None
         async with run.handle.events:
             while True:

@@ -5,11 +5,8 @@ Why apart from the request handling (:mod:`.llama_completion`): these are pure f
 of what a generation came to, testable without a model. Token texts follow llama-server:
 a piece's ``token`` is its text with an unfinished UTF-8 character at its end left out
 (``bytes`` has it whole), special tokens are shown as they are in ``content`` (not at
-all). Post-sampling probabilities (``post_sampling_probs``) are meshd's own sampler's:
-its chain (bias and penalties, then llama.cpp's order: top-k, typical, top-p, min-p,
-temperature: :func:`~meshd.daemon.engine.sampling.candidates`) run over the
-most likely tokens the engine reported, which is exact whenever top-k keeps no more
-tokens than were reported.
+all). Post-sampling probabilities (``post_sampling_probs``) are meshd's own sampler's
+(:class:`~meshd.daemon.requests.sampling.PostSampling`).
 """
 
 from __future__ import annotations
@@ -19,12 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
-import numpy as np
 
 from meshd.daemon.engine.generation_stats import GenerationStats
 from meshd.daemon.engine.logprobs import TokenLogprob
-from meshd.daemon.engine.sampling import Sampler, SamplingParams, candidates
 from meshd.daemon.frontends.http.llama.timings_format import live_timings, timings
+from meshd.daemon.requests.sampling import PostSampling, SamplingParams
 
 __all__ = ["NO_SEED", "SAMPLERS", "Outcome", "Settings", "final_body", "partial_body",
            "pick_fields", "probabilities"]
@@ -132,34 +128,8 @@ def _token(token: int, piece: Piece, key: str, value: float) -> dict[str, Any]:
     return {"id": token, "token": _text(raw), "bytes": list(raw), key: value}
 
 
-def _post_sampling(lp: TokenLogprob, sampler: Sampler, history: Sequence[int], n_vocab: int,
-                   n_probs: int) -> tuple[float, list[tuple[int, float]]]:
-    """The chosen token's probability under the sampler chain, and the ``n_probs`` most
-    likely tokens after it (none with probability 0). Greedy decoding keeps one token."""
-    if sampler.params.greedy:
-        return 1.0, [(lp.token, 1.0)][:n_probs]
-    row = np.full(n_vocab, -np.inf, dtype=np.float32)
-    for token, value in lp.top:
-        row[token] = value
-    row[lp.token] = lp.logprob
-    row = sampler.adjusted(row, history)
-    if not np.isfinite(row).any():
-        return 1.0, [(lp.token, 1.0)][:n_probs]
-    idx, probs = candidates(row, sampler.params)
-    where = np.flatnonzero(idx == lp.token)
-    if where.size:
-        chosen = float(probs[where[0]])
-    else:  # (cut from the reported tokens only: its share of them before the filters)
-        finite = row[np.isfinite(row)].astype(np.float64) / sampler.params.temperature
-        chosen = float(np.exp(row[lp.token] / sampler.params.temperature
-                              - np.logaddexp.reduce(finite)))
-    top = [(int(t), float(p)) for t, p in zip(idx[:n_probs], probs[:n_probs], strict=True)
-           if p > 0.0]
-    return max(chosen, np.finfo(np.float64).tiny), top
-
-
 def probabilities(lps: Sequence[TokenLogprob], piece: Piece, n_probs: int, *,
-                  post_sampling: Sampler | None = None, history: Sequence[int] = (),
+                  post_sampling: PostSampling | None = None, history: Sequence[int] = (),
                   n_vocab: int = 0) -> list[dict[str, Any]]:
     """``completion_probabilities`` for these tokens: each with ``logprob`` and its
     ``top_logprobs``, or (``post_sampling``: the request's sampler) ``prob`` and
@@ -174,7 +144,7 @@ def probabilities(lps: Sequence[TokenLogprob], piece: Piece, n_probs: int, *,
         return out
     seen = list(history)
     for lp in lps:
-        prob, top = _post_sampling(lp, post_sampling, seen, n_vocab, n_probs)
+        prob, top = post_sampling.probs(lp, seen, n_vocab, n_probs)
         entry = _token(lp.token, piece, "prob", prob)
         entry["top_probs"] = [_token(t, piece, "prob", p) for t, p in top]
         out.append(entry)

@@ -20,10 +20,11 @@ from typing import Any, Final
 
 import attrs
 
-from meshd.daemon.frontends.http.openai.api import TOKEN_PROMPT_PLACEHOLDER, is_int
+from meshd.daemon.frontends.http.openai.api import is_int
 from meshd.daemon.frontends.http.request_fields import keep_alive_seconds
 from meshd.daemon.requests.api_errors import ApiError, api_field, bad_field
-from meshd.protocol import BadRequest, Generate
+from meshd.daemon.requests.spec import RequestSpec
+from meshd.protocol import BadRequest
 from meshd.protocol import messages as wire
 
 __all__ = ["MAX_CANDIDATES", "MAX_N_PROBS", "MAX_PROMPTS", "BiasKey", "LlamaRequest", "Prompt",
@@ -58,9 +59,10 @@ class LlamaRequest:
     """A validated ``/completion`` body."""
 
     prompts: tuple[Prompt, ...]
-    generate: Generate
-    """Each prompt's ``generate`` but its id and prompt (token ids, set once known):
-    sampling, stop strings, the constraint, the keep-alive."""
+    sampling: wire.SamplingParams
+    stop: tuple[str, ...]
+    constraint: wire.Constraint | None
+    keep_alive: float | None
     n_cmpl: int
     n_predict: int | None
     """None: not given (the server's default); -1: to the end of the context."""
@@ -77,13 +79,12 @@ class LlamaRequest:
     response_fields: tuple[str, ...]
     model: str | None
 
-    @property
-    def sampling(self) -> wire.SamplingParams:
-        return self.generate.sampling
-
-    @property
-    def stop(self) -> tuple[str, ...]:
-        return self.generate.stop
+    def spec(self, request_id: str, prompt: tuple[int, ...]) -> RequestSpec:
+        """One prompt's request to the service (its token ids known): sampling, stop
+        strings, the constraint, the keep-alive."""
+        return RequestSpec(id=request_id, prompt_ids=prompt, sampling=self.sampling,
+                           stop=self.stop, constraint=self.constraint,
+                           keep_alive=self.keep_alive)
 
 
 def _given(body: Mapping[str, Any], names: Sequence[str]) -> tuple[str, Any]:
@@ -340,15 +341,16 @@ def parse_llama_request(body: Mapping[str, Any], *, seed: int | None = None) -> 
         keep_alive = keep_alive_seconds(body)
     except ValueError as exc:
         raise bad_field("keep_alive", str(exc)) from None
+    sampling, stop = _one_seed(_sampling(body), seed), _stop(body.get("stop"))
     try:
-        generate = Generate(id="completion", prompt=TOKEN_PROMPT_PLACEHOLDER,
-                            sampling=_one_seed(_sampling(body), seed), stop=_stop(body.get("stop")),
-                            constraint=constraint, keep_alive=keep_alive)
+        RequestSpec.check_fields(sampling=sampling, stop=stop, constraint=constraint,
+                                 keep_alive=keep_alive)
     except BadRequest as exc:
         message, param = api_field(exc.message, exc.field)
         raise ApiError(400, message, param=param) from None
     return LlamaRequest(
-        prompts=prompts, generate=generate, n_cmpl=n_cmpl, n_predict=n_predict,
+        prompts=prompts, sampling=sampling, stop=stop, constraint=constraint,
+        keep_alive=keep_alive, n_cmpl=n_cmpl, n_predict=n_predict,
         constraint_param=constraint_param, grammar=grammar,
         logit_bias=_logit_bias(body.get("logit_bias")),
         ignore_eos=_flag(body, "ignore_eos"), n_probs=n_probs,

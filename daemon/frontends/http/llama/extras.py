@@ -23,10 +23,10 @@ from meshd.daemon.frontends.http.openai.api import json_object, parse_messages
 from meshd.daemon.frontends.http.responder import Responder
 from meshd.daemon.models.runtime import ModelRuntime
 from meshd.daemon.prompts.tool_calls import ToolError, offer_tools, parse_tools, template_messages
+from meshd.daemon.requests import tokens
 from meshd.daemon.requests.api_errors import JSON, ApiError, json_bytes
 from meshd.daemon.requests.service import Service
 from meshd.daemon.requests.template_tools import offers_itself, template_tools
-from meshd.native.tokenizer import TooManyTokens
 
 __all__ = ["apply_template", "detokenize", "props", "tokenize"]
 
@@ -53,56 +53,21 @@ async def tokenize(service: Service, raw: bytes, out: Responder) -> None:
     content = body.get("content")
     if not isinstance(content, str):
         raise ApiError(400, "content: must be a string", param="content")
-    add_special = _flag(body, "add_special", False)
-    parse_special = _flag(body, "parse_special", True)
-    with_pieces = _flag(body, "with_pieces", False)
-    most = service.config.max_frame_size // 2
-
-    def run() -> list[Any]:
-        ids = tok.tokenize(content, add_special=add_special, parse_special=parse_special,
-                           max_tokens=most)
-        if not with_pieces:
-            return list(ids)
-        return [{"id": t, "piece": _piece(tok.piece(t, special=True))} for t in ids]
-
-    try:
-        async with service.holding(None, None) as rt:
-            tok = rt.model.tokenizer
-            tokens = await anyio.to_thread.run_sync(run)
-    except TooManyTokens as exc:
-        raise ApiError(413, f"content: the text is {exc.n_tokens} tokens; at most {most} "
-                            "are answered", param="content", code="too_large") from None
-    await out.send(200, json_bytes({"tokens": tokens}), JSON)
+    found = await tokens.tokenize(
+        service, content, add_special=_flag(body, "add_special", False),
+        parse_special=_flag(body, "parse_special", True),
+        with_pieces=_flag(body, "with_pieces", False))
+    shown = [t if isinstance(t, int) else {"id": t[0], "piece": _piece(t[1])} for t in found]
+    await out.send(200, json_bytes({"tokens": shown}), JSON)
 
 
 async def detokenize(service: Service, raw: bytes, out: Responder) -> None:
     """``{"tokens": [...]}`` -> ``{"content"}``, special tokens written out (as
     llama-server does)."""
-    tokens = json_object(raw).get("tokens")
-    if not isinstance(tokens, list):
+    ids = json_object(raw).get("tokens")
+    if not isinstance(ids, list):
         raise ApiError(400, "tokens: must be an array of token ids", param="tokens")
-    async with service.holding(None, None) as rt:
-        await _detokenize(rt, service.config.max_frame_size, tokens, out)
-
-
-async def _detokenize(rt: ModelRuntime, limit: int, tokens: list[Any], out: Responder
-                      ) -> None:
-    n_vocab = rt.model.info.n_vocab
-    for i, t in enumerate(tokens):
-        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < n_vocab:
-            raise ApiError(400, f"tokens[{i}]: must be a token id from 0 to {n_vocab - 1} "
-                                f"(got {t!r})", param=f"tokens[{i}]")
-    tok = rt.model.tokenizer
-
-    def run() -> str:
-        # The pieces' sizes first: a reply larger than a frame is never built.
-        size = sum(len(tok.piece(t, special=True)) for t in tokens)
-        if size > limit:
-            raise ApiError(413, f"tokens: the text is {size} bytes, above the limit of "
-                                f"{limit}", param="tokens", code="too_large")
-        return tok.detokenize(tokens, special=True)
-
-    text = await anyio.to_thread.run_sync(run)
+    text = await tokens.detokenize(service, ids)
     await out.send(200, json_bytes({"content": text}), JSON)
 
 

@@ -12,36 +12,29 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from meshd.daemon.engine.generation import Generation
 from meshd.daemon.frontends.http.completions import served_name
 from meshd.daemon.frontends.http.responder import Responder, RouteContext
 from meshd.daemon.requests.api_errors import JSON, ApiError, json_bytes
+from meshd.daemon.requests.slots import Slots, model_slots
 
 __all__ = ["slots", "slots_view"]
 
 
-def slots_view(n_slots: int, n_ctx: int, running: list[Generation],
-               speculative: bool) -> list[dict[str, Any]]:
+def slots_view(slots: Slots) -> list[dict[str, Any]]:
     """One entry per slot (a sequence of the shared context), in llama-server's shape
     (``next_token`` as it reports an idle slot: ``n_remain`` -1, ``n_decoded`` 0)."""
-    busy = {gen.session.seq_id: gen for gen in running}
-    out: list[dict[str, Any]] = []
-    for slot in range(n_slots):
-        gen = busy.get(slot)
-        decoded = len(gen.committed) if gen is not None else 0
-        out.append({
-            "id": slot,
-            "n_ctx": n_ctx,
-            "speculative": speculative,
-            "is_processing": gen is not None,
-            "next_token": [{
-                "has_next_token": gen is not None and not gen.done,
-                "has_new_line": False,
-                "n_remain": gen.max_tokens - decoded if gen is not None else -1,
-                "n_decoded": decoded,
-            }],
-        })
-    return out
+    return [{
+        "id": slot.id,
+        "n_ctx": slots.n_ctx,
+        "speculative": slots.speculative,
+        "is_processing": slot.processing,
+        "next_token": [{
+            "has_next_token": slot.has_next_token,
+            "has_new_line": False,
+            "n_remain": slot.n_remain,
+            "n_decoded": slot.n_decoded,
+        }],
+    } for slot in slots.slots]
 
 
 async def slots(routes: RouteContext, _body: bytes, out: Responder, *, query: str) -> None:
@@ -54,16 +47,7 @@ async def slots(routes: RouteContext, _body: bytes, out: Responder, *, query: st
                        kind="not_supported_error")
     params = urllib.parse.parse_qs(query)
     asked = params.get("model")
-    served = service.models.get(served_name(service, asked[0] if asked else None))
-    rt, scheduler = served.runtime, served.scheduler
-    if rt is not None and scheduler is not None:
-        config = rt.context.config
-        n_slots, n_ctx, running = config.n_seq_max, config.n_ctx_seq, scheduler.running()
-    else:
-        plan = served.plan.config
-        n_slots, n_ctx, running = plan.n_seq_max, plan.n_ctx_seq, []
-    speculative = (served.plan.config.default_proposer != "off"
-                   and served.plan.config.draft_max > 0)
-    if params.get("fail_on_no_slot") and len(running) >= n_slots:
+    now = model_slots(service.models.get(served_name(service, asked[0] if asked else None)))
+    if params.get("fail_on_no_slot") and now.all_busy:
         raise ApiError(503, "no slot available", code="unavailable", kind="unavailable_error")
-    await out.send(200, json_bytes(slots_view(n_slots, n_ctx, running, speculative)), JSON)
+    await out.send(200, json_bytes(slots_view(now)), JSON)

@@ -24,8 +24,7 @@ from meshd.daemon.frontends.http.completions import (
     Started,
     finish_reason_of,
     generation_failure,
-    log_finished,
-    receive_batch,
+    log_request_finished,
     started,
 )
 from meshd.daemon.frontends.http.json_body import json_object
@@ -42,8 +41,8 @@ from meshd.daemon.frontends.http.ollama.wire import (
 from meshd.daemon.frontends.http.openai.api import CompletionRequest, parse_request, tool_answer
 from meshd.daemon.frontends.http.responder import Responder, RouteContext
 from meshd.daemon.models.model_set import ServedModel
-from meshd.daemon.models.scheduler import Finished, GenerationFailed
 from meshd.daemon.requests.api_errors import JSON, ApiError, bad_field, json_bytes
+from meshd.daemon.requests.events import Finished, GenerationFailed, receive_batch
 
 __all__ = ["serve_chat", "serve_generate"]
 
@@ -145,7 +144,7 @@ class _Answer:
         """The finish (logged as the OpenAI endpoints log it), the content and the calls."""
         run = self.run
         finish = finish_reason_of(final, run.entry)
-        log_finished(self.routes, run.req, final, finish, len(run.gen.prompt))
+        log_request_finished(self.routes, run.req, final, finish, len(run.gen.prompt))
         content, calls = tool_answer(run.req, text, finish)
         return finish, content or "", answers.ollama_calls(calls)
 

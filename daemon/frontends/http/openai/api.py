@@ -1,8 +1,9 @@
-"""OpenAI's completion and chat-completion shapes, mapped onto meshd's ``generate``.
+"""OpenAI's completion and chat-completion shapes, mapped onto meshd's one request type.
 
-Why functions without I/O: a request body becomes the same ``Generate`` message a native
-client would send (so both paths share validation, chat rendering, tokenization and the
-engine, and give the same tokens), and the engine's results become OpenAI's response,
+Why functions without I/O: a request body becomes the same
+:class:`~meshd.daemon.requests.spec.RequestSpec` a native ``generate`` becomes (so both
+paths share validation, chat rendering, tokenization and the engine, and give the same
+tokens), and the engine's results become OpenAI's response,
 chunk and error objects, all testable without a socket (a response's id and ``created``
 time come from ``uuid4`` and the clock, the only inputs not passed in). Fields OpenAI
 clients commonly send and meshd ignores (``user``, ``presence_penalty`` of 0 ...) are
@@ -48,18 +49,17 @@ from meshd.daemon.prompts.tool_calls import (
     tool_constraint,
 )
 from meshd.daemon.requests.api_errors import ApiError, api_field, bad_field
+from meshd.daemon.requests.spec import RequestSpec
 from meshd.protocol import (
     MAX_MESSAGES,
     MAX_STOP_STRINGS,
     BadRequest,
     ChatMessage,
-    Generate,
 )
 from meshd.protocol import messages as wire
 
 __all__ = [
     "CHAT_ROLES",
-    "TOKEN_PROMPT_PLACEHOLDER",
     "CompletionRequest",
     "chunk",
     "completion_response",
@@ -69,6 +69,7 @@ __all__ = [
     "parse_messages",
     "parse_request",
     "usage",
+    "with_prompt",
 ]
 
 #: Most choices (``n``) one request may ask for.
@@ -80,22 +81,17 @@ MAX_BATCH_GENERATIONS: Final = 64
 CHAT_ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
 """OpenAI's roles; ``developer`` is rendered as ``system`` (as llama.cpp does), since
 chat templates predate it."""
-TOKEN_PROMPT_PLACEHOLDER: Final = " "
-"""The ``generate.prompt`` of a request whose prompt is token ids: ``prepare`` checks
-the rest of the request on it, then the ids replace its tokens."""
-Prompt = tuple[str, tuple[int, ...] | None]
-"""A prompt as ``generate.prompt`` and ``prompt_ids`` hold it: text, or the placeholder
-and token ids."""
+Prompt = str | tuple[int, ...]
+"""One prompt of ``/v1/completions``: text, or token ids."""
 
 
 @attrs.frozen
 class CompletionRequest:
-    """A validated request: the ``generate`` to run and how to answer it."""
+    """A validated request: the service's request to run and how to answer it."""
 
-    generate: Generate
+    spec: RequestSpec
+    """The request as the service runs it (its prompt text, chat or token ids)."""
     chat: bool
-    prompt_ids: tuple[int, ...] | None
-    """A prompt sent as token ids (then ``generate.prompt`` is a placeholder)."""
     max_tokens_param: str
     """The field that set ``max_tokens`` (``max_tokens`` or ``max_completion_tokens``)."""
     tools: ToolSpec | None
@@ -116,7 +112,7 @@ class CompletionRequest:
     """Choices to generate (each its own sampling seed: the request's, plus its index)."""
     batch: tuple[Prompt, ...] = ()
     """``/v1/completions``' prompts when it sends several (the first is also
-    ``generate.prompt`` / ``prompt_ids``); empty for one."""
+    ``spec``'s); empty for one."""
     llama: LlamaSwitches = attrs.field(factory=LlamaSwitches)
     """llama-server's answer switches (``timings_per_token``, ``verbose`` ...)."""
     template_messages: tuple[dict[str, Any], ...] | None = None
@@ -222,6 +218,13 @@ def _offered(messages: tuple[ChatMessage, ...], tools: ToolSpec | None
     return tuple(ChatMessage(role=m["role"], content=m["content"]) for m in offered)
 
 
+def with_prompt(spec: RequestSpec, prompt: Prompt) -> RequestSpec:
+    """``spec`` with ``prompt`` (text or token ids) as its prompt."""
+    if isinstance(prompt, str):
+        return attrs.evolve(spec, prompt=prompt, prompt_ids=None)
+    return attrs.evolve(spec, prompt=None, prompt_ids=prompt)
+
+
 def _token_ids(value: list[Any]) -> tuple[int, ...] | None:
     """``value`` as token ids, or None when it is not an array of integers."""
     if not value or not all(is_int(t) and t >= 0 for t in value):
@@ -253,11 +256,11 @@ def _prompt(value: object, name: str) -> Prompt:
         if ids is None:
             raise ApiError(400, f"{name}: must be a non-empty array of token ids "
                                 "(non-negative integers)", param="prompt")
-        return TOKEN_PROMPT_PLACEHOLDER, ids
+        return ids
     if not isinstance(value, str) or not value:
         raise ApiError(400, f"{name}: must be a non-empty string, an array of token ids, or "
                             "an array of several of either", param="prompt")
-    return value, None
+    return value
 
 
 def _logit_bias(value: object) -> dict[str, float] | None:
@@ -410,7 +413,6 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
         raise _from_protocol(exc) from None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     prompts = () if chat else _prompts(body.get("prompt"), n)
-    prompt, prompt_ids = prompts[0] if prompts else (None, None)
     max_tokens, max_tokens_param = _max_tokens(body)
     try:
         keep_alive = keep_alive_seconds(body)
@@ -427,9 +429,10 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
     if not chat and body.get("reasoning_effort") == "none":
         ignored += ("reasoning_effort",)
     try:
-        generate = Generate(
+        spec = RequestSpec(
             id=rid,
-            prompt=prompt,
+            prompt=prompts[0] if prompts and isinstance(prompts[0], str) else None,
+            prompt_ids=prompts[0] if prompts and isinstance(prompts[0], tuple) else None,
             messages=_offered(parse_messages(body.get("messages")), tools) if chat else None,
             max_tokens=max_tokens,
             sampling=sampling,
@@ -442,7 +445,7 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
         )
     except BadRequest as exc:
         raise _from_protocol(exc) from None
-    return CompletionRequest(generate=generate, chat=chat, prompt_ids=prompt_ids,
+    return CompletionRequest(spec=spec, chat=chat,
                              max_tokens_param=max_tokens_param,
                              constraint_param=constraint_param, logprobs=logprobs,
                              tools=tools, n=n,
@@ -560,7 +563,7 @@ def completion_response(req: CompletionRequest, model: str, fingerprint: str, te
     else:
         choice["text"] = text
     return {
-        "id": req.generate.id, "object": object_name(req, stream=False), "created": req.created,
+        "id": req.spec.id, "object": object_name(req, stream=False), "created": req.created,
         "model": model, "system_fingerprint": fingerprint, "choices": [choice],
         "usage": usage(prompt_tokens, stats, prediction),
         "timings": timings(stats), "meshd": meshd_block(stats, proposer, seed, req.ignored),
@@ -597,6 +600,6 @@ def chunk(req: CompletionRequest, model: str, fingerprint: str, *, text: str | N
         choice["delta"] = delta
     else:
         choice["text"] = text or ""
-    return {"id": req.generate.id, "object": object_name(req, stream=True),
+    return {"id": req.spec.id, "object": object_name(req, stream=True),
             "created": req.created, "model": model, "system_fingerprint": fingerprint,
             "choices": [choice]}

@@ -332,7 +332,7 @@ def parse_responses_request(raw: bytes) -> ResponsesRequest:
     except ApiError as exc:
         raise _renamed(exc, tuple(origins)) from None
     req = attrs.evolve(
-        req, generate=attrs.evolve(req.generate, id=new_id("resp")),
+        req, spec=attrs.evolve(req.spec, id=new_id("resp")),
         max_tokens_param="max_output_tokens",
         constraint_param=("text.format" if req.constraint_param == "response_format"
                           else req.constraint_param))

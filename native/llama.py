@@ -34,6 +34,7 @@ __all__ = [
     "last_error",
     "lc",
     "lcx",
+    "route_logs",
     "set_attn_kernel",
 ]
 
@@ -108,8 +109,15 @@ def ensure_backend() -> None:
         lc.llama_backend_init()
         if not os.environ.get("MESHD_LLAMA_LOG_STDERR"):
             _log_callback = lc.llama_log_callback(_on_log)  # kept: llama.cpp holds it
-            lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            route_logs()
         _initialised = True
+
+
+def route_logs() -> None:
+    """Point llama.cpp's log lines at ``meshd.llama`` again (:func:`ensure_backend` does
+    it once per process; code that pointed them elsewhere hands them back with this)."""
+    if _log_callback is not None:
+        lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
 def last_error() -> str | None:

@@ -63,7 +63,8 @@ def prior(length: float, factor: float = 1.0) -> float:
     return odds / (odds + 1.0)
 
 
-def copy_factor(hits: list[float], trials: list[float], start: float = 1.0) -> float:
+def copy_factor(hits: list[float], trials: list[float], start: float = 1.0, *,
+                base: float = 1.0) -> float:
     """The ``f`` under which the observed acceptance by class is most likely.
 
     The model is a logistic one with one free parameter: class ``c`` continues with
@@ -74,8 +75,10 @@ def copy_factor(hits: list[float], trials: list[float], start: float = 1.0) -> f
     high the curve already puts it (a smoothed odds ratio would read ten hits out of ten
     at length 50 as *below* the curve's 99%, and long copies that held would make short
     matches less trusted). The log-likelihood is concave in ``log f``: a few damped
-    Newton steps from ``start`` (the previous fit) reach it.
+    Newton steps from ``start`` (the previous fit) reach it. ``base`` scales the curve's
+    odds (the curve of a source whose matches say less: ``f`` is relative to it).
     """
+    shift = math.log(base)
     theta = min(_THETA_LIMIT, max(-_THETA_LIMIT, math.log(start)))
     for _ in range(32):
         s0 = _sigmoid(theta)
@@ -84,7 +87,7 @@ def copy_factor(hits: list[float], trials: list[float], start: float = 1.0) -> f
         for c, t in enumerate(trials):
             if t <= 0.0:
                 continue
-            p = _sigmoid(theta + _LOG_ODDS[c])
+            p = _sigmoid(theta + shift + _LOG_ODDS[c])
             grad += hits[c] - t * p
             curv += t * p * (1.0 - p)
         step = max(-1.0, min(1.0, grad / curv))
@@ -140,8 +143,13 @@ class SharedMatchStats:
 class MatchStats:
     """One request's acceptance by match length (see the module docstring)."""
 
-    def __init__(self, shared: SharedMatchStats | None = None) -> None:
+    def __init__(self, shared: SharedMatchStats | None = None, *,
+                 prior_factor: float = 1.0) -> None:
+        """``prior_factor`` scales the prior curve's odds (below 1: a source whose
+        matches are weaker evidence than a request's own text, whose copy factor is
+        then fitted relative to that curve)."""
         self.shared = shared
+        self.prior_factor = prior_factor
         if shared is not None:
             self._hits, self._trials = shared.snapshot()
         else:
@@ -168,8 +176,9 @@ class MatchStats:
         the request (a reformatted document before, a story now), while the pooled
         counts say how each match length fares on this daemon's traffic."""
         if self._factor is None:
-            self._factor = copy_factor(self._own_hits, self._own_trials, self._last_factor)
-            self._last_factor = self._factor
+            self._last_factor = copy_factor(self._own_hits, self._own_trials,
+                                            self._last_factor, base=self.prior_factor)
+            self._factor = self.prior_factor * self._last_factor
         return self._factor
 
     def p(self, length: int) -> float:

@@ -90,6 +90,14 @@ class Prefills:
     def __len__(self) -> int:
         return len(self._jobs)
 
+    def seconds_left(self) -> float | None:
+        """The longest time a queued prompt still needs to be prefilled, by the last
+        forward's time per row (None: no forward measured yet)."""
+        if self._row_s is None:
+            return None
+        rows = max((len(j.lead.prompt) - j.lead.session.n_past for j in self._jobs), default=0)
+        return rows * self._row_s
+
     def add(self, generations: Sequence[Generation], *,
             running: Sequence[Generation] = ()) -> list[Exception | None]:
         """Begin each generation (:meth:`~meshd.daemon.engine.generation.Generation.begin`) and

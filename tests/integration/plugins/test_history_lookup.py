@@ -22,6 +22,7 @@ from meshd.daemon.engine.generation import Generation
 from meshd.daemon.engine.sampling import GREEDY, SamplingParams
 from meshd.daemon.frontends.http.metrics import render_metrics
 from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.plugins import history as history_plugin
 from meshd.plugins.history import ANCHOR
 from meshd.plugins.registry import default_registry
 from meshd.policy.costs import CostCurve, CostModel
@@ -151,7 +152,11 @@ def test_wrong_history_drafts_are_never_committed(rt: ModelRuntime,
 
 
 @pytest.mark.slow
-def test_under_a_json_schema_history_drafts_are_cut_and_verified(rt: ModelRuntime) -> None:
+def test_under_a_json_schema_history_drafts_are_cut_and_verified(
+        rt: ModelRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    # history trusted as much as prompt lookup: it drafts the poisoned answer far enough
+    # for the grammar to have something to cut
+    monkeypatch.setattr(history_plugin, "PRIOR_FACTOR", 1.0)
     grammar = rt.compile_constraint("json_schema", SCHEMA)
     text = "Describe making tea as JSON: a name and a few steps."
     plain = generate(rt, text, "off", owner=None, grammar=grammar)

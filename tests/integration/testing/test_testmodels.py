@@ -173,6 +173,7 @@ def llama() -> Iterator[tuple[ModuleType, ModuleType]]:
     """(llama_cpp.llama_cpp, llama_cpp.llama_cpp_ext) with the backend up and logging off."""
     lc = pytest.importorskip("llama_cpp.llama_cpp")
     lx = pytest.importorskip("llama_cpp.llama_cpp_ext")
+    from meshd.native import llama as native_llama
 
     @lc.llama_log_callback
     def quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
@@ -181,7 +182,9 @@ def llama() -> Iterator[tuple[ModuleType, ModuleType]]:
     lc.llama_log_set(quiet, ctypes.c_void_p())
     lc.llama_backend_init()
     yield lc, lx
+    # hand llama.cpp's log back to meshd's logger: later tests in this process read it
     lc.llama_log_set(ctypes.cast(None, lc.llama_log_callback), ctypes.c_void_p())
+    native_llama.route_logs()
     del quiet
 
 

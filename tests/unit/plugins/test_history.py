@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tracemalloc
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from meshd.plugins.composite import CompositeProposer, composite_factory
 from meshd.plugins.history import (
     ANCHOR,
     BYTES_PER_TOKEN,
+    PRIOR_FACTOR,
     HistoryProposer,
     HistoryStore,
     HistoryView,
@@ -167,3 +169,15 @@ def test_a_third_party_child_of_a_composite_is_not_handed_the_history() -> None:
     assert seen == {"history": None}
     assert isinstance(comp.children[1], HistoryProposer) and comp.children[1].view is view
     assert registry.built_in("history") and not registry.built_in("spy")
+
+
+def test_a_match_in_earlier_answers_needs_twice_the_length_for_prompt_lookups_odds() -> None:
+    from meshd.plugins.match_stats import MatchStats
+
+    own, other = MatchStats(), MatchStats(prior_factor=PRIOR_FACTOR)
+    assert other.p(8) == pytest.approx(own.p(4)) and other.p(16) == pytest.approx(own.p(8))
+    assert other.p(6) < own.p(6)
+    # what this request measures still moves it: drafts from history that keep holding
+    for _ in range(20):
+        other.update(6, 4, 4)
+    assert other.p(6) > MatchStats(prior_factor=PRIOR_FACTOR).p(6) + 0.2

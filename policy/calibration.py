@@ -349,6 +349,8 @@ class Calibration:
         unit = self.unit_s or 0.0
         if unit < SPOT_MIN_S or self.tainted or spot_agrees(self.cached, spot):
             self.phase = Phase.DONE  # kept as cached (a busy check cannot judge it)
+            # written again only to keep the head's quiet measurement beside it
+            self._cache = self._mtp is not None and not self.tainted
             return
         self.notes.append((
             "recalibrating", "measuring the verify cost again: the cached curve "

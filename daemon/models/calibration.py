@@ -31,6 +31,7 @@ from meshd.daemon.models.cost_cache import (
     cost_model_key,
     other_threads_note,
     read_cached_costs,
+    read_cached_mtp,
     unwritable_note,
     write_cached_costs,
 )
@@ -101,6 +102,12 @@ class CostCalibration:
         self.plan = Calibration(config.draft_max, read_cached_costs(self.cache),
                                 has_mtp=runtime.context.mtp is not None,
                                 wait_for_quiet=wait_for_quiet)
+        # The head's costs from the last quiet measurement: ``auto`` may follow the head
+        # from the first request instead of after this run's own measurement (about
+        # 25 s of idle pieces on a 1B model), which then replaces them.
+        cached_mtp = read_cached_mtp(self.cache) if runtime.context.mtp is not None else None
+        if cached_mtp is not None and self.plan.cached is not None:
+            runtime.mtp_costs = MtpCosts(*cached_mtp)
         #: Why a measured curve cannot be kept (None: it can), said at start.
         self._unwritable: OSError | None = None
         if self.plan.cached is None:
@@ -332,7 +339,8 @@ class CostCalibration:
         if out.mtp is not None:
             rt.mtp_costs = MtpCosts(overhead=out.mtp[0], draft_cost=out.mtp[1])
         if out.cache and out.costs is not None:
-            exc = write_cached_costs(self.cache, out.costs, self._model_key, self._threads_key)
+            exc = write_cached_costs(self.cache, out.costs, self._model_key, self._threads_key,
+                                     out.mtp)
             if exc is not None and self._unwritable is None:
                 self._note("cost_cache_unwritable", unwritable_note(self.cache, exc))
         self._event("calibration_done", **self._summary(out))

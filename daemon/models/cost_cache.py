@@ -76,15 +76,30 @@ def read_cached_costs(cache: Path) -> list[float] | None:
         return None
 
 
+def read_cached_mtp(cache: Path) -> tuple[float, float] | None:
+    """The MTP head's costs kept with the curve at ``cache`` (overhead, cost per drafted
+    token; None: none, or unreadable)."""
+    try:
+        overhead, draft_cost = (float(c) for c in json.loads(cache.read_text())["mtp"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (overhead, draft_cost) if overhead >= 0 and draft_cost >= 0 else None
+
+
 def write_cached_costs(cache: Path, costs: Sequence[float], model_key: list[object],
-                       threads: int | None) -> OSError | None:
-    """Keep ``costs`` at ``cache`` (atomically); the error where it cannot be written
-    (serving goes on; the next start measures again)."""
+                       threads: int | None,
+                       mtp: tuple[float, float] | None = None) -> OSError | None:
+    """Keep ``costs`` (and the MTP head's, where measured) at ``cache`` (atomically);
+    the error where it cannot be written (serving goes on; the next start measures
+    again)."""
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"costs": list(costs), "model": model_key,
-                                   "threads": threads}))
+        record: dict[str, object] = {"costs": list(costs), "model": model_key,
+                                     "threads": threads}
+        if mtp is not None:
+            record["mtp"] = list(mtp)
+        tmp.write_text(json.dumps(record))
         tmp.replace(cache)
     except OSError as exc:
         return exc

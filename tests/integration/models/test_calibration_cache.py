@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from meshd.daemon.models.cost_cache import cost_cache_path, cost_model_key
+from meshd.daemon.models.cost_cache import (
+    cost_cache_path,
+    cost_model_key,
+    read_cached_mtp,
+    write_cached_costs,
+)
 from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
 from meshd.native.context import ContextConfig
 from meshd.native.default_model import default_model_path
@@ -71,3 +76,23 @@ def test_a_cached_curve_that_disagrees_with_a_quick_check_is_measured_again(
     assert "disagrees" in notes[0][1]
     if is_plausible(rt.curve.forward_costs) and not plan.tainted:
         assert json.loads(cache.read_text())["costs"][1] == pytest.approx(rt.curve.forward_costs[1])
+
+
+def test_the_heads_cached_costs_let_auto_follow_it_from_the_first_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MTP head's costs are kept with the curve: a daemon that starts with them
+    follows the head from its first request, where one without waits for its own
+    measurement of the head (idle pieces: about a minute on a 1B model)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = Path(testmodels.test_model_path("qwen35", acceptance=0.9))
+    config = RuntimeConfig(model_path=str(path), n_ctx_seq=256, draft_max=4)
+    cache = cost_cache_path(path, ContextConfig(draft_max=4), None)
+    key = cost_model_key(path, ContextConfig(draft_max=4))
+    curve = [1.0, 1.1, 1.2, 1.3, 1.4]
+    for mtp, auto in ((None, "composite"), ((0.05, 0.1), "mtp")):
+        assert write_cached_costs(cache, curve, key, None, mtp) is None
+        assert read_cached_mtp(cache) == mtp
+        with ModelRuntime(config, calibrate_now=False) as rt:
+            assert rt.calibrating
+            assert rt.resolve_proposer("auto") == auto

@@ -358,8 +358,10 @@ async def test_n_choices_with_id_slot(smol: ModelRuntime) -> None:
             assert r.status_code == 200, r.text
             choices = r.json()["choices"]
             assert [c["index"] for c in choices] == [0, 1]
-            assert all(c["message"]["role"] == "assistant" and c["finish_reason"] == "length"
-                       for c in choices)
+            # sampled (a seed each): a choice may end before its 8 tokens
+            assert all(c["message"]["role"] == "assistant"
+                       and c["finish_reason"] in ("length", "stop") for c in choices)
+            assert 2 <= r.json()["usage"]["completion_tokens"] <= 2 * 8
         await wait_idle(server)
         assert_no_leaks(server)
 

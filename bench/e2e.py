@@ -118,7 +118,7 @@ from .processes import (
 from .stream_client import (
     RequestRecord,
     StreamResult,
-    aggregate_decode_rate,
+    decode_tokens_and_span,
     grammar_per_token,
     run_clients,
 )
@@ -197,19 +197,13 @@ class Run:
     @property
     def decode_tok_s(self) -> float | None:
         """The rounds' tokens over their decode spans (each round's as
-        :func:`aggregate_decode_rate`)."""
-        if self.rounds == 1:
-            return aggregate_decode_rate(self.requests)
+        :func:`decode_tokens_and_span`)."""
         size = len(self.requests) // self.rounds
-        tokens = span = 0.0
-        for r in range(self.rounds):
-            part = self.requests[r * size:(r + 1) * size]
-            rate = aggregate_decode_rate(part)
-            if rate is None:
-                return None
-            n = sum(max(0, (q.result.completion_tokens or 0) - 1) for q in part)
-            tokens, span = tokens + n, span + n / rate
-        return tokens / span if span > 0 else None
+        parts = [decode_tokens_and_span(self.requests[r * size:(r + 1) * size])
+                 for r in range(self.rounds)]
+        if any(p is None for p in parts):
+            return None
+        return sum(p[0] for p in parts if p) / sum(p[1] for p in parts if p)
 
     @property
     def forced_accepted_share(self) -> float | None:

@@ -246,9 +246,9 @@ def gaps_within(times: Sequence[float], start: float, end: float) -> list[float]
     return [b - a for a, b in itertools.pairwise(times) if b > start and a < end]
 
 
-def aggregate_decode_rate(records: Sequence[RequestRecord]) -> float | None:
-    """``sum(tokens_i - 1) / (max t_last - min t_first)`` over requests served together
-    (``None`` if any of them failed)."""
+def decode_tokens_and_span(records: Sequence[RequestRecord]) -> tuple[int, float] | None:
+    """``sum(tokens_i - 1)`` and ``max t_last - min t_first`` over requests served
+    together (``None`` if any of them failed, or nothing was decoded)."""
     rs = [r.result for r in records]
     if not rs or any(r.error is not None or r.completion_tokens is None
                      or r.t_first is None or r.t_last is None for r in rs):
@@ -256,7 +256,14 @@ def aggregate_decode_rate(records: Sequence[RequestRecord]) -> float | None:
     span = max(r.t_last for r in rs if r.t_last is not None) \
         - min(r.t_first for r in rs if r.t_first is not None)
     total = sum(max(0, (r.completion_tokens or 0) - 1) for r in rs)
-    return total / span if span > 0 and total > 0 else None
+    return (total, span) if span > 0 and total > 0 else None
+
+
+def aggregate_decode_rate(records: Sequence[RequestRecord]) -> float | None:
+    """``sum(tokens_i - 1) / (max t_last - min t_first)`` over requests served together
+    (``None`` if any of them failed)."""
+    decoded = decode_tokens_and_span(records)
+    return None if decoded is None else decoded[0] / decoded[1]
 
 
 def _timed_lines(resp: http.client.HTTPResponse, stop: threading.Event | None = None,

@@ -32,8 +32,8 @@ import attrs
 from .processes import REQUEST_TIMEOUT_S
 
 __all__ = ["GrammarStats", "RequestRecord", "StreamResult", "aggregate_decode_rate",
-           "decode_rate", "gaps_within", "grammar_per_token", "median_or_none", "parse_sse",
-           "records_from", "run_clients", "stream_request"]
+           "decode_rate", "decode_tokens_and_span", "gaps_within", "grammar_per_token",
+           "median_or_none", "parse_sse", "records_from", "run_clients", "stream_request"]
 
 
 @attrs.frozen

@@ -27,14 +27,19 @@ import math
 
 import attrs
 
-__all__ = ["OTHERS_BUSY", "SHARE_BUSY", "SLACK", "Load", "busy", "cores_left", "might_yield",
-           "threads_that_fit"]
+__all__ = ["OTHERS_BUSY", "SHARE_BUSY", "SHARE_MIN_S", "SLACK", "Load", "busy", "cores_left",
+           "might_yield", "threads_that_fit"]
 
 #: Other processes' CPU use (in cores, beyond the counters' resolution) from which a
 #: stretch of work counts as shared with them.
 OTHERS_BUSY = 0.25
 #: Spinning threads that got less than this share of their cores were descheduled.
 SHARE_BUSY = 0.8
+#: The shortest stretch whose share is a sign: over a few milliseconds (the forwards
+#: of a tiny model), waking a worker thread for each sub-millisecond forward, and the
+#: one-thread Python between them, move the share as much as company does, and a
+#: descheduled thread costs whole time slices, so company shows as a long stretch.
+SHARE_MIN_S = 0.05
 #: How much of a core of company a thread count tolerates before it gives that core up
 #: (and how much room it wants before it takes one back): a quarter of a core of
 #: background work (a shell, a cron job) is no reason to give up a thread.
@@ -82,8 +87,9 @@ class Load:
     def share(self) -> float | None:
         """This process's CPU time against what its threads use alone (spinning at the
         barrier: every thread all through the forwards, one thread outside them); None
-        where that is not known (sleeping threads with company of their own)."""
-        if self.wall_s <= 0 or not (self.spins or self.threads == 1):
+        where that is not known (sleeping threads with company of their own) or not a
+        sign (a stretch under :data:`SHARE_MIN_S`)."""
+        if self.wall_s < SHARE_MIN_S or not (self.spins or self.threads == 1):
             return None
         used = min(self.threads, self.cpus)
         forward = self.wall_s if self.forward_s is None else min(self.forward_s, self.wall_s)

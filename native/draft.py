@@ -5,12 +5,19 @@ in its own llama.cpp context. Each proposal first brings the draft sequence in l
 the target's committed tokens (trim what was rejected, decode what is new), then drafts
 greedily and trims its own drafted tokens again, so the next call starts clean.
 
+A long prompt is caught up a slice at a time: each proposal prefills at most
+:data:`CATCH_UP_S` of the draft model's forwards and offers nothing until the sequence has
+caught up, so the step that holds the proposal (and every other request's next token)
+never waits for a whole prompt's prefill on the draft model; the target decodes plainly
+meanwhile.
+
 Only attention-only draft models are accepted: their KV suffix trims exactly; a recurrent
 draft model would need the checkpoint machinery for a proposer, which is not worth it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,7 +25,13 @@ import numpy as np
 from .context import ContextConfig, TargetContext
 from .errors import ModelLoadError
 from .model import Model
+from .prefill_chunks import PREFILL_CHUNK
 from .session import SequenceSession
+
+#: The longest one proposal spends catching the draft sequence up with a prompt (by the
+#: last catch-up's time per row; one chunk always runs): the prefill slice a step may
+#: take beside other requests' decodes.
+CATCH_UP_S = 0.3
 
 
 class VocabularyMismatch(ModelLoadError):
@@ -79,6 +92,14 @@ class DraftSequence:
     def __init__(self, session: SequenceSession) -> None:
         self.session = session
         self.fed: list[int] = []  # tokens in the draft KV, in order
+        #: Seconds per row of the last catch-up that ran whole chunks (None before).
+        self._row_s: float | None = None
+
+    def _catch_up_rows(self) -> int:
+        """The most tokens one proposal prefills before it drafts (:data:`CATCH_UP_S`)."""
+        if self._row_s is None:
+            return PREFILL_CHUNK
+        return max(PREFILL_CHUNK, int(CATCH_UP_S / self._row_s) // PREFILL_CHUNK * PREFILL_CHUNK)
 
     def draft(self, tokens: Sequence[int], k: int, *, probs: bool = False,
               ) -> tuple[list[int], list[float]]:
@@ -98,8 +119,16 @@ class DraftSequence:
         if c < len(self.fed):
             s.trim(c)
             del self.fed[c:]
-        logits = s.prefill(list(tokens[c:]))
-        self.fed.extend(tokens[c:])
+        new = list(tokens[c:])
+        bound = self._catch_up_rows()
+        if len(new) > bound:  # a long prompt: a slice of it now, drafts once caught up
+            t0 = time.perf_counter()
+            s.prefill(new[:bound])
+            self._row_s = (time.perf_counter() - t0) / bound
+            self.fed.extend(new[:bound])
+            return [], []
+        logits = s.prefill(new)
+        self.fed.extend(new)
         out: list[int] = []
         chances: list[float] = []
         for i in range(k):

@@ -19,6 +19,7 @@ from meshd.bench.workloads import load_workloads
 from meshd.daemon.engine.generation import Generation
 from meshd.daemon.engine.sampling import SamplingParams
 from meshd.daemon.models.runtime import ModelRuntime, RuntimeConfig
+from meshd.native import draft as native_draft
 from meshd.native.calibrate import MtpCosts
 from meshd.native.context import DEFAULT_DRAFT_MAX, ROLLBACK_MAX
 from meshd.plugins.base import Capabilities, Outcome, Proposal, ProposalRequest, ProposerEnv
@@ -366,6 +367,36 @@ def test_draft_model_identity(kind: str, k: int) -> None:
     assert got.committed == ref.committed
     assert got.stats.verify_calls > 0
     assert got.stats.accepted >= 0.9 * got.stats.drafted  # the same rule: near-total
+
+
+def test_a_long_prompt_reaches_the_draft_model_a_slice_per_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft model's copy of a long prompt is prefilled a slice per proposal, so no
+    step (and no other request's next token) waits for the whole prompt on the draft
+    model: the first proposals offer nothing while it catches up, then it drafts, and the
+    text is plain decoding's."""
+    monkeypatch.setattr(native_draft, "CATCH_UP_S", 0.0)  # one chunk a step, any CPU
+    slices: list[tuple[int, bool]] = []
+    real = native_draft.DraftSequence.draft
+
+    def spy(self: native_draft.DraftSequence, tokens: Sequence[int], k: int,
+            **kw: bool) -> tuple[list[int], list[float]]:
+        before = self.session.counters.prefill_tokens
+        out = real(self, tokens, k, **kw)
+        slices.append((self.session.counters.prefill_tokens - before, bool(out[0])))
+        return out
+
+    monkeypatch.setattr(native_draft.DraftSequence, "draft", spy)
+    rt = runtime("mimo2")
+    prompt = prompt_for(rt, " ".join(f"item {i} of the list" for i in range(400)))[:700]
+    ref = generate(rt, prompt, max_tokens=40)
+    got = generate(rt, prompt, proposer=f"draft:{testmodels.test_model_path('llama')}",
+                   k=4, max_tokens=40)
+    assert got.committed == ref.committed
+    assert max(n for n, _ in slices) <= native_draft.PREFILL_CHUNK < len(prompt)
+    catching_up = [d for _, d in slices[:len(prompt) // native_draft.PREFILL_CHUNK]]
+    assert not any(catching_up), slices
+    assert any(d for _, d in slices) and got.stats.accepted > 0
 
 
 def test_draft_model_errors_are_clear() -> None:

@@ -17,9 +17,9 @@ __all__ = ["PREFILL_CHUNK", "PREFILL_CHUNK_MERGED", "prefill_chunk_rows", "prefi
            "prefill_merges_chunks"]
 
 
-#: The rows of a prompt's chunk where every layer runs on this CPU (at most
-#: ``n_batch``): see :func:`prefill_chunk_rows`.
-PREFILL_CHUNK = 128
+#: The rows of a prompt's chunk where every layer runs on this CPU and forwards do not
+#: merge chunks (at most ``n_batch``): see :func:`prefill_chunk_rows`.
+PREFILL_CHUNK = 64
 #: The same where forwards merge chunks (:func:`prefill_merges_chunks`): a forward
 #: beside decoding requests is then as many of them as fit its time.
 PREFILL_CHUNK_MERGED = 32
@@ -34,8 +34,12 @@ def prefill_chunk_rows(context: TargetContext) -> int:
 
     Why :data:`PREFILL_CHUNK` rows on a CPU: a forward of ``n_batch`` = 512 rows of
     SmolLM2 takes 1-2 s on two cores, the time of some fifty decode steps, and nothing
-    else runs while it does; one chunk of 128 lets a scheduler run the other requests'
-    decode steps between a long prompt's forwards. Where forwards merge chunks,
+    else runs while it does; a chunk lets a scheduler run the other requests' decode
+    steps between a long prompt's forwards. Where forwards do not merge chunks (a
+    recurrent model), a chunk is the longest a bystander waits: 64 rows, the fewest
+    whose prefill alone is as fast as wider chunks' (a 1B hybrid model, 1,800 tokens on
+    two cores: 64 rows 20.9-21.5 s, 0.73-0.77 s a chunk; 128 rows 20.3-21.8 s, 1.4-1.5 s
+    a chunk; 32 rows 28.3 s). Where forwards merge chunks,
     :data:`PREFILL_CHUNK_MERGED` rows: a forward beside decoding requests takes as many
     as fit its time, and 128 rows of SmolLM2 at 3,000 tokens of context take 0.5 s. On
     accelerators, where a wide forward is far cheaper per row and fast anyway,

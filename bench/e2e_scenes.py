@@ -48,8 +48,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
+import attrs
+
 from meshd.clients.argtypes import non_negative, positive, positive_seconds
 from meshd.native.llama import ensure_backend, lc
+from meshd.native.model import meta_value
 from meshd.native.tokenizer import Tokenizer
 
 from .e2e_arms import MAIN_ARM, E2eArm, E2eConfig, ModelUnderTest, prompt_tag, request_body
@@ -101,10 +104,22 @@ QUIET_TIMEOUT_S: Final = 30.0
 # --------------------------------------------------------------------------- text
 
 
+@attrs.frozen
+class _Counter:
+    """Counts a text's tokens; ``trained_ctx``: the model's training context (0: unset)."""
+
+    count: Callable[[str], int]
+    trained_ctx: int
+
+    def __call__(self, text: str) -> int:
+        return self.count(text)
+
+
 @contextlib.contextmanager
-def token_counter(model: Path) -> Iterator[Callable[[str], int]]:
+def token_counter(model: Path) -> Iterator[_Counter]:
     """A function counting a text's tokens in ``model``'s vocabulary (no special
-    tokens): llama.cpp's vocabulary-only load, no weights, a fraction of a second."""
+    tokens), with the model's training context: llama.cpp's vocabulary-only load, no
+    weights, a fraction of a second."""
     ensure_backend()
     params = lc.llama_model_default_params()
     params.vocab_only = True
@@ -114,7 +129,11 @@ def token_counter(model: Path) -> Iterator[Callable[[str], int]]:
     vocab = lc.llama_model_get_vocab(handle)
     tokenizer = Tokenizer(vocab, lc.llama_vocab_n_tokens(vocab), False)
     try:
-        yield lambda text: len(tokenizer.tokenize(text, add_special=False))
+        arch = meta_value(handle, "general.architecture") or ""
+        trained = meta_value(handle, f"{arch}.context_length") or "0"
+        count = _Counter(lambda text: len(tokenizer.tokenize(text, add_special=False)),
+                         int(trained) if trained.isdigit() else 0)
+        yield count
     finally:
         tokenizer.close()
         lc.llama_model_free(handle)
@@ -249,10 +268,11 @@ class LongPromptScene(Scene):
     name = LONG_PROMPT
 
     def __init__(self, mut: ModelUnderTest, cfg: E2eConfig, document: str,
-                 document_tokens: int) -> None:
+                 document_tokens: int, *, trained_ctx: int = 0) -> None:
         super().__init__(mut, cfg)
         self.document = document
         self.document_tokens = document_tokens
+        self.trained_ctx = trained_ctx
         self.long = Workload(LONG_PROMPT, "a long document to summarise",
                              (("user", LONG_INSTRUCTION + document),))
         self.ratio_keys = ("ttft_alone_s", "ttft_beside_s", *(
@@ -269,8 +289,10 @@ class LongPromptScene(Scene):
 
     @property
     def bystander_tokens(self) -> int:
-        """As long an answer as the context holds: it must outlast the prefill."""
-        return self.ctx - TEMPLATE_MARGIN
+        """As long an answer as the context holds (and the model was trained for): it
+        must outlast the prefill."""
+        ctx = min(self.ctx, self.trained_ctx) if self.trained_ctx > 0 else self.ctx
+        return ctx - TEMPLATE_MARGIN
 
     def describe(self) -> dict[str, Any]:
         return {"scene": self.name, "document_tokens": self.document_tokens,
@@ -459,11 +481,25 @@ def make_scene(name: str, mut: ModelUnderTest, cfg: E2eConfig) -> Scene:
     with token_counter(mut.spec.path) as count:
         if name == LONG_PROMPT:
             text, n = document_text(cfg.prompt_tokens, count)
-            return LongPromptScene(mut, cfg, text, n)
+            _check_fits(mut, n + TEMPLATE_MARGIN + cfg.tokens, count.trained_ctx,
+                        "--prompt-tokens")
+            return LongPromptScene(mut, cfg, text, n, trained_ctx=count.trained_ctx)
         if name == MULTI_TURN:
             text, n = document_text(cfg.system_tokens, count)
-            return MultiTurnScene(mut, cfg, text, n)
+            scene = MultiTurnScene(mut, cfg, text, n)
+            _check_fits(mut, scene.ctx, count.trained_ctx, "--system-tokens or --turns")
+            return scene
     raise BenchError(f"unknown scene {name!r}; known: {', '.join(SCENE_NAMES)}")
+
+
+def _check_fits(mut: ModelUnderTest, tokens: int, trained_ctx: int, option: str) -> None:
+    """A scene whose requests outgrow the model's training context would only measure
+    the servers' refusals: say so before any server starts."""
+    if 0 < trained_ctx < tokens:
+        raise BenchError(
+            f"{mut.spec.name} was trained for a {trained_ctx}-token context; this scene's "
+            f"longest request needs {tokens} (the text, the template and --tokens): "
+            f"lower {option}")
 
 
 def run_scene(scene: Scene, arms: Sequence[E2eArm], servers: dict[str, ServerProcess],

@@ -125,10 +125,11 @@ class Model:
         self.close()
 
     def meta(self, key: str) -> str | None:
-        return _meta(self.handle, key)
+        return meta_value(self.handle, key)
 
 
-def _meta(handle: Any, key: str) -> str | None:
+def meta_value(handle: Any, key: str) -> str | None:
+    """A GGUF metadata value of a loaded model (a vocabulary-only load too), as text."""
     size = 256
     while True:
         buf = ctypes.create_string_buffer(size)
@@ -153,8 +154,8 @@ def describe_model(path: str | os.PathLike[str]) -> tuple[ModelInfo, str | None]
     try:
         info, template = _read_info(handle, p)
         # The MTP layers are counted as their tensors load; the metadata says it too.
-        arch = _meta(handle, "general.architecture") or ""
-        nextn = _meta(handle, f"{arch}.nextn_predict_layers")
+        arch = meta_value(handle, "general.architecture") or ""
+        nextn = meta_value(handle, f"{arch}.nextn_predict_layers")
         if nextn is not None and nextn.isdigit():
             info = attrs.evolve(info, n_layer_nextn=int(nextn))
         return info, template
@@ -183,7 +184,7 @@ def _read_info(handle: Any, path: Path) -> tuple[ModelInfo, str | None]:
     eos = lc.llama_vocab_eos(vocab)
     info = ModelInfo(
         path=str(path),
-        architecture=_meta(handle, "general.architecture") or "unknown",
+        architecture=meta_value(handle, "general.architecture") or "unknown",
         description=desc.value.decode("utf-8", "replace"),
         n_vocab=n_vocab,
         n_ctx_train=lc.llama_model_n_ctx_train(handle),

@@ -450,6 +450,18 @@ def test_the_long_document_is_cut_to_the_asked_tokens(n: int) -> None:
     assert text == text.strip() and "meshd" in text
 
 
+@pytest.mark.parametrize("scene", [["--workload", "long-prompt", "--prompt-tokens", "2500"],
+                                   ["--workload", "multi-turn", "--system-tokens", "1900"]])
+def test_a_scene_longer_than_the_models_context_is_refused_before_any_server_starts(
+        scene: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The synthetic llama was trained for 2,048 tokens: rather than servers that refuse
+    every long request, the bench says which option to lower."""
+    assert main(["bench-e2e", "-m", "llama", "--arm", "meshd", "--reps", "1", *scene]) == 2
+    captured = capsys.readouterr()
+    assert "trained for a 2048-token context" in captured.err
+    assert scene[2] in captured.err and "starting meshd" not in captured.out
+
+
 def test_scene_ratios_are_meshds_time_over_each_arms() -> None:
     summaries = {"meshd": {"ttft_s": 1.0, "turns": [{"ttft_s": 0.5}, {"ttft_s": None}]},
                  "llama-server": {"ttft_s": 2.0, "turns": [{"ttft_s": 0.25}, {"ttft_s": 1.0}]},

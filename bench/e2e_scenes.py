@@ -481,13 +481,13 @@ def make_scene(name: str, mut: ModelUnderTest, cfg: E2eConfig) -> Scene:
     with token_counter(mut.spec.path) as count:
         if name == LONG_PROMPT:
             text, n = document_text(cfg.prompt_tokens, count)
-            _check_fits(mut, n + TEMPLATE_MARGIN + cfg.tokens, count.trained_ctx,
-                        "--prompt-tokens")
+            _check_fits(mut, n + cfg.tokens, count.trained_ctx, "--prompt-tokens")
             return LongPromptScene(mut, cfg, text, n, trained_ctx=count.trained_ctx)
         if name == MULTI_TURN:
             text, n = document_text(cfg.system_tokens, count)
             scene = MultiTurnScene(mut, cfg, text, n)
-            _check_fits(mut, scene.ctx, count.trained_ctx, "--system-tokens or --turns")
+            _check_fits(mut, n + cfg.turns * cfg.tokens, count.trained_ctx,
+                        "--system-tokens or --turns")
             return scene
     raise BenchError(f"unknown scene {name!r}; known: {', '.join(SCENE_NAMES)}")
 
@@ -498,8 +498,8 @@ def _check_fits(mut: ModelUnderTest, tokens: int, trained_ctx: int, option: str)
     if 0 < trained_ctx < tokens:
         raise BenchError(
             f"{mut.spec.name} was trained for a {trained_ctx}-token context; this scene's "
-            f"longest request needs {tokens} (the text, the template and --tokens): "
-            f"lower {option}")
+            f"longest request needs more than {tokens} (the text and its answers, "
+            f"--tokens each): lower {option}")
 
 
 def run_scene(scene: Scene, arms: Sequence[E2eArm], servers: dict[str, ServerProcess],

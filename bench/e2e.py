@@ -118,6 +118,7 @@ from .processes import (
 from .stream_client import (
     RequestRecord,
     StreamResult,
+    answer_tokens_and_span,
     decode_tokens_and_span,
     grammar_per_token,
     run_clients,
@@ -198,9 +199,20 @@ class Run:
     def decode_tok_s(self) -> float | None:
         """The rounds' tokens over their decode spans (each round's as
         :func:`decode_tokens_and_span`)."""
+        return self._over_rounds(decode_tokens_and_span)
+
+    @property
+    def answered_tok_s(self) -> float | None:
+        """The rounds' tokens over the time their clients waited, from sending to the
+        last text (each round's as :func:`answer_tokens_and_span`): what an agent that
+        waits for whole answers gets, prefills included."""
+        return self._over_rounds(answer_tokens_and_span)
+
+    def _over_rounds(self, measure: Callable[[Sequence[RequestRecord]],
+                                             tuple[int, float] | None]) -> float | None:
+        """Tokens over seconds summed over the rounds, each round's by ``measure``."""
         size = len(self.requests) // self.rounds
-        parts = [decode_tokens_and_span(self.requests[r * size:(r + 1) * size])
-                 for r in range(self.rounds)]
+        parts = [measure(self.requests[r * size:(r + 1) * size]) for r in range(self.rounds)]
         if any(p is None for p in parts):
             return None
         return sum(p[0] for p in parts if p) / sum(p[1] for p in parts if p)
@@ -227,6 +239,7 @@ class Run:
 
     def as_dict(self) -> dict[str, Any]:
         return {"arm": self.arm, "rep": self.rep, "decode_tok_s": self.decode_tok_s,
+                "answered_tok_s": self.answered_tok_s,
                 "host_ms_per_step": self.host_ms_per_step,
                 "host_ms_per_token": self.host_ms_per_token,
                 "forced_accepted_share": self.forced_accepted_share,
@@ -389,6 +402,7 @@ def _summary(runs: Sequence[Run]) -> dict[str, Any]:
     rates = [r.decode_tok_s for r in runs]
     return {
         "decode_tok_s": _median(rates),
+        "answered_tok_s": _median([r.answered_tok_s for r in runs]),
         "host_ms_per_step": _median([r.host_ms_per_step for r in runs]),
         "host_ms_per_token": _median([r.host_ms_per_token for r in runs]),
         "forced_accepted_share": _median([r.forced_accepted_share for r in runs]),
@@ -410,9 +424,17 @@ def _ratios(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     over = {n: main / r for n, r in rates.items() if main and n != MAIN_ARM}
     peers = {n: r for n, r in rates.items() if n.startswith(ARM_PREFIX)}
     best = max(peers, key=lambda n: peers[n]) if peers else None
+    answered = {n: s.get("answered_tok_s") for n, s in summaries.items()}
+    main_answered = answered.get(MAIN_ARM)
+    answered_peers = {n: r for n, r in answered.items() if r and n.startswith(ARM_PREFIX)}
+    best_answered = max(answered_peers, key=lambda n: answered_peers[n]) \
+        if answered_peers else None
     return {"meshd_over": over, "best_peer": best,
             "meshd_over_best_peer": over.get(best) if best else None,
-            "serve_over_generate": over.get(GENERATE_ARM)}
+            "serve_over_generate": over.get(GENERATE_ARM),
+            "best_peer_answered": best_answered,
+            "meshd_over_best_peer_answered": main_answered / answered_peers[best_answered]
+            if main_answered and best_answered else None}
 
 
 def _same_text(runs: Mapping[str, Sequence[Run]]) -> dict[str, list[bool]]:

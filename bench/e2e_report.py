@@ -85,6 +85,16 @@ def _table(table: Mapping[str, Any], clients: int) -> list[str]:
     best = table["best_peer"]
     out.append(f"  meshd / best peer: {_ratio(table['meshd_over_best_peer'])}"
                + (f" ({best})" if best else " (no llama-server arm ran)"))
+    answered = ", ".join(f"{name} {s['answered_tok_s']:.1f}"
+                         for name, s in table["arms"].items()
+                         if s.get("answered_tok_s") is not None)
+    if clients > 1 and answered:
+        best_answered = table.get("best_peer_answered")
+        out.append("  answered tok/s (the answers' tokens over the time their clients "
+                   f"waited, prompts included): {answered}" + (
+                       f"; meshd / best peer "
+                       f"{_ratio(table['meshd_over_best_peer_answered'])} ({best_answered})"
+                       if best_answered else ""))
     if GENERATE_ARM in table["arms"]:
         out.append("  serve over HTTP / in-process (meshd / meshd-generate): "
                    f"{_ratio(table['serve_over_generate'])}")

@@ -32,6 +32,7 @@ import attrs
 from .processes import REQUEST_TIMEOUT_S
 
 __all__ = ["GrammarStats", "RequestRecord", "StreamResult", "aggregate_decode_rate",
+           "answer_tokens_and_span",
            "decode_rate", "decode_tokens_and_span", "gaps_within", "grammar_per_token",
            "median_or_none", "parse_sse", "records_from", "run_clients", "stream_request"]
 
@@ -256,6 +257,21 @@ def decode_tokens_and_span(records: Sequence[RequestRecord]) -> tuple[int, float
     span = max(r.t_last for r in rs if r.t_last is not None) \
         - min(r.t_first for r in rs if r.t_first is not None)
     total = sum(max(0, (r.completion_tokens or 0) - 1) for r in rs)
+    return (total, span) if span > 0 and total > 0 else None
+
+
+def answer_tokens_and_span(records: Sequence[RequestRecord]) -> tuple[int, float] | None:
+    """``sum(tokens_i)`` and ``max t_last - min t_sent`` over requests served together:
+    the answers' tokens over the time their clients waited for them, prompts included
+    (``None`` if any of them failed). Beside the decode span, which starts at the first
+    text of any: a server that gives some clients their first text early and prefills
+    the others between their decode steps starts that clock early."""
+    if not records or any(r.result.error is not None or r.result.completion_tokens is None
+                          or r.result.t_last is None for r in records):
+        return None
+    span = max(r.result.t_last for r in records if r.result.t_last is not None) \
+        - min(r.t_sent for r in records)
+    total = sum(r.result.completion_tokens or 0 for r in records)
     return (total, span) if span > 0 and total > 0 else None
 
 

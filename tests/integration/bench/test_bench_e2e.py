@@ -39,6 +39,7 @@ from meshd.bench.stream_client import (
     RequestRecord,
     StreamResult,
     aggregate_decode_rate,
+    answer_tokens_and_span,
     decode_rate,
     gaps_within,
     parse_sse,
@@ -127,6 +128,27 @@ def test_rates_count_tokens_after_the_first() -> None:
     assert aggregate_decode_rate([a, b]) == (8 + 4) / (5.0 - 1.0)
     failed = RequestRecord(2, "[1.3]", 0.0, StreamResult(error="HTTP 503"))
     assert aggregate_decode_rate([a, failed]) is None
+
+
+def test_answered_rate_counts_the_wait_from_sending_including_later_prefills() -> None:
+    """Two servers, the same two answers: one gives a first text at once and prefills
+    the other prompt between its decode steps; the other prefills both first. The decode
+    span flatters the second (its clock starts late); the answered rate is the clients'
+    wait, and there the first one, done sooner, is ahead."""
+    def served(first_a: float, first_b: float, last: float) -> list[RequestRecord]:
+        return [RequestRecord(0, "[1.1]", 0.0, StreamResult(t_first=first_a, t_last=last,
+                                                            completion_tokens=21)),
+                RequestRecord(1, "[1.2]", 0.0, StreamResult(t_first=first_b, t_last=last,
+                                                            completion_tokens=21))]
+    early = served(0.5, 1.5, 3.0)   # interleaved: one answer starts early
+    late = served(2.0, 2.0, 3.5)    # both prompts first, then both answers
+    assert aggregate_decode_rate(early) == 40 / 2.5 < aggregate_decode_rate(late) == 40 / 1.5
+    assert answer_tokens_and_span(early) == (42, 3.0)
+    assert answer_tokens_and_span(late) == (42, 3.5)
+    run = Run("meshd", 0, tuple(early + late), rounds=2)
+    assert run.answered_tok_s == 84 / 6.5 and run.as_dict()["answered_tok_s"] == 84 / 6.5
+    assert answer_tokens_and_span([*early, RequestRecord(2, "[1.3]", 0.0, StreamResult(
+        error="HTTP 503"))]) is None
 
 
 def test_every_request_is_a_new_prompt_with_the_same_template_head() -> None:
@@ -349,6 +371,10 @@ def test_bench_e2e_reports_what_a_user_sees(tmp_path: Path,
     assert len(re.findall(rf"^  meshd-off +{row} +[12]/[12] +\d+\.\d\dx$", text, re.M)) == 4
     assert len(re.findall(rf"^  meshd-generate +{row} +1/1 +\d+\.\d\dx$", text, re.M)) == 2
     assert text.count("serve over HTTP / in-process (meshd / meshd-generate): ") == 2
+    # N clients: also the answers' tokens over the time their clients waited
+    assert len(re.findall(r"^  answered tok/s \(the answers' tokens over the time their "
+                          r"clients waited, prompts included\): meshd \d+\.\d, meshd-off "
+                          r"\d+\.\d", text, re.M)) == 2
     # meshd's own measure of its host gap, read from its /metrics around each run
     assert len(re.findall(r"^  host gap per decode step \(compute thread outside verify "
                           r"forwards; MTP drafting counts; per generated token\): meshd "
@@ -373,6 +399,8 @@ def test_bench_e2e_reports_what_a_user_sees(tmp_path: Path,
         for table in block["workloads"]:
             for arm, summary in table["arms"].items():
                 assert summary["decode_tok_s"] > 0 and summary["failed_runs"] == 0, arm
+                if arm != "meshd-generate":  # a wait from sending: below the decode rate
+                    assert 0 < summary["answered_tok_s"] < summary["decode_tok_s"], arm
                 gap, per_token = summary["host_ms_per_step"], summary["host_ms_per_token"]
                 if arm in ("meshd", "meshd-off"):  # well under one forward of SmolLM2
                     assert gap is not None and 0 < gap < 5, (arm, gap)

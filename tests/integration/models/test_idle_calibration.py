@@ -176,7 +176,7 @@ def test_nothing_measured_beside_busy_processes_is_cached(
         with ModelRuntime(config, calibrate_now=False) as rt:
             work = rt.idle_work()
             assert work is not None
-            deadline = time.monotonic() + 6
+            deadline = time.monotonic() + 3
             while time.monotonic() < deadline:
                 wait = work.step()
                 assert wait is not None, "finished beside busy processes"

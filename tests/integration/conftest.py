@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.integration.helpers.quiet_machine import MARKER, machine_share
+from tests.integration.helpers.quiet_machine import MARKER, is_xdist_worker, machine_share
 from tests.integration.helpers.worker_cpus import every_cpu, pin_worker
 
 if TYPE_CHECKING:  # imported by the fixtures: tests/unit runs without llama.cpp
@@ -56,12 +56,41 @@ def pytest_configure(config: pytest.Config) -> None:
     pin_worker()
 
 
+def _quiet(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker(MARKER) is not None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under xdist the ``quiet_machine`` tests go first, together: one worker runs them
+    back to back under one exclusive hold (:func:`pytest_runtest_protocol`), so the
+    other workers wait for the machine once, not once per quiet test (each wait also
+    lets the other worker's current test, up to half a minute, finish first)."""
+    if is_xdist_worker():
+        items[:] = [i for i in items if _quiet(i)] + [i for i in items if not _quiet(i)]
+
+
+#: The exclusive hold a run of consecutive ``quiet_machine`` tests shares.
+_quiet_hold: contextlib.ExitStack | None = None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
                             ) -> Generator[None, object, object]:
     """Under xdist a ``quiet_machine`` test runs alone, on every CPU (see
-    helpers/quiet_machine.py); pytest calls this for every test of the run, tests/unit's
-    too."""
-    quiet = item.get_closest_marker(MARKER) is not None
-    with machine_share(exclusive=quiet), every_cpu() if quiet else contextlib.nullcontext():
+    helpers/quiet_machine.py), holding the machine on to the next test where that one
+    is quiet too; pytest calls this for every test of the run, tests/unit's too."""
+    global _quiet_hold
+    if not _quiet(item):
+        with machine_share(exclusive=False):
+            return (yield)
+    if _quiet_hold is None:
+        hold = contextlib.ExitStack()
+        hold.enter_context(machine_share(exclusive=True))
+        hold.enter_context(every_cpu())
+        _quiet_hold = hold
+    try:
         return (yield)
+    finally:
+        if not _quiet(nextitem):
+            _quiet_hold.close()
+            _quiet_hold = None

@@ -5,7 +5,8 @@ given back beside busy processes) would see the other workers' tests as load and
 its busy branch or skip. So each test takes a machine-wide lock around its whole run
 (setup, call, teardown, where module fixtures load their models): shared for every
 test, exclusive for a quiet one, which so runs alone while the other workers wait
-between two of their tests. ``--dist loadgroup`` would not do: it keeps a group on one
+between two of their tests. Under xdist the quiet tests are collected first and run back
+to back under one exclusive hold (tests/integration/conftest.py): the others wait once. ``--dist loadgroup`` would not do: it keeps a group on one
 worker, but the other workers go on beside it.
 
 ``flock`` locks, so the kernel drops a crashed worker's lock. A turnstile taken before
@@ -26,9 +27,14 @@ from pathlib import Path
 MARKER = "quiet_machine"
 
 
+def is_xdist_worker() -> bool:
+    """Whether this process is a pytest-xdist worker (other workers run beside it)."""
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
 def _lock_dir() -> Path | None:
     """Where this user's parallel runs keep the lock; ``None`` when not an xdist worker."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    if not is_xdist_worker():
         return None
     directory = Path(tempfile.gettempdir()) / f"meshd-tests-{os.getuid()}"
     directory.mkdir(exist_ok=True)

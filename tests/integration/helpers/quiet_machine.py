@@ -6,8 +6,9 @@ its busy branch or skip. So each test takes a machine-wide lock around its whole
 (setup, call, teardown, where module fixtures load their models): shared for every
 test, exclusive for a quiet one, which so runs alone while the other workers wait
 between two of their tests. Under xdist the quiet tests are collected first and run back
-to back under one exclusive hold (tests/integration/conftest.py): the others wait once. ``--dist loadgroup`` would not do: it keeps a group on one
-worker, but the other workers go on beside it.
+to back under one exclusive hold (tests/integration/conftest.py): the others wait once.
+``--dist loadgroup`` would not do: it keeps a group on one worker, but the other workers
+go on beside it.
 
 ``flock`` locks, so the kernel drops a crashed worker's lock. A turnstile taken before
 the lock lets a waiting quiet test in before tests that start after it asked (shared

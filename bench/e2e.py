@@ -419,22 +419,30 @@ def _summary(runs: Sequence[Run]) -> dict[str, Any]:
 def _ratios(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """meshd's rate over each other arm's, over the best llama-server arm's, and over
     the same request in-process (``meshd-generate``)."""
-    main = summaries.get(MAIN_ARM, {}).get("decode_tok_s")
-    rates = {n: s["decode_tok_s"] for n, s in summaries.items() if s["decode_tok_s"]}
-    over = {n: main / r for n, r in rates.items() if main and n != MAIN_ARM}
-    peers = {n: r for n, r in rates.items() if n.startswith(ARM_PREFIX)}
-    best = max(peers, key=lambda n: peers[n]) if peers else None
-    answered = {n: s.get("answered_tok_s") for n, s in summaries.items()}
-    main_answered = answered.get(MAIN_ARM)
-    answered_peers = {n: r for n, r in answered.items() if r and n.startswith(ARM_PREFIX)}
-    best_answered = max(answered_peers, key=lambda n: answered_peers[n]) \
-        if answered_peers else None
+    over = _over_arms(summaries, "decode_tok_s")
+    best = _best_peer(summaries, "decode_tok_s")
+    answered = _over_arms(summaries, "answered_tok_s")
+    best_answered = _best_peer(summaries, "answered_tok_s")
     return {"meshd_over": over, "best_peer": best,
             "meshd_over_best_peer": over.get(best) if best else None,
             "serve_over_generate": over.get(GENERATE_ARM),
             "best_peer_answered": best_answered,
-            "meshd_over_best_peer_answered": main_answered / answered_peers[best_answered]
-            if main_answered and best_answered else None}
+            "meshd_over_best_peer_answered": answered.get(best_answered)
+            if best_answered else None}
+
+
+def _over_arms(summaries: Mapping[str, Mapping[str, Any]], key: str) -> dict[str, float]:
+    """meshd's ``key`` rate over each other arm's that has one."""
+    main = summaries.get(MAIN_ARM, {}).get(key)
+    return {n: main / s[key] for n, s in summaries.items()
+            if main and s.get(key) and n != MAIN_ARM}
+
+
+def _best_peer(summaries: Mapping[str, Mapping[str, Any]], key: str) -> str | None:
+    """The llama-server arm with the highest ``key`` rate (None: none has one)."""
+    peers = {n: s[key] for n, s in summaries.items()
+             if s.get(key) and n.startswith(ARM_PREFIX)}
+    return max(peers, key=lambda n: peers[n]) if peers else None
 
 
 def _same_text(runs: Mapping[str, Sequence[Run]]) -> dict[str, list[bool]]:

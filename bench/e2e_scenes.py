@@ -68,7 +68,7 @@ from .stream_client import (
 )
 from .workloads import BenchError, Workload
 
-__all__ = ["SCENE_NAMES", "LongPromptScene", "MultiTurnScene", "Scene",
+__all__ = ["SCENE_NAMES", "LongPromptScene", "MultiTurnScene", "Scene", "TokenCounter",
            "add_scene_arguments", "document_text", "make_scene", "ready_ratios", "run_scene",
            "scene_options", "scene_ratios", "token_counter"]
 
@@ -105,18 +105,19 @@ QUIET_TIMEOUT_S: Final = 30.0
 
 
 @attrs.frozen
-class _Counter:
-    """Counts a text's tokens; ``trained_ctx``: the model's training context (0: unset)."""
+class TokenCounter:
+    """Counts a text's tokens (no special tokens); ``trained_ctx``: the model's training
+    context (0: not in its metadata)."""
 
-    count: Callable[[str], int]
+    tokenizer: Tokenizer
     trained_ctx: int
 
     def __call__(self, text: str) -> int:
-        return self.count(text)
+        return len(self.tokenizer.tokenize(text, add_special=False))
 
 
 @contextlib.contextmanager
-def token_counter(model: Path) -> Iterator[_Counter]:
+def token_counter(model: Path) -> Iterator[TokenCounter]:
     """A function counting a text's tokens in ``model``'s vocabulary (no special
     tokens), with the model's training context: llama.cpp's vocabulary-only load, no
     weights, a fraction of a second."""
@@ -131,9 +132,7 @@ def token_counter(model: Path) -> Iterator[_Counter]:
     try:
         arch = meta_value(handle, "general.architecture") or ""
         trained = meta_value(handle, f"{arch}.context_length") or "0"
-        count = _Counter(lambda text: len(tokenizer.tokenize(text, add_special=False)),
-                         int(trained) if trained.isdigit() else 0)
-        yield count
+        yield TokenCounter(tokenizer, int(trained) if trained.isdigit() else 0)
     finally:
         tokenizer.close()
         lc.llama_model_free(handle)
@@ -485,10 +484,9 @@ def make_scene(name: str, mut: ModelUnderTest, cfg: E2eConfig) -> Scene:
             return LongPromptScene(mut, cfg, text, n, trained_ctx=count.trained_ctx)
         if name == MULTI_TURN:
             text, n = document_text(cfg.system_tokens, count)
-            scene = MultiTurnScene(mut, cfg, text, n)
             _check_fits(mut, n + cfg.turns * cfg.tokens, count.trained_ctx,
                         "--system-tokens or --turns")
-            return scene
+            return MultiTurnScene(mut, cfg, text, n)
     raise BenchError(f"unknown scene {name!r}; known: {', '.join(SCENE_NAMES)}")
 
 

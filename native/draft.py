@@ -25,13 +25,12 @@ import numpy as np
 from .context import ContextConfig, TargetContext
 from .errors import ModelLoadError
 from .model import Model
-from .prefill_chunks import prefill_chunk_rows
+from .prefill_chunks import PREFILL_CHUNK
 from .session import SequenceSession
 
 #: The longest one proposal spends catching the draft sequence up with a prompt (by the
-#: last catch-up's time per row, in whole chunks of the draft context's
-#: :func:`~.prefill_chunks.prefill_chunk_rows`; one chunk always runs): the prefill slice
-#: a step may take beside other requests' decodes.
+#: last catch-up's time per row; one chunk always runs): the prefill slice a step may
+#: take beside other requests' decodes.
 CATCH_UP_S = 0.3
 
 
@@ -96,12 +95,11 @@ class DraftSequence:
         #: Seconds per row of the last catch-up that ran whole chunks (None before).
         self._row_s: float | None = None
 
-    def catch_up_rows(self) -> int:
+    def _catch_up_rows(self) -> int:
         """The most tokens one proposal prefills before it drafts (:data:`CATCH_UP_S`)."""
-        chunk = prefill_chunk_rows(self.session.context)
         if self._row_s is None:
-            return chunk
-        return max(chunk, int(CATCH_UP_S / self._row_s) // chunk * chunk)
+            return PREFILL_CHUNK
+        return max(PREFILL_CHUNK, int(CATCH_UP_S / self._row_s) // PREFILL_CHUNK * PREFILL_CHUNK)
 
     def draft(self, tokens: Sequence[int], k: int, *, probs: bool = False,
               ) -> tuple[list[int], list[float]]:
@@ -122,7 +120,7 @@ class DraftSequence:
             s.trim(c)
             del self.fed[c:]
         new = list(tokens[c:])
-        bound = self.catch_up_rows()
+        bound = self._catch_up_rows()
         if len(new) > bound:  # a long prompt: a slice of it now, drafts once caught up
             t0 = time.perf_counter()
             s.prefill(new[:bound])

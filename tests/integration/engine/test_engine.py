@@ -377,12 +377,10 @@ def test_a_long_prompt_reaches_the_draft_model_a_slice_per_step(
     text is plain decoding's."""
     monkeypatch.setattr(native_draft, "CATCH_UP_S", 0.0)  # one chunk a step, any CPU
     slices: list[tuple[int, bool]] = []
-    chunks: set[int] = set()
     real = native_draft.DraftSequence.draft
 
     def spy(self: native_draft.DraftSequence, tokens: Sequence[int], k: int,
             **kw: bool) -> tuple[list[int], list[float]]:
-        chunks.add(self.catch_up_rows())  # one chunk of the draft context
         before = self.session.counters.prefill_tokens
         out = real(self, tokens, k, **kw)
         slices.append((self.session.counters.prefill_tokens - before, bool(out[0])))
@@ -395,9 +393,8 @@ def test_a_long_prompt_reaches_the_draft_model_a_slice_per_step(
     got = generate(rt, prompt, proposer=f"draft:{testmodels.test_model_path('llama')}",
                    k=4, max_tokens=40)
     assert got.committed == ref.committed
-    (chunk,) = chunks
-    assert max(n for n, _ in slices) <= chunk < len(prompt)
-    catching_up = [d for _, d in slices[:len(prompt) // chunk]]
+    assert max(n for n, _ in slices) <= native_draft.PREFILL_CHUNK < len(prompt)
+    catching_up = [d for _, d in slices[:len(prompt) // native_draft.PREFILL_CHUNK]]
     assert not any(catching_up), slices
     assert any(d for _, d in slices) and got.stats.accepted > 0
 
